@@ -1,0 +1,162 @@
+// The scalar codec of DESIGN.md: the single source of truth for every quantizer, host and device.
+// fp32 IEEE arithmetic throughout; the only fused operation is the asymmetric decode's fma.
+// Every other implementation (CPU tensors, GPU kernels, layout conversions) is tested against
+// these functions byte for byte.
+#pragma once
+
+#include <cmath>
+
+#include "quant/float_formats.hpp"
+#include "quant/scheme.hpp"
+
+namespace kvq {
+
+// Stored parameters of one group. `zero` is 0 for symmetric schemes. `overflow` is set when the
+// scale or zero point does not fit the scale dtype (device code cannot throw; hosts check it).
+struct GroupParams {
+  float scale = 0.0f;
+  float zero = 0.0f;
+  bool overflow = false;
+};
+
+// Statistics of one group that the parameters derive from. min/max are order independent, so any
+// reduction order gives the same result.
+struct GroupStats {
+  float lo = INFINITY;   // min x
+  float hi = -INFINITY;  // max x
+  float amax = 0.0f;     // max |x|
+  KVQ_HD void add(float x) {
+    lo = x < lo ? x : lo;
+    hi = x > hi ? x : hi;
+    const float a = x < 0.0f ? -x : x;
+    amax = a > amax ? a : amax;
+  }
+  KVQ_HD void merge(const GroupStats& o) {
+    lo = o.lo < lo ? o.lo : lo;
+    hi = o.hi > hi ? o.hi : hi;
+    amax = o.amax > amax ? o.amax : amax;
+  }
+};
+
+// rd(): round to the scale dtype.
+KVQ_HD float round_to_scale_dtype(float x, ScaleDtype dt) {
+  return dt == ScaleDtype::kFp16 ? round_to_fp16(x) : x;
+}
+
+// minpos: smallest positive normal of the scale dtype.
+KVQ_HD float min_positive_scale(ScaleDtype dt) {
+  return dt == ScaleDtype::kFp16 ? kFp16MinNormal : 1.17549435e-38f;  // 2^-14 / 2^-126
+}
+
+KVQ_HD bool is_finite_float(float x) { return (float_bits(x) & 0x7f800000u) != 0x7f800000u; }
+
+// x / y as exactly one IEEE round-to-nearest division, also under nvcc's fast options.
+KVQ_HD float ieee_div(float x, float y) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(x, y);
+#else
+  return x / y;
+#endif
+}
+
+// nearbyint(): round half to even.
+KVQ_HD float round_half_even(float x) {
+#if defined(__CUDA_ARCH__)
+  return rintf(x);
+#else
+  return std::nearbyint(x);
+#endif
+}
+
+KVQ_HD float fused_multiply_add(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+KVQ_HD int clamp_code(float r, int lo, int hi) {
+  // r is integral; compare as float so that huge values cannot overflow an int conversion.
+  if (r < static_cast<float>(lo)) return lo;
+  if (r > static_cast<float>(hi)) return hi;
+  return static_cast<int>(r);
+}
+
+// ---- symmetric -------------------------------------------------------------------------------
+KVQ_HD GroupParams symmetric_params(float amax, const Scheme& s) {
+  GroupParams p;
+  if (amax == 0.0f) return p;
+  const float rounded = round_to_scale_dtype(ieee_div(amax, static_cast<float>(s.qmax())), s.scale_dtype);
+  const float minpos = min_positive_scale(s.scale_dtype);
+  p.scale = rounded > minpos ? rounded : minpos;
+  p.overflow = !is_finite_float(p.scale);
+  return p;
+}
+
+KVQ_HD int encode_symmetric(float x, float scale, int qmax) {
+  if (scale == 0.0f) return 0;
+  return clamp_code(round_half_even(ieee_div(x, scale)), -qmax, qmax);
+}
+
+KVQ_HD float decode_symmetric(int q, float scale) { return static_cast<float>(q) * scale; }
+
+// ---- asymmetric ------------------------------------------------------------------------------
+KVQ_HD GroupParams asymmetric_params(float lo, float hi, const Scheme& s) {
+  GroupParams p;
+  p.zero = round_to_scale_dtype(lo, s.scale_dtype);
+  if (hi != lo) {
+    const float range = ieee_div(hi - lo, static_cast<float>(s.levels()));
+    const float rounded = round_to_scale_dtype(range, s.scale_dtype);
+    const float minpos = min_positive_scale(s.scale_dtype);
+    p.scale = rounded > minpos ? rounded : minpos;
+  }
+  p.overflow = !is_finite_float(p.scale) || !is_finite_float(p.zero);
+  return p;
+}
+
+KVQ_HD int encode_asymmetric(float x, float scale, float zero, int levels) {
+  if (scale == 0.0f) return 0;
+  return clamp_code(round_half_even(ieee_div(x - zero, scale)), 0, levels);
+}
+
+KVQ_HD float decode_asymmetric(int q, float scale, float zero) {
+  return fused_multiply_add(static_cast<float>(q), scale, zero);
+}
+
+// ---- scheme-level dispatch -------------------------------------------------------------------
+KVQ_HD GroupParams group_params(const GroupStats& st, const Scheme& s) {
+  return s.asymmetric ? asymmetric_params(st.lo, st.hi, s) : symmetric_params(st.amax, s);
+}
+
+KVQ_HD int encode(float x, const GroupParams& p, const Scheme& s) {
+  return s.asymmetric ? encode_asymmetric(x, p.scale, p.zero, s.levels())
+                      : encode_symmetric(x, p.scale, s.qmax());
+}
+
+KVQ_HD float decode(int q, const GroupParams& p, const Scheme& s) {
+  return s.asymmetric ? decode_asymmetric(q, p.scale, p.zero) : decode_symmetric(q, p.scale);
+}
+
+// ---- code storage ----------------------------------------------------------------------------
+// int8: one byte, two's complement (symmetric) or 0..255 (asymmetric).
+// int4: element 2i in the low nibble of byte i, 2i+1 in the high nibble; symmetric codes as
+// two's-complement nibbles, asymmetric as 0..15.
+KVQ_HD uint8_t code_to_nibble(int q) { return static_cast<uint8_t>(q & 0xf); }
+
+KVQ_HD int nibble_to_code(uint8_t nibble, bool asymmetric) {
+  const int n = nibble & 0xf;
+  return asymmetric ? n : (n ^ 8) - 8;  // sign-extend 4 bits
+}
+
+KVQ_HD uint8_t pack_nibbles(int q_even, int q_odd) {
+  return static_cast<uint8_t>(code_to_nibble(q_even) | (code_to_nibble(q_odd) << 4));
+}
+
+KVQ_HD uint8_t code_to_byte(int q) { return static_cast<uint8_t>(q & 0xff); }
+
+KVQ_HD int byte_to_code(uint8_t byte, bool asymmetric) {
+  return asymmetric ? static_cast<int>(byte) : static_cast<int>(static_cast<int8_t>(byte));
+}
+
+}  // namespace kvq

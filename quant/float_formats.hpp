@@ -1,0 +1,58 @@
+// fp16 and bf16 conversions in integer arithmetic, round-to-nearest-even. Host and device use this
+// one implementation so that scale rounding (the codec's rd()) is identical everywhere, whatever
+// the compiler's or the hardware's conversion intrinsics do.
+#pragma once
+
+#include "quant/host_device.hpp"
+
+namespace kvq {
+
+inline constexpr float kFp16Max = 65504.0f;
+inline constexpr float kFp16MinNormal = 6.103515625e-05f;  // 2^-14
+
+KVQ_HD uint16_t fp32_to_fp16_bits(float f) {
+  const uint32_t x = float_bits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN stays NaN
+  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 ties up to inf
+  if (ax < 0x38800000u) {  // below 2^-14: fp16 subnormal m * 2^-24, or zero
+    if (ax <= 0x33000000u) return static_cast<uint16_t>(sign);  // <= 2^-25 (a tie) rounds to 0
+    const uint32_t shift = 126u - (ax >> 23);                      // 14..24
+    const uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
+    uint32_t m = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1u);
+    const uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (m & 1u))) ++m;  // may carry into the smallest normal
+    return static_cast<uint16_t>(sign | m);
+  }
+  uint32_t h = (ax - 0x38000000u) >> 13;  // rebias exponent 127 -> 15, drop 13 mantissa bits
+  const uint32_t rem = ax & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // carry may bump the exponent: correct
+  return static_cast<uint16_t>(sign | h);
+}
+
+KVQ_HD float fp16_bits_to_fp32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1fu;
+  const uint32_t m = h & 0x3ffu;
+  if (e == 0) {
+    const float mag = static_cast<float>(m) * 5.9604644775390625e-08f;  // m * 2^-24, exact
+    return bits_float(float_bits(mag) | sign);
+  }
+  if (e == 31) return bits_float(sign | 0x7f800000u | (m << 13));
+  return bits_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+KVQ_HD uint16_t fp32_to_bf16_bits(float f) {
+  const uint32_t x = float_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);  // quiet NaN
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+KVQ_HD float bf16_bits_to_fp32(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+
+KVQ_HD float round_to_fp16(float x) { return fp16_bits_to_fp32(fp32_to_fp16_bits(x)); }
+KVQ_HD float round_to_bf16(float x) { return bf16_bits_to_fp32(fp32_to_bf16_bits(x)); }
+
+}  // namespace kvq

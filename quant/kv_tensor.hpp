@@ -1,0 +1,57 @@
+// Host views of K/V tensors and their quantized form.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "quant/codec.hpp"
+#include "quant/groups.hpp"
+
+namespace kvq {
+
+// A read-only fp32 view of K or V with logical shape [B, H, T, D]; D is contiguous and the other
+// strides are explicit, so BNSH [B,H,T,D] and BSNH [B,T,H,D] buffers are both viewed in place.
+// fp32 holds fp16 / bf16 inputs and dequantized values exactly.
+struct KvView {
+  const float* data = nullptr;
+  KvShape shape;
+  int64_t stride_b = 0, stride_h = 0, stride_t = 0;
+
+  static KvView bnsh(const float* data, KvShape s) {
+    return {data, s, s.heads * s.tokens * s.head_dim, s.tokens * s.head_dim, s.head_dim};
+  }
+  static KvView bsnh(const float* data, KvShape s) {
+    return {data, s, s.tokens * s.heads * s.head_dim, s.head_dim, s.heads * s.head_dim};
+  }
+  const float* row(int64_t b, int64_t h, int64_t t) const {
+    return data + b * stride_b + h * stride_h + t * stride_t;
+  }
+  float at(int64_t b, int64_t h, int64_t t, int64_t d) const { return row(b, h, t)[d]; }
+};
+
+// A quantized K or V in the planar layout.
+struct QuantizedKv {
+  Scheme scheme;
+  KvShape shape;
+  std::vector<uint8_t> codes;  // int8: [B, H, T, D] bytes; int4: [B, H, T, D/2] packed nibbles
+  std::vector<float> scales;   // [num_groups(scheme, shape)], values exact in scheme.scale_dtype
+  std::vector<float> zeros;    // [num_groups] for asymmetric schemes, empty otherwise
+
+  int code(int64_t b, int64_t h, int64_t t, int64_t d) const {
+    const int64_t row = (b * shape.heads + h) * shape.tokens + t;
+    if (scheme.bits == 8) return byte_to_code(codes[row * shape.head_dim + d], scheme.asymmetric);
+    const uint8_t byte = codes[row * (shape.head_dim / 2) + d / 2];
+    return nibble_to_code(d % 2 ? byte >> 4 : byte, scheme.asymmetric);
+  }
+  GroupParams params(int64_t group) const {
+    return {scales[group], scheme.asymmetric ? zeros[group] : 0.0f, false};
+  }
+};
+
+// "[b, h, t, d]" for messages.
+std::string index_string(int64_t b, int64_t h, int64_t t, int64_t d);
+
+// Throws InputError naming `tensor_name` and the first (in [B, H, T, D] order) non-finite element.
+void check_finite(const KvView& x, const std::string& tensor_name);
+
+}  // namespace kvq

@@ -1,0 +1,132 @@
+#include "quant/quantize.hpp"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace kvq {
+
+#pragma omp declare reduction(merge_stats : GroupStats : omp_out.merge(omp_in))
+
+std::string index_string(int64_t b, int64_t h, int64_t t, int64_t d) {
+  return fmt::format("[{}, {}, {}, {}]", b, h, t, d);
+}
+
+void check_finite(const KvView& x, const std::string& tensor_name) {
+  const KvShape& s = x.shape;
+  int64_t first_bad = std::numeric_limits<int64_t>::max();  // flat [B, H, T, D] index
+#pragma omp parallel for reduction(min : first_bad) schedule(static)
+  for (int64_t r = 0; r < s.rows(); ++r) {
+    const float* row = x.row(r / (s.heads * s.tokens), (r / s.tokens) % s.heads, r % s.tokens);
+    for (int64_t d = 0; d < s.head_dim; ++d) {
+      if (!is_finite_float(row[d])) {
+        first_bad = std::min(first_bad, r * s.head_dim + d);
+        break;
+      }
+    }
+  }
+  if (first_bad == std::numeric_limits<int64_t>::max()) return;
+  const int64_t d = first_bad % s.head_dim, r = first_bad / s.head_dim;
+  const int64_t t = r % s.tokens, h = (r / s.tokens) % s.heads, b = r / (s.tokens * s.heads);
+  throw InputError(fmt::format("{}: non-finite value {} at {} (quantizers accept finite input only)",
+                               tensor_name, x.at(b, h, t, d), index_string(b, h, t, d)));
+}
+
+namespace {
+
+GroupStats box_stats_serial(const KvView& x, const GroupBox& box) {
+  GroupStats st;
+  for (int64_t b = box.b0; b < box.b1; ++b)
+    for (int64_t h = box.h0; h < box.h1; ++h)
+      for (int64_t t = box.t0; t < box.t1; ++t) {
+        const float* row = x.row(b, h, t);
+        for (int64_t d = box.d0; d < box.d1; ++d) st.add(row[d]);
+      }
+  return st;
+}
+
+// For a few huge groups (per-tensor, per-token): split the group's rows across threads.
+GroupStats box_stats_parallel(const KvView& x, const GroupBox& box) {
+  const int64_t nh = box.h1 - box.h0, nt = box.t1 - box.t0;
+  const int64_t rows = (box.b1 - box.b0) * nh * nt;
+  GroupStats st;
+#pragma omp parallel for reduction(merge_stats : st) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x.row(box.b0 + r / (nh * nt), box.h0 + (r / nt) % nh, box.t0 + r % nt);
+    for (int64_t d = box.d0; d < box.d1; ++d) st.add(row[d]);
+  }
+  return st;
+}
+
+}  // namespace
+
+std::vector<GroupStats> group_stats(const KvView& x, const Scheme& scheme) {
+  const int64_t n = num_groups(scheme, x.shape);
+  std::vector<GroupStats> stats(static_cast<size_t>(n));
+  if (n < 4 * static_cast<int64_t>(omp_get_max_threads())) {
+    for (int64_t g = 0; g < n; ++g) stats[g] = box_stats_parallel(x, group_box(scheme, x.shape, g));
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < n; ++g) stats[g] = box_stats_serial(x, group_box(scheme, x.shape, g));
+  }
+  return stats;
+}
+
+QuantizedKv quantize(const KvView& x, const Scheme& scheme, const std::string& tensor_name) {
+  check_scheme_fits(scheme, static_cast<int>(x.shape.head_dim));
+  check_finite(x, tensor_name);
+  const KvShape& s = x.shape;
+
+  QuantizedKv q;
+  q.scheme = scheme;
+  q.shape = s;
+  const std::vector<GroupStats> stats = group_stats(x, scheme);
+  const int64_t n = static_cast<int64_t>(stats.size());
+  q.scales.resize(n);
+  if (scheme.asymmetric) q.zeros.resize(n);
+  for (int64_t g = 0; g < n; ++g) {
+    const GroupParams p = group_params(stats[g], scheme);
+    if (p.overflow) {
+      const GroupBox box = group_box(scheme, s, g);
+      throw InputError(fmt::format(
+          "{}: {} group {} starting at {} (min {}, max {}) needs a scale or zero point beyond the "
+          "range of its scale dtype; use -fp32 scales",
+          tensor_name, to_string(scheme), g, index_string(box.b0, box.h0, box.t0, box.d0), stats[g].lo,
+          stats[g].hi));
+    }
+    q.scales[g] = p.scale;
+    if (scheme.asymmetric) q.zeros[g] = p.zero;
+  }
+
+  const int64_t row_bytes = code_bytes_per_row(scheme, s.head_dim);
+  q.codes.assign(static_cast<size_t>(s.rows() * row_bytes), 0);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < s.rows(); ++r) {
+    const int64_t b = r / (s.heads * s.tokens), h = (r / s.tokens) % s.heads, t = r % s.tokens;
+    const float* in = x.row(b, h, t);
+    uint8_t* out = q.codes.data() + r * row_bytes;
+    auto code_at = [&](int64_t d) { return encode(in[d], q.params(group_of(scheme, s, b, h, t, d)), scheme); };
+    if (scheme.bits == 8) {
+      for (int64_t d = 0; d < s.head_dim; ++d) out[d] = code_to_byte(code_at(d));
+    } else {
+      for (int64_t i = 0; i < s.head_dim / 2; ++i) out[i] = pack_nibbles(code_at(2 * i), code_at(2 * i + 1));
+    }
+  }
+  return q;
+}
+
+std::vector<float> dequantize(const QuantizedKv& q) {
+  const KvShape& s = q.shape;
+  std::vector<float> out(static_cast<size_t>(s.numel()));
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < s.rows(); ++r) {
+    const int64_t b = r / (s.heads * s.tokens), h = (r / s.tokens) % s.heads, t = r % s.tokens;
+    for (int64_t d = 0; d < s.head_dim; ++d)
+      out[r * s.head_dim + d] = decode(q.code(b, h, t, d), q.params(group_of(q.scheme, s, b, h, t, d)), q.scheme);
+  }
+  return out;
+}
+
+}  // namespace kvq

@@ -1,0 +1,146 @@
+#include "reference/metrics.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "quant/errors.hpp"
+
+namespace kvq {
+namespace {
+
+template <typename A, typename B>
+void check_same_size(const std::vector<A>& a, const std::vector<B>& b, const char* metric) {
+  if (a.size() != b.size())
+    throw InputError(fmt::format("{}: inputs differ in size ({} vs {})", metric, a.size(), b.size()));
+}
+
+// Indices of the k largest entries (ties broken by lower index, so the result is deterministic).
+std::vector<int64_t> top_k(const double* row, int64_t n, int64_t k) {
+  std::vector<int64_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int64_t a, int64_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+  idx.resize(static_cast<size_t>(k));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+}  // namespace
+
+double sqnr_db(const std::vector<float>& x, const std::vector<float>& x_hat) {
+  check_same_size(x, x_hat, "sqnr_db");
+  double signal = 0, noise = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double e = static_cast<double>(x[i]) - x_hat[i];
+    signal += static_cast<double>(x[i]) * x[i];
+    noise += e * e;
+  }
+  if (noise == 0) return std::numeric_limits<double>::infinity();
+  return 10.0 * std::log10(signal / noise);
+}
+
+template <typename A, typename B>
+double max_abs_difference(const std::vector<A>& a, const std::vector<B>& b) {
+  check_same_size(a, b, "max_abs_difference");
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  return m;
+}
+template double max_abs_difference(const std::vector<float>&, const std::vector<float>&);
+template double max_abs_difference(const std::vector<double>&, const std::vector<double>&);
+template double max_abs_difference(const std::vector<float>&, const std::vector<double>&);
+
+OutputError output_error(const std::vector<double>& o_test, const std::vector<double>& o_ref,
+                         int64_t values_per_head) {
+  check_same_size(o_test, o_ref, "output_error");
+  if (values_per_head <= 0 || o_ref.size() % values_per_head != 0)
+    throw InputError(fmt::format("output_error: {} values do not split into heads of {}", o_ref.size(), values_per_head));
+  OutputError e;
+  e.max_abs = max_abs_difference(o_test, o_ref);
+  double rel_sum = 0, cos_sum = 0;
+  int64_t counted = 0;
+  e.cosine_min = std::numeric_limits<double>::infinity();
+  for (size_t h = 0; h < o_ref.size() / values_per_head; ++h) {
+    double diff2 = 0, ref2 = 0, test2 = 0, dot = 0;
+    for (int64_t i = 0; i < values_per_head; ++i) {
+      const double t = o_test[h * values_per_head + i], r = o_ref[h * values_per_head + i];
+      diff2 += (t - r) * (t - r);
+      ref2 += r * r;
+      test2 += t * t;
+      dot += t * r;
+    }
+    if (ref2 == 0) continue;
+    const double rel = std::sqrt(diff2 / ref2);
+    const double cosine = test2 > 0 ? dot / std::sqrt(test2 * ref2) : 0.0;
+    rel_sum += rel;
+    cos_sum += cosine;
+    e.rel_l2_max = std::max(e.rel_l2_max, rel);
+    e.cosine_min = std::min(e.cosine_min, cosine);
+    ++counted;
+  }
+  if (counted == 0) {
+    e.cosine_min = 1;
+    return e;
+  }
+  e.rel_l2_mean = rel_sum / counted;
+  e.cosine_mean = cos_sum / counted;
+  return e;
+}
+
+ProbabilityError probability_error(const std::vector<double>& p_test, const std::vector<double>& p_ref,
+                                   int64_t row_length, int64_t k) {
+  check_same_size(p_test, p_ref, "probability_error");
+  if (row_length <= 0 || p_ref.size() % row_length != 0 || k <= 0)
+    throw InputError(fmt::format("probability_error: {} values, row length {}, k {}", p_ref.size(), row_length, k));
+  ProbabilityError e;
+  e.topk_overlap_min = std::numeric_limits<double>::infinity();
+  double kl_sum = 0, overlap_sum = 0;
+  int64_t counted = 0;
+  for (size_t r = 0; r < p_ref.size() / row_length; ++r) {
+    const double* pr = p_ref.data() + r * row_length;
+    const double* pt = p_test.data() + r * row_length;
+    int64_t support = 0;
+    double kl = 0;
+    for (int64_t j = 0; j < row_length; ++j) {
+      if (pr[j] <= 0) continue;
+      ++support;
+      kl += pr[j] * (pt[j] > 0 ? std::log(pr[j] / pt[j]) : std::numeric_limits<double>::infinity());
+    }
+    if (support == 0) continue;
+    const int64_t kk = std::min(k, support);
+    const std::vector<int64_t> a = top_k(pr, row_length, kk), b = top_k(pt, row_length, kk);
+    std::vector<int64_t> common;
+    std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(common));
+    const double overlap = static_cast<double>(common.size()) / kk;
+    kl = std::max(kl, 0.0);  // rounding can make a zero divergence slightly negative
+    kl_sum += kl;
+    overlap_sum += overlap;
+    e.kl_max = std::max(e.kl_max, kl);
+    e.topk_overlap_min = std::min(e.topk_overlap_min, overlap);
+    ++counted;
+  }
+  if (counted == 0) {
+    e.topk_overlap_min = 1;
+    return e;
+  }
+  e.kl_mean = kl_sum / counted;
+  e.topk_overlap_mean = overlap_sum / counted;
+  return e;
+}
+
+double bytes_per_token_per_head(const Scheme& s, const KvShape& shape) {
+  const double codes = static_cast<double>(shape.head_dim) * s.bits / 8.0;
+  const double tokens_x_heads = static_cast<double>(shape.batch * shape.heads * shape.tokens);
+  const double params = static_cast<double>(num_groups(s, shape)) * s.param_bytes();
+  return codes + (tokens_x_heads > 0 ? params / tokens_x_heads : 0.0);
+}
+
+double bits_per_element(const Scheme& s, const KvShape& shape) {
+  return 8.0 * bytes_per_token_per_head(s, shape) / static_cast<double>(shape.head_dim);
+}
+
+}  // namespace kvq

@@ -1,0 +1,46 @@
+// The error metrics of DESIGN.md, each named for what it computes. All accumulate in fp64.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "quant/groups.hpp"
+
+namespace kvq {
+
+// Reconstruction: 10 log10(sum x^2 / sum (x - x')^2) in dB; +inf when x' == x.
+double sqnr_db(const std::vector<float>& x, const std::vector<float>& x_hat);
+
+template <typename A, typename B>
+double max_abs_difference(const std::vector<A>& a, const std::vector<B>& b);
+
+// Attention output vs a reference, per head = one (b, query head) with its Tq x D values.
+struct OutputError {
+  double rel_l2_mean = 0;  // mean over heads of ||O' - O|| / ||O||
+  double rel_l2_max = 0;   // max over heads
+  double max_abs = 0;      // max |O' - O| over all elements
+  double cosine_mean = 1;  // mean over heads of <O', O> / (||O'|| ||O||)
+  double cosine_min = 1;
+};
+// `o_test` and `o_ref` are [heads, values_per_head]. Heads whose reference is all zero (empty key
+// sets) are skipped for rel-L2 and cosine; max_abs still covers them.
+OutputError output_error(const std::vector<double>& o_test, const std::vector<double>& o_ref,
+                         int64_t values_per_head);
+
+// Attention probabilities vs reference, rows of length T (one per query).
+struct ProbabilityError {
+  double kl_mean = 0;  // mean over queries of KL(P_ref || P') in nats
+  double kl_max = 0;
+  double topk_overlap_mean = 1;  // |top-k(P_ref) ∩ top-k(P')| / k, mean over queries
+  double topk_overlap_min = 1;
+};
+// Rows whose reference sums to zero (empty key set) are skipped. k is capped at the row's length.
+ProbabilityError probability_error(const std::vector<double>& p_test, const std::vector<double>& p_ref,
+                                   int64_t row_length, int64_t k);
+
+// Memory: bytes per token per KV head, codes plus scales / zero points amortized over the tokens
+// and heads that share them; and the same in bits per element.
+double bytes_per_token_per_head(const Scheme& s, const KvShape& shape);
+double bits_per_element(const Scheme& s, const KvShape& shape);
+
+}  // namespace kvq

@@ -1,0 +1,196 @@
+// The scalar codec: golden bytes for hand-computed groups, and properties over random and special
+// values.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+
+#include "quant/codec.hpp"
+#include "test_util.hpp"
+
+using namespace kvq;
+
+namespace {
+
+struct Coded {
+  GroupParams p;
+  std::vector<int> q;
+  std::vector<float> x_hat;
+};
+
+Coded code_group(const std::vector<float>& x, const Scheme& s) {
+  GroupStats st;
+  for (float v : x) st.add(v);
+  Coded c{group_params(st, s), {}, {}};
+  for (float v : x) {
+    c.q.push_back(encode(v, c.p, s));
+    c.x_hat.push_back(decode(c.q.back(), c.p, s));
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("golden: int4 packing of the codes 0..15") {
+  // Asymmetric codes 0..15 in element order: byte i = code(2i) | code(2i+1) << 4.
+  const uint8_t expected_asym[8] = {0x10, 0x32, 0x54, 0x76, 0x98, 0xba, 0xdc, 0xfe};
+  for (int i = 0; i < 8; ++i) CHECK(pack_nibbles(2 * i, 2 * i + 1) == expected_asym[i]);
+  for (int c = 0; c < 16; ++c) CHECK(nibble_to_code(static_cast<uint8_t>(c), true) == c);
+  // Symmetric codes -8..7 as two's-complement nibbles (the codec itself only emits -7..7).
+  for (int c = -8; c <= 7; ++c) {
+    CAPTURE(c);
+    CHECK(code_to_nibble(c) == static_cast<uint8_t>(c & 0xf));
+    CHECK(nibble_to_code(code_to_nibble(c), false) == c);
+  }
+  CHECK(pack_nibbles(-1, -7) == 0x9f);
+  CHECK(pack_nibbles(7, -4) == 0xc7);
+}
+
+TEST_CASE("golden: codes and scales of hand-computed groups") {
+  SUBCASE("int8 symmetric: amax 127 gives scale 1; 0.5 ties to 0") {
+    const Coded c = code_group({1.0f, -2.0f, 0.5f, 127.0f, 2.5f, -3.5f}, parse_scheme("int8-head"));
+    CHECK(c.p.scale == 1.0f);
+    CHECK(c.q == std::vector<int>{1, -2, 0, 127, 2, -4});
+    CHECK(code_to_byte(c.q[1]) == 0xfe);
+  }
+  SUBCASE("int8 symmetric: amax 4 -> scale rd(4/127) = 0.031494140625") {
+    const Coded c = code_group({1.0f, 2.0f, 3.0f, -4.0f}, parse_scheme("int8-head"));
+    CHECK(c.p.scale == 0.031494140625f);  // fp16 0x2808
+    CHECK(fp32_to_fp16_bits(c.p.scale) == 0x2808);
+    CHECK(c.q == std::vector<int>{32, 64, 95, -127});
+  }
+  SUBCASE("int4 symmetric: amax 7 gives scale 1, ties to even") {
+    const Coded c = code_group({7.0f, -3.5f, 1.5f, 2.5f, -7.0f, 0.49f}, parse_scheme("int4-g2"));
+    CHECK(c.p.scale == 1.0f);
+    CHECK(c.q == std::vector<int>{7, -4, 2, 2, -7, 0});
+    CHECK(pack_nibbles(c.q[0], c.q[1]) == 0xc7);
+    CHECK(pack_nibbles(c.q[4], c.q[5]) == 0x09);
+  }
+  SUBCASE("int4 asymmetric: zero point -1, scale 0.5") {
+    const Coded c = code_group({-1.0f, 0.0f, 6.5f, 2.75f}, parse_scheme("int4-head-asym"));
+    CHECK(c.p.zero == -1.0f);
+    CHECK(c.p.scale == 0.5f);
+    CHECK(c.q == std::vector<int>{0, 2, 15, 8});  // (2.75 + 1) / 0.5 = 7.5 ties to 8
+    CHECK(c.x_hat == std::vector<float>{-1.0f, 0.0f, 6.5f, 3.0f});
+  }
+  SUBCASE("int8 asymmetric: scale rd(2.55/255) = 0.01000213623046875") {
+    const Coded c = code_group({-1.0f, 0.0f, 1.55f}, parse_scheme("int8-token-asym"));
+    CHECK(fp32_to_fp16_bits(c.p.scale) == 0x211f);
+    CHECK(c.p.scale == 0.01000213623046875f);
+    CHECK(c.q == std::vector<int>{0, 100, 255});
+  }
+  SUBCASE("fp32 scales are not rounded to fp16") {
+    const Coded c = code_group({1.0f, 2.0f, 3.0f, -4.0f}, parse_scheme("int8-head-fp32"));
+    CHECK(c.p.scale == 4.0f / 127.0f);
+    CHECK(c.q == std::vector<int>{32, 64, 95, -127});
+  }
+}
+
+TEST_CASE("special values") {
+  SUBCASE("all-zero and signed-zero groups: scale 0, codes 0, exact round trip") {
+    for (const char* name : {"int8-head", "int4-head", "int8-head-asym", "int4-head-asym"}) {
+      CAPTURE(name);
+      const Coded c = code_group({0.0f, -0.0f, 0.0f}, parse_scheme(name));
+      CHECK(c.p.scale == 0.0f);
+      for (size_t i = 0; i < c.q.size(); ++i) {
+        CHECK(c.q[i] == 0);
+        CHECK(c.x_hat[i] == 0.0f);
+      }
+    }
+  }
+  SUBCASE("asymmetric constant groups round-trip exactly when the value fits the scale dtype") {
+    for (float v : {3.69921875f, -1000.0f, 65504.0f, 5.9604644775390625e-08f /*2^-24, fp16 subnormal*/}) {
+      CAPTURE(v);
+      for (const char* name : {"int8-g4-asym", "int4-g4-asym", "int4-g4-asym-fp32"}) {
+        const Coded c = code_group({v, v, v, v}, parse_scheme(name));
+        CHECK(c.p.scale == 0.0f);
+        CHECK(c.q == std::vector<int>{0, 0, 0, 0});
+        CHECK(c.x_hat == std::vector<float>{v, v, v, v});
+      }
+    }
+    const Coded c = code_group({3.7f, 3.7f}, parse_scheme("int4-g2-asym-fp32"));  // any float with fp32
+    CHECK(c.x_hat == std::vector<float>{3.7f, 3.7f});
+  }
+  SUBCASE("symmetric constant groups: no NaN, codes at +-Qmax") {
+    const Coded c = code_group({-3.7f, -3.7f}, parse_scheme("int8-head"));
+    CHECK(c.q == std::vector<int>{-127, -127});
+    CHECK(std::abs(c.x_hat[0] + 3.7f) <= c.p.scale / 2);
+  }
+  SUBCASE("65504, the largest fp16") {
+    const Coded c = code_group({65504.0f, -1.0f}, parse_scheme("int8-head"));
+    CHECK(c.p.scale == 516.0f);  // rd(65504/127 = 515.78)
+    CHECK(c.q[0] == 127);
+    const Coded a = code_group({65504.0f, -65504.0f}, parse_scheme("int4-head-asym"));
+    CHECK(a.p.zero == -65504.0f);
+    CHECK(a.q == std::vector<int>{15, 0});
+  }
+  SUBCASE("tiny amax: scale clamped to the smallest normal") {
+    const Coded c = code_group({1e-10f, -5e-11f}, parse_scheme("int8-head"));
+    CHECK(c.p.scale == kFp16MinNormal);
+    CHECK(c.q == std::vector<int>{0, 0});
+    const Coded f = code_group({1e-40f}, parse_scheme("int8-head-fp32"));
+    CHECK(f.p.scale == 1.17549435e-38f);
+    const Coded a = code_group({1e-9f, 2e-9f}, parse_scheme("int4-head-asym"));
+    CHECK(a.p.scale == kFp16MinNormal);
+    CHECK(a.q == std::vector<int>{0, 0});
+  }
+  SUBCASE("scales and zero points beyond fp16 overflow") {
+    CHECK(code_group({1e6f}, parse_scheme("int4-head")).p.overflow);   // 1e6 / 7 > 65504
+    CHECK(!code_group({4e5f}, parse_scheme("int4-head")).p.overflow);  // 4e5 / 7 fits
+    CHECK(code_group({-1e5f, 0.0f}, parse_scheme("int8-head-asym")).p.overflow);  // zero point -1e5
+    CHECK(code_group({-3e38f, 3e38f}, parse_scheme("int8-head-asym-fp32")).p.overflow);  // range overflows fp32
+    CHECK(!code_group({1e6f}, parse_scheme("int4-head-fp32")).p.overflow);
+  }
+  SUBCASE("codes are clamped, never wrapped") {
+    const Scheme s = parse_scheme("int4-head");
+    CHECK(encode_symmetric(1e30f, 1.0f, s.qmax()) == 7);
+    CHECK(encode_symmetric(-1e30f, 1.0f, s.qmax()) == -7);
+    CHECK(encode_asymmetric(-5.0f, 1.0f, 0.0f, 15) == 0);
+    CHECK(encode_asymmetric(300.0f, 1.0f, 0.0f, 15) == 15);
+    CHECK(encode_asymmetric(1e30f, 1.0f, 0.0f, 255) == 255);
+  }
+}
+
+TEST_CASE("properties over random groups: codes in range and bounded error") {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> size_dist(1, 64);
+  std::uniform_real_distribution<float> log_mag(-20.0f, 15.0f);
+  const char* names[] = {"int8-head", "int4-head", "int8-head-asym", "int4-head-asym",
+                         "int8-head-fp32", "int4-head-fp32", "int8-head-asym-fp32", "int4-head-asym-fp32"};
+  for (const char* name : names) {
+    CAPTURE(name);
+    const Scheme s = parse_scheme(name);
+    for (int trial = 0; trial < 3000; ++trial) {
+      const float magnitude = std::exp2(log_mag(rng));
+      std::vector<float> x = test::random_normal(size_dist(rng), rng(), magnitude);
+      if (trial % 7 == 0) x.push_back(-x[0]);  // exact opposite values
+      const Coded c = code_group(x, s);
+      if (c.p.overflow) continue;
+      float lo = x[0];
+      for (float v : x) lo = std::min(lo, v);
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double xi = x[i], err = std::abs(xi - c.x_hat[i]), sc = c.p.scale;
+        if (s.asymmetric) {
+          REQUIRE(c.q[i] >= 0);
+          REQUIRE(c.q[i] <= s.levels());
+          // Error: half a step, plus how far the rounded zero point moved from min x, plus fp32
+          // rounding of the division and the fma (derived: each at most 2^-24 relative).
+          REQUIRE(err <= sc / 2 + std::abs(double(lo) - c.p.zero) + 0x1p-22 * (std::abs(xi) + sc + std::abs(c.p.zero)));
+        } else {
+          REQUIRE(std::abs(c.q[i]) <= s.qmax());
+          // |q - x/s| <= 1/2 + |x/s| 2^-24 (fp32 division) and q*s adds |q s| 2^-24 (fp32 multiply;
+          // exact for fp16 scales): err <= s/2 + 2^-23 (|x| + s).
+          REQUIRE(err <= sc / 2 + 0x1p-23 * (std::abs(xi) + sc));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("non-finite values are detected by the codec's finiteness test") {
+  CHECK(!is_finite_float(NAN));
+  CHECK(!is_finite_float(INFINITY));
+  CHECK(!is_finite_float(-INFINITY));
+  CHECK(is_finite_float(3.4028235e38f));
+  CHECK(is_finite_float(-0.0f));
+}
