@@ -35,7 +35,7 @@ void fill_normal(std::vector<float>& out, uint64_t seed, uint64_t stream) {
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(normal_at(seed, stream, i));
 }
 
-SyntheticKv make_synthetic(const SyntheticSpec& spec) {
+KvLayer make_synthetic(const SyntheticSpec& spec) {
   if (spec.batch < 0 || spec.q_heads <= 0 || spec.kv_heads <= 0 || spec.tokens < 0 || spec.head_dim <= 0 ||
       spec.q_len < 0 || spec.q_heads % spec.kv_heads != 0 || spec.outlier_channels < 0 ||
       spec.outlier_channels > spec.head_dim)
@@ -43,7 +43,7 @@ SyntheticKv make_synthetic(const SyntheticSpec& spec) {
                                  "(need Hq % Hkv == 0 and 0 <= outlier_channels <= D)",
                                  spec.batch, spec.q_heads, spec.kv_heads, spec.tokens, spec.head_dim, spec.q_len,
                                  spec.outlier_channels));
-  SyntheticKv out;
+  KvLayer out;
   out.kv_shape = {spec.batch, spec.kv_heads, spec.tokens, spec.head_dim};
   out.q_shape = {spec.batch, spec.q_heads, spec.q_len, spec.head_dim};
   out.k.resize(out.kv_shape.numel());
@@ -69,6 +69,7 @@ SyntheticKv make_synthetic(const SyntheticSpec& spec) {
       out.v[r * d + i] *= token_scale;
     }
   }
+  out.seq_lens.assign(static_cast<size_t>(spec.batch), static_cast<int32_t>(spec.tokens));
   out.source = fmt::format(
       "synthetic:gaussian-outliers(seed={},B={},Hq={},Hkv={},T={},D={},Tq={},outlier_channels={},outlier_scale={},"
       "token_spread={})",

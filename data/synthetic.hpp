@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "quant/groups.hpp"
+#include "data/kv_layer.hpp"
 
 namespace kvq {
 
@@ -19,15 +19,8 @@ struct SyntheticSpec {
   double token_spread = 0.5;     // sigma of the log-normal per-token magnitude
 };
 
-struct SyntheticKv {
-  KvShape kv_shape;          // [B, Hkv, T, D]
-  KvShape q_shape;           // [B, Hq, Tq, D]
-  std::vector<float> k, v;   // BNSH
-  std::vector<float> q;      // [B, Hq, Tq, D]
-  std::string source;        // "synthetic:gaussian-outliers(seed=...,...)"
-};
-
-SyntheticKv make_synthetic(const SyntheticSpec& spec);
+// K, V, Q and full-length seq_lens; source "synthetic:gaussian-outliers(seed=...,...)".
+KvLayer make_synthetic(const SyntheticSpec& spec);
 
 // Standard normal values, deterministic in (seed, stream, index); used for bulk benchmark data.
 void fill_normal(std::vector<float>& out, uint64_t seed, uint64_t stream);

@@ -1,0 +1,14 @@
+// What a results file records about the run that made it: kvq version and commit, the machine.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace kvq {
+
+std::string kvq_version();
+std::string kvq_commit();
+// {"kvq_version", "kvq_commit", "hostname", "cpu", "threads", "time_utc"}
+nlohmann::json run_info();
+
+}  // namespace kvq

@@ -1,0 +1,113 @@
+#include "experiments/sweep.hpp"
+
+#include <map>
+
+#include "quant/quantize.hpp"
+#include "reference/attention.hpp"
+
+namespace kvq {
+
+std::vector<SchemePair> cross_pairs(const std::vector<Scheme>& k, const std::vector<Scheme>& v) {
+  std::vector<SchemePair> pairs;
+  for (const Scheme& ks : k)
+    for (const Scheme& vs : v) pairs.push_back({ks, vs});
+  return pairs;
+}
+
+std::vector<SchemePair> default_pairs(int64_t head_dim) {
+  std::vector<SchemePair> pairs;
+  for (int bits : {8, 4}) {
+    std::vector<std::string> grans = {"tensor", "token", "head"};
+    for (int g : {64, 32, 16, 8})
+      if (g < head_dim && head_dim % g == 0) grans.push_back("g" + std::to_string(g));
+    for (const std::string& gran : grans)
+      for (const char* sym : {"", "-asym"}) {
+        const Scheme s = parse_scheme("int" + std::to_string(bits) + "-" + gran + sym);
+        pairs.push_back({s, s});
+      }
+    pairs.push_back({parse_scheme("int" + std::to_string(bits) + "-chan-t32-asym"),
+                     parse_scheme("int" + std::to_string(bits) + "-token-asym")});
+  }
+  return pairs;
+}
+
+namespace {
+
+AttentionProblem problem_for(const KvLayer& layer, const std::vector<float>& k, const std::vector<float>& v) {
+  AttentionProblem p;
+  p.batch = layer.q_shape.batch;
+  p.q_heads = layer.q_shape.heads;
+  p.kv_heads = layer.kv_shape.heads;
+  p.q_len = layer.q_shape.tokens;
+  p.head_dim = layer.kv_shape.head_dim;
+  p.q = layer.q.data();
+  p.k = KvView::bnsh(k.data(), layer.kv_shape);
+  p.v = KvView::bnsh(v.data(), layer.kv_shape);
+  p.seq_lens = layer.seq_lens.empty() ? nullptr : layer.seq_lens.data();
+  p.softmax_scale = layer.softmax_scale;
+  p.alibi = layer.alibi;
+  return p;
+}
+
+// Dequantized tensors, one per distinct scheme, with their reconstruction error.
+struct Reconstruction {
+  std::vector<float> values;
+  double sqnr_db, max_abs;
+};
+
+const Reconstruction& reconstruct(std::map<std::string, Reconstruction>& cache, const std::vector<float>& x,
+                                  const KvShape& shape, const Scheme& s, const std::string& tensor_name) {
+  const std::string key = to_string(s);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  std::vector<float> x_hat = dequantize(quantize(KvView::bnsh(x.data(), shape), s, tensor_name));
+  Reconstruction r{std::move(x_hat), 0, 0};
+  r.sqnr_db = sqnr_db(x, r.values);
+  r.max_abs = max_abs_difference(x, r.values);
+  return cache.emplace(key, std::move(r)).first->second;
+}
+
+}  // namespace
+
+std::vector<SweepRow> sweep_layer(const KvLayer& layer, const std::vector<SchemePair>& pairs,
+                                  const SweepOptions& options) {
+  for (const SchemePair& pair : pairs) {
+    check_scheme_fits(pair.k, static_cast<int>(layer.kv_shape.head_dim));
+    check_scheme_fits(pair.v, static_cast<int>(layer.kv_shape.head_dim));
+  }
+  const std::string where = layer.source + " layer " + std::to_string(layer.layer);
+  std::vector<double> ref_probs;
+  AttentionOutput ref;
+  if (layer.has_queries()) ref = attention(problem_for(layer, layer.k, layer.v), {}, {}, &ref_probs);
+
+  std::map<std::string, Reconstruction> k_cache, v_cache;
+  std::vector<SweepRow> rows;
+  for (const SchemePair& pair : pairs) {
+    const Reconstruction& k = reconstruct(k_cache, layer.k, layer.kv_shape, pair.k, where + " K");
+    const Reconstruction& v = reconstruct(v_cache, layer.v, layer.kv_shape, pair.v, where + " V");
+    SweepRow row;
+    row.source = layer.source;
+    row.layer = layer.layer;
+    row.schemes = pair;
+    row.k_sqnr_db = k.sqnr_db;
+    row.k_max_abs = k.max_abs;
+    row.v_sqnr_db = v.sqnr_db;
+    row.v_max_abs = v.max_abs;
+    row.k_bytes_per_token_head = bytes_per_token_per_head(pair.k, layer.kv_shape);
+    row.v_bytes_per_token_head = bytes_per_token_per_head(pair.v, layer.kv_shape);
+    row.kv_bits_per_element =
+        (bits_per_element(pair.k, layer.kv_shape) + bits_per_element(pair.v, layer.kv_shape)) / 2;
+    if (layer.has_queries()) {
+      std::vector<double> probs;
+      const AttentionOutput out = attention(problem_for(layer, k.values, v.values), {}, {}, &probs);
+      row.has_attention = true;
+      row.output = output_error(out.o, ref.o, layer.q_shape.tokens * layer.q_shape.head_dim);
+      if (layer.kv_shape.tokens > 0)
+        row.probabilities = probability_error(probs, ref_probs, layer.kv_shape.tokens, options.top_k);
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace kvq

@@ -1,0 +1,46 @@
+// The accuracy sweep: for each layer x (K scheme, V scheme), reconstruction error of K and V and,
+// when the layer has decode queries, the attention error against the fp64 reference on the
+// original K/V. Memory per token comes with every row.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "data/kv_layer.hpp"
+#include "reference/metrics.hpp"
+
+namespace kvq {
+
+struct SchemePair {
+  Scheme k, v;
+};
+
+// Every K scheme with every V scheme.
+std::vector<SchemePair> cross_pairs(const std::vector<Scheme>& k, const std::vector<Scheme>& v);
+
+// The default set, for a head_dim: int8 and int4 x {tensor, token, head, g64, g32, g16, g8 (where
+// G < D divides D)} x {sym, asym}, the same scheme on K and V; plus KIVI-style per-channel K
+// (chan-t32, asymmetric) with per-token V.
+std::vector<SchemePair> default_pairs(int64_t head_dim);
+
+struct SweepRow {
+  std::string source;
+  int layer = 0;
+  SchemePair schemes;
+  double k_sqnr_db = 0, k_max_abs = 0, v_sqnr_db = 0, v_max_abs = 0;
+  bool has_attention = false;  // false when the layer has no queries
+  OutputError output;
+  ProbabilityError probabilities;
+  double k_bytes_per_token_head = 0, v_bytes_per_token_head = 0;
+  double kv_bits_per_element = 0;  // K and V together
+};
+
+struct SweepOptions {
+  int64_t top_k = 8;  // for the top-k overlap of attention probabilities
+};
+
+// Throws SchemeError when a pair does not fit the layer's head_dim.
+std::vector<SweepRow> sweep_layer(const KvLayer& layer, const std::vector<SchemePair>& pairs,
+                                  const SweepOptions& options = {});
+
+}  // namespace kvq

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what kvq builds with (Debian/Ubuntu packages) and configures + builds it in ./build.
+# Idempotent: packages already present are not reinstalled, and the build is incremental.
+# Environment: KVQ_BUILD_DIR (default build), KVQ_WERROR (ON in CI), KVQ_CUDA (AUTO|ON|OFF).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(cmake make g++ pkg-config libeigen3-dev libhdf5-dev doctest-dev libcli11-dev nlohmann-json3-dev
+          libfmt-dev python3-venv)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "kvq setup: installing ${missing[*]}"
+  if [[ $(id -u) -eq 0 ]]; then sudo=(); elif command -v sudo >/dev/null; then sudo=(sudo); else
+    echo "kvq setup: need root or sudo to install: ${missing[*]}" >&2
+    exit 1
+  fi
+  "${sudo[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+build_dir=${KVQ_BUILD_DIR:-build}
+werror=${KVQ_WERROR:-OFF}
+[[ "${CI:-}" == "true" ]] && werror=ON
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DKVQ_WERROR="$werror" -DKVQ_CUDA="${KVQ_CUDA:-AUTO}"
+cmake --build "$build_dir" -j "$(nproc)"
