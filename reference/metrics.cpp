@@ -29,6 +29,19 @@ std::vector<int64_t> top_k(const double* row, int64_t n, int64_t k) {
   return idx;
 }
 
+// Mean, min and max of per-head or per-query values; `empty` stands in when there were none.
+struct Summary {
+  double sum = 0, min = std::numeric_limits<double>::infinity(), max = -std::numeric_limits<double>::infinity();
+  int64_t count = 0;
+  void add(double x) {
+    sum += x, min = std::min(min, x), max = std::max(max, x);
+    ++count;
+  }
+  double mean_or(double empty) const { return count ? sum / count : empty; }
+  double min_or(double empty) const { return count ? min : empty; }
+  double max_or(double empty) const { return count ? max : empty; }
+};
+
 }  // namespace
 
 double sqnr_db(const std::vector<float>& x, const std::vector<float>& x_hat) {
@@ -59,11 +72,7 @@ OutputError output_error(const std::vector<double>& o_test, const std::vector<do
   check_same_size(o_test, o_ref, "output_error");
   if (values_per_head <= 0 || o_ref.size() % values_per_head != 0)
     throw InputError(fmt::format("output_error: {} values do not split into heads of {}", o_ref.size(), values_per_head));
-  OutputError e;
-  e.max_abs = max_abs_difference(o_test, o_ref);
-  double rel_sum = 0, cos_sum = 0;
-  int64_t counted = 0;
-  e.cosine_min = std::numeric_limits<double>::infinity();
+  Summary rel_l2, cosine;
   for (size_t h = 0; h < o_ref.size() / values_per_head; ++h) {
     double diff2 = 0, ref2 = 0, test2 = 0, dot = 0;
     for (int64_t i = 0; i < values_per_head; ++i) {
@@ -74,20 +83,15 @@ OutputError output_error(const std::vector<double>& o_test, const std::vector<do
       dot += t * r;
     }
     if (ref2 == 0) continue;
-    const double rel = std::sqrt(diff2 / ref2);
-    const double cosine = test2 > 0 ? dot / std::sqrt(test2 * ref2) : 0.0;
-    rel_sum += rel;
-    cos_sum += cosine;
-    e.rel_l2_max = std::max(e.rel_l2_max, rel);
-    e.cosine_min = std::min(e.cosine_min, cosine);
-    ++counted;
+    rel_l2.add(std::sqrt(diff2 / ref2));
+    cosine.add(test2 > 0 ? dot / std::sqrt(test2 * ref2) : 0.0);
   }
-  if (counted == 0) {
-    e.cosine_min = 1;
-    return e;
-  }
-  e.rel_l2_mean = rel_sum / counted;
-  e.cosine_mean = cos_sum / counted;
+  OutputError e;
+  e.max_abs = max_abs_difference(o_test, o_ref);
+  e.rel_l2_mean = rel_l2.mean_or(0);
+  e.rel_l2_max = rel_l2.max_or(0);
+  e.cosine_mean = cosine.mean_or(1);
+  e.cosine_min = cosine.min_or(1);
   return e;
 }
 
@@ -96,39 +100,30 @@ ProbabilityError probability_error(const std::vector<double>& p_test, const std:
   check_same_size(p_test, p_ref, "probability_error");
   if (row_length <= 0 || p_ref.size() % row_length != 0 || k <= 0)
     throw InputError(fmt::format("probability_error: {} values, row length {}, k {}", p_ref.size(), row_length, k));
-  ProbabilityError e;
-  e.topk_overlap_min = std::numeric_limits<double>::infinity();
-  double kl_sum = 0, overlap_sum = 0;
-  int64_t counted = 0;
+  Summary kl, overlap;
   for (size_t r = 0; r < p_ref.size() / row_length; ++r) {
     const double* pr = p_ref.data() + r * row_length;
     const double* pt = p_test.data() + r * row_length;
     int64_t support = 0;
-    double kl = 0;
+    double divergence = 0;
     for (int64_t j = 0; j < row_length; ++j) {
       if (pr[j] <= 0) continue;
       ++support;
-      kl += pr[j] * (pt[j] > 0 ? std::log(pr[j] / pt[j]) : std::numeric_limits<double>::infinity());
+      divergence += pr[j] * (pt[j] > 0 ? std::log(pr[j] / pt[j]) : std::numeric_limits<double>::infinity());
     }
     if (support == 0) continue;
     const int64_t kk = std::min(k, support);
     const std::vector<int64_t> a = top_k(pr, row_length, kk), b = top_k(pt, row_length, kk);
     std::vector<int64_t> common;
     std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(common));
-    const double overlap = static_cast<double>(common.size()) / kk;
-    kl = std::max(kl, 0.0);  // rounding can make a zero divergence slightly negative
-    kl_sum += kl;
-    overlap_sum += overlap;
-    e.kl_max = std::max(e.kl_max, kl);
-    e.topk_overlap_min = std::min(e.topk_overlap_min, overlap);
-    ++counted;
+    kl.add(std::max(divergence, 0.0));  // rounding can make a zero divergence slightly negative
+    overlap.add(static_cast<double>(common.size()) / kk);
   }
-  if (counted == 0) {
-    e.topk_overlap_min = 1;
-    return e;
-  }
-  e.kl_mean = kl_sum / counted;
-  e.topk_overlap_mean = overlap_sum / counted;
+  ProbabilityError e;
+  e.kl_mean = kl.mean_or(0);
+  e.kl_max = kl.max_or(0);
+  e.topk_overlap_mean = overlap.mean_or(1);
+  e.topk_overlap_min = overlap.min_or(1);
   return e;
 }
 
