@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Captures K, V and Q from a llama2.c checkpoint into a kvq dump (schema v1).
+
+Runs the model (numpy, fp64 arithmetic) on a prompt, or greedily from BOS, and writes for every
+layer the post-RoPE K and V [1, Hkv, T, D], the query of every position Q [1, Hq, T, D] (row i is
+the decode query at position i: causal attention over keys 0..i), the token ids and seq_lens.
+
+    python data/capture_llama2c.py --model data/models/stories260K/stories260K.bin \\
+        --tokenizer data/models/stories260K/tok512.bin --tokens 256 --out data/dumps/stories260k.h5
+"""
+import argparse
+import os
+import struct
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kvq_dump  # noqa: E402
+
+BOS = 1
+
+
+class Checkpoint:
+    """A llama2.c "legacy" checkpoint: 7 int32 header fields, then fp32 weights."""
+
+    def __init__(self, path):
+        with open(path, "rb") as f:
+            header = f.read(28)
+            if len(header) < 28:
+                raise ValueError(f"{path}: {len(header)} bytes, too short for a llama2.c header (28 bytes)")
+            (self.dim, self.hidden_dim, self.n_layers, self.n_heads, self.n_kv_heads, vocab, self.seq_len) = struct.unpack(
+                "7i", header)
+            weights = np.frombuffer(f.read(), dtype=np.float32)
+        self.shared_classifier = vocab > 0
+        self.vocab_size = abs(vocab)
+        if min(self.dim, self.hidden_dim, self.n_layers, self.n_heads, self.n_kv_heads, self.seq_len) <= 0 or \
+                self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ValueError(f"{path}: implausible header dim={self.dim} heads={self.n_heads} kv_heads={self.n_kv_heads}")
+        self.head_dim = self.dim // self.n_heads
+        kv_dim = self.n_kv_heads * self.head_dim
+        L, d, h = self.n_layers, self.dim, self.hidden_dim
+        shapes = [("emb", (self.vocab_size, d)), ("rms_att", (L, d)), ("wq", (L, d, d)), ("wk", (L, kv_dim, d)),
+                  ("wv", (L, kv_dim, d)), ("wo", (L, d, d)), ("rms_ffn", (L, d)), ("w1", (L, h, d)),
+                  ("w2", (L, d, h)), ("w3", (L, h, d)), ("rms_final", (d,)),
+                  ("freq_real", (self.seq_len, self.head_dim // 2)), ("freq_imag", (self.seq_len, self.head_dim // 2))]
+        if not self.shared_classifier:
+            shapes.append(("wcls", (self.vocab_size, d)))
+        offset = 0
+        for name, shape in shapes:
+            n = int(np.prod(shape))
+            if offset + n > weights.size:
+                raise ValueError(f"{path}: truncated: weights end before {name} (need {offset + n} floats, "
+                                 f"have {weights.size})")
+            setattr(self, name, weights[offset:offset + n].reshape(shape).astype(np.float64))
+            offset += n
+        if self.shared_classifier:
+            self.wcls = self.emb
+
+
+class Tokenizer:
+    """llama2.c tokenizer.bin: int32 max_token_length, then per token (float32 score, int32 length, bytes)."""
+
+    def __init__(self, path, vocab_size):
+        self.pieces, self.scores = [], []
+        with open(path, "rb") as f:
+            f.read(4)
+            for i in range(vocab_size):
+                head = f.read(8)
+                if len(head) < 8:
+                    raise ValueError(f"{path}: truncated at token {i} of {vocab_size}")
+                score, length = struct.unpack("fi", head)
+                self.scores.append(score)
+                self.pieces.append(f.read(length))
+        self.lookup = {p: i for i, p in enumerate(self.pieces)}
+
+    def piece_bytes(self, token):
+        p = self.pieces[token]
+        if len(p) == 6 and p.startswith(b"<0x") and p.endswith(b">"):  # raw byte tokens like <0x0A>
+            return bytes([int(p[3:5], 16)])
+        return p
+
+    def decode(self, tokens):
+        return b"".join(self.piece_bytes(t) for t in tokens if t != BOS).decode("utf-8", errors="replace")
+
+    def encode(self, text):
+        """BOS, a dummy-prefix space, characters (bytes as <0xXX> fallback), then greedy best-score merges."""
+        ids = [BOS]
+        if text:
+            ids.append(self.lookup[b" "])
+        for ch in text:
+            b = ch.encode("utf-8")
+            if b in self.lookup:
+                ids.append(self.lookup[b])
+            else:
+                ids.extend(byte + 3 for byte in b)
+        while True:
+            best, best_i, best_id = -1e10, -1, -1
+            for i in range(1, len(ids) - 1):  # never merge into BOS
+                merged = self.pieces[ids[i]] + self.pieces[ids[i + 1]]
+                j = self.lookup.get(merged, -1)
+                if j >= 0 and self.scores[j] > best:
+                    best, best_i, best_id = self.scores[j], i, j
+            if best_i < 0:
+                return ids
+            ids[best_i:best_i + 2] = [best_id]
+
+
+def rmsnorm(x, w, eps=1e-5):
+    return x / np.sqrt(np.mean(x * x) + eps) * w
+
+
+def rope(x, pos, head_dim, theta=10000.0):
+    """Rotates interleaved pairs (x[2i], x[2i+1]) of every head by pos * theta^(-2i/head_dim)."""
+    pairs = x.reshape(-1, head_dim // 2, 2)
+    angle = pos * theta ** (-2.0 * np.arange(head_dim // 2) / head_dim)
+    c, s = np.cos(angle), np.sin(angle)
+    out = np.empty_like(pairs)
+    out[..., 0] = pairs[..., 0] * c - pairs[..., 1] * s
+    out[..., 1] = pairs[..., 0] * s + pairs[..., 1] * c
+    return out.reshape(x.shape)
+
+
+def run(model, tokens_in, total):
+    """Feeds tokens_in, then greedy argmax tokens until `total` positions. Returns the tokens and the
+    per-layer K, V [Hkv, T, D] and Q [Hq, T, D] (post-RoPE)."""
+    m = model
+    hd, group = m.head_dim, m.n_heads // m.n_kv_heads
+    K = np.zeros((m.n_layers, m.n_kv_heads, total, hd))
+    V = np.zeros_like(K)
+    Q = np.zeros((m.n_layers, m.n_heads, total, hd))
+    tokens = list(tokens_in[:total])
+    for pos in range(total):
+        x = m.emb[tokens[pos]].copy()
+        for layer in range(m.n_layers):
+            xb = rmsnorm(x, m.rms_att[layer])
+            q = rope(m.wq[layer] @ xb, pos, hd).reshape(m.n_heads, hd)
+            K[layer, :, pos] = rope(m.wk[layer] @ xb, pos, hd).reshape(m.n_kv_heads, hd)
+            V[layer, :, pos] = (m.wv[layer] @ xb).reshape(m.n_kv_heads, hd)
+            Q[layer, :, pos] = q
+            out = np.empty((m.n_heads, hd))
+            for h in range(m.n_heads):
+                keys, values = K[layer, h // group, :pos + 1], V[layer, h // group, :pos + 1]
+                s = keys @ q[h] / np.sqrt(hd)
+                p = np.exp(s - s.max())
+                out[h] = (p / p.sum()) @ values
+            x = x + m.wo[layer] @ out.reshape(-1)
+            xb = rmsnorm(x, m.rms_ffn[layer])
+            h1, h3 = m.w1[layer] @ xb, m.w3[layer] @ xb
+            x = x + m.w2[layer] @ (h1 / (1.0 + np.exp(-h1)) * h3)
+        if pos + 1 < total and pos + 1 >= len(tokens):
+            logits = m.wcls @ rmsnorm(x, m.rms_final)
+            tokens.append(int(np.argmax(logits)))
+    return tokens, K, V, Q
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="llama2.c checkpoint (.bin)")
+    ap.add_argument("--tokenizer", required=True, help="llama2.c tokenizer (.bin)")
+    ap.add_argument("--prompt", default="", help="text to feed after BOS; empty: greedy from BOS")
+    ap.add_argument("--tokens", type=int, default=256, help="positions T to capture (prompt + greedy)")
+    ap.add_argument("--dtype", default="float32", choices=kvq_dump.DTYPES, help="stored dtype")
+    ap.add_argument("--out", required=True, help="output dump (.h5)")
+    args = ap.parse_args(argv)
+
+    model = Checkpoint(args.model)
+    tok = Tokenizer(args.tokenizer, model.vocab_size)
+    prompt = tok.encode(args.prompt) if args.prompt else [BOS]
+    if not 1 <= args.tokens <= model.seq_len:
+        ap.error(f"--tokens {args.tokens}: the model's context is 1..{model.seq_len}")
+    if len(prompt) > args.tokens:
+        ap.error(f"the prompt is {len(prompt)} tokens, more than --tokens {args.tokens}")
+    tokens, K, V, Q = run(model, prompt, args.tokens)
+    name = os.path.splitext(os.path.basename(args.model))[0]
+    prompt_desc = f"prompt {args.prompt!r}" if args.prompt else "greedy from BOS"
+    layers = [{"k": K[l][None], "v": V[l][None], "q": Q[l][None], "num_q_heads": model.n_heads}
+              for l in range(model.n_layers)]
+    kvq_dump.write_dump(args.out, layers, source=f"llama2.c:{name} ({prompt_desc}, {args.tokens} tokens)",
+                        created_by="kvq data/capture_llama2c.py", rope="post",
+                        seq_lens=[args.tokens], tokens=[tokens], dtype=args.dtype)
+    print(f"wrote {args.out}: {model.n_layers} layers, T={args.tokens}, Hq={model.n_heads}, Hkv={model.n_kv_heads}, "
+          f"D={model.head_dim}")
+    print(f"text: {tok.decode(tokens)!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Reading and writing kvq dumps (HDF5 schema v1, see data/README.md) with h5py and numpy.
+
+bfloat16 has no HDF5 or numpy type: kvq declares it as an HDF5 float type with bfloat16's layout
+(sign bit 15, 8 exponent bits at 7 with bias 127, 7 mantissa bits). h5py reads such a dataset as
+float32 (HDF5 converts exactly); `write_dump(..., dtype="bfloat16")` writes one.
+"""
+import h5py
+import numpy as np
+
+SCHEMA = 1
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def bf16_type():
+    """The HDF5 datatype kvq uses for bfloat16."""
+    t = h5py.h5t.IEEE_F32LE.copy()
+    t.set_fields(15, 7, 8, 0, 7)  # shrink in this order: fields, offset, precision, size
+    t.set_offset(0)
+    t.set_precision(16)
+    t.set_size(2)
+    t.set_ebias(127)
+    return t
+
+
+def to_bf16_bits(x):
+    """float32 array -> bfloat16 bit patterns (uint16), round to nearest even; NaN stays NaN."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    rounded[nan] = ((u[nan] >> 16) | 0x0040).astype(np.uint16)
+    return rounded
+
+
+def _write_tensor(group, name, values, dtype):
+    values = np.asarray(values, dtype=np.float32)
+    if dtype == "float32":
+        group.create_dataset(name, data=values, track_times=False)
+    elif dtype == "float16":
+        group.create_dataset(name, data=values.astype(np.float16), track_times=False)
+    elif dtype == "bfloat16":
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_obj_track_times(False)
+        space = h5py.h5s.create_simple(values.shape)
+        ds = h5py.h5d.create(group.id, name.encode(), bf16_type(), space, dcpl=dcpl)
+        ds.write(h5py.h5s.ALL, h5py.h5s.ALL, to_bf16_bits(values), mtype=bf16_type())
+    else:
+        raise ValueError(f"dtype {dtype!r}: expected one of {DTYPES}")
+
+
+def write_dump(path, layers, *, source, created_by, rope, seq_lens=None, tokens=None, dtype="float32"):
+    """Writes a schema-v1 dump.
+
+    layers: list of dicts with k and v [B, Hkv, T, D], optional q [B, Hq, Tq, D], num_q_heads,
+    and optional softmax_scale and alibi. seq_lens [B] and tokens [B, T] are optional.
+    """
+    if rope not in ("post", "pre", "none"):
+        raise ValueError(f"rope {rope!r}: expected post, pre or none")
+    with h5py.File(path, "w", track_order=False) as f:
+        f.attrs["kvq_schema"] = np.int64(SCHEMA)
+        f.attrs["source"] = source
+        f.attrs["created_by"] = created_by
+        f.attrs["rope"] = rope
+        group = f.create_group("layers")
+        for index, layer in enumerate(layers):
+            k, v = np.asarray(layer["k"]), np.asarray(layer["v"])
+            if k.ndim != 4 or k.shape != v.shape:
+                raise ValueError(f"layer {index}: k {k.shape} and v {v.shape} must both be [B, Hkv, T, D]")
+            g = group.create_group(str(index))
+            _write_tensor(g, "k", k, dtype)
+            _write_tensor(g, "v", v, dtype)
+            num_q_heads = int(layer.get("num_q_heads", k.shape[1]))
+            if layer.get("q") is not None:
+                q = np.asarray(layer["q"])
+                if q.ndim != 4 or q.shape[0] != k.shape[0] or q.shape[1] != num_q_heads or q.shape[3] != k.shape[3]:
+                    raise ValueError(f"layer {index}: q {q.shape} must be [B, Hq={num_q_heads}, Tq, D]")
+                _write_tensor(g, "q", q, dtype)
+            g.attrs["num_q_heads"] = np.int64(num_q_heads)
+            g.attrs["num_kv_heads"] = np.int64(k.shape[1])
+            g.attrs["head_dim"] = np.int64(k.shape[3])
+            if layer.get("softmax_scale") is not None:
+                g.attrs["softmax_scale"] = np.float64(layer["softmax_scale"])
+            g.attrs["alibi"] = np.bool_(layer.get("alibi", False))
+        if seq_lens is not None:
+            f.create_dataset("seq_lens", data=np.asarray(seq_lens, dtype=np.int32), track_times=False)
+        if tokens is not None:
+            f.create_dataset("tokens", data=np.asarray(tokens, dtype=np.int32), track_times=False)
+
+
+def read_dump(path):
+    """The dump as a dict: attrs, layers (list of dicts of float32 arrays and attrs), seq_lens, tokens."""
+    with h5py.File(path, "r") as f:
+        if int(f.attrs.get("kvq_schema", -1)) != SCHEMA:
+            raise ValueError(f"{path}: kvq_schema is {f.attrs.get('kvq_schema')}, expected {SCHEMA}")
+        out = {"attrs": {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}, "layers": []}
+        for name in sorted(f["layers"], key=int):
+            g = f["layers"][name]
+            layer = {key: g[key].astype("float32")[...] for key in ("k", "v", "q") if key in g}
+            layer.update({key: g.attrs[key] for key in g.attrs})
+            out["layers"].append(layer)
+        out["seq_lens"] = f["seq_lens"][...] if "seq_lens" in f else None
+        out["tokens"] = f["tokens"][...] if "tokens" in f else None
+    return out
