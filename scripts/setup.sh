@@ -21,8 +21,18 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
+# Python tools and tests: .venv with requirements.txt (reinstalled only when the file changes).
+stamp=.venv/.requirements.sha256
+want=$(sha256sum requirements.txt | cut -d' ' -f1)
+if [[ ! -x .venv/bin/python || ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+  echo "kvq setup: creating .venv from requirements.txt"
+  python3 -m venv .venv
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt
+  echo "$want" > "$stamp"
+fi
+
 build_dir=${KVQ_BUILD_DIR:-build}
 werror=${KVQ_WERROR:-OFF}
 [[ "${CI:-}" == "true" ]] && werror=ON
-cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DKVQ_WERROR="$werror" -DKVQ_CUDA="${KVQ_CUDA:-AUTO}"
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DKVQ_PYTHON="$PWD/.venv/bin/python" -DKVQ_WERROR="$werror" -DKVQ_CUDA="${KVQ_CUDA:-AUTO}"
 cmake --build "$build_dir" -j "$(nproc)"

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Captures K, V and Q from a Hugging Face causal LM into a kvq dump (schema v1).
+
+Any model whose attention goes through transformers' AttentionInterface (Llama, Mistral, Qwen,
+Gemma, Phi-3, ... with grouped-query attention too) works: kvq registers its own attention function,
+records the query, key and value each layer hands to it (K/V exactly as the model caches them,
+post-RoPE for rotary models) and then runs PyTorch SDPA as usual.
+
+    python data/capture_hf.py --model meta-llama/Llama-3.2-1B --text story.txt --max-tokens 2048 \\
+        --out llama32.h5
+
+Needs torch and transformers (not installed by kvq's set-up: pip install torch transformers).
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+import torch
+from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kvq_dump  # noqa: E402
+
+_CAPTURE_NAME = "kvq_capture"
+_records = None  # layer index -> dict, filled while a capture runs
+
+
+def _capturing_attention(module, query, key, value, attention_mask, **kwargs):
+    out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if _records is not None:
+        _records[module.layer_idx] = {"q": query.detach(), "k": key.detach(), "v": value.detach(),
+                                      "scaling": kwargs.get("scaling"), "out": out.detach()}
+    return out, weights
+
+
+AttentionInterface.register(_CAPTURE_NAME, _capturing_attention)
+
+
+def rope_of(model):
+    """post: the model applies rotary embeddings before caching K; none: it has no rotary embedding."""
+    for module in model.modules():
+        if hasattr(sys.modules.get(type(module).__module__), "apply_rotary_pos_emb") and hasattr(module, "layer_idx"):
+            return "post"
+    return "none"
+
+
+def capture(model, input_ids):
+    """Runs one forward pass over input_ids [1, T]; returns per-layer records (q, k, v as
+    [1, H, T, D] tensors, the softmax scaling, the attention output) and the model's own cache."""
+    global _records
+    model.set_attn_implementation(_CAPTURE_NAME)
+    _records = {}
+    try:
+        with torch.inference_mode():
+            outputs = model(input_ids=input_ids, use_cache=True)
+        records = _records
+    finally:
+        _records = None
+    n_layers = model.config.num_hidden_layers
+    if sorted(records) != list(range(n_layers)):
+        raise RuntimeError(f"{type(model).__name__}: captured layers {sorted(records)} of {n_layers}: this model does "
+                           "not route attention through transformers' AttentionInterface, so kvq cannot capture it")
+    return [records[i] for i in range(n_layers)], outputs.past_key_values
+
+
+def to_numpy(t):
+    return t.to(torch.float32).cpu().numpy()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="Hugging Face model name or local directory")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="UTF-8 text file to run the model on")
+    src.add_argument("--prompt", help="text given on the command line")
+    ap.add_argument("--max-tokens", type=int, default=2048, help="truncate the tokenized text to this many tokens")
+    ap.add_argument("--dtype", choices=("model",) + kvq_dump.DTYPES, default="model",
+                    help="stored dtype; 'model' keeps the model's own (exact)")
+    ap.add_argument("--torch-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", required=True, help="output dump (.h5)")
+    args = ap.parse_args(argv)
+
+    text = open(args.text, encoding="utf-8").read() if args.text else args.prompt
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    ids = tokenizer(text, return_tensors="pt").input_ids[:, :args.max_tokens]
+    if ids.shape[1] == 0:
+        ap.error("the text gives no tokens")
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=args.torch_dtype).to(args.device).eval()
+    records, _ = capture(model, ids.to(args.device))
+
+    model_dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(model.dtype)
+    dtype = model_dtype if args.dtype == "model" else args.dtype
+    if dtype is None:
+        ap.error(f"the model's dtype {model.dtype} has no kvq storage type: pass --dtype")
+    layers = [{"k": to_numpy(r["k"]), "v": to_numpy(r["v"]), "q": to_numpy(r["q"]), "num_q_heads": r["q"].shape[1],
+               "softmax_scale": r["scaling"]} for r in records]
+    rope = rope_of(model)
+    kvq_dump.write_dump(args.out, layers, source=f"hf:{args.model} ({ids.shape[1]} tokens, {model.dtype})",
+                        created_by="kvq data/capture_hf.py", rope=rope, seq_lens=[ids.shape[1]],
+                        tokens=ids.numpy().astype(np.int32), dtype=dtype)
+    k = layers[0]["k"]
+    print(f"wrote {args.out}: {len(layers)} layers, T={k.shape[2]}, Hq={layers[0]['num_q_heads']}, Hkv={k.shape[1]}, "
+          f"D={k.shape[3]}, K {rope}-RoPE, stored as {dtype}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

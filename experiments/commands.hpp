@@ -1,0 +1,20 @@
+// The kvq subcommands. Each adds itself to the app and returns the function that runs it after
+// parsing; run functions throw InputError for bad input (exit code 3).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace kvq {
+
+struct Command {
+  CLI::App* app;
+  std::function<int()> run;
+};
+
+Command add_sweep_command(CLI::App& parent);
+Command add_bench_cpu_command(CLI::App& parent);
+Command add_synth_command(CLI::App& parent);
+Command add_inspect_command(CLI::App& parent);
+
+}  // namespace kvq

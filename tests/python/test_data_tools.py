@@ -1,0 +1,112 @@
+"""The llama2.c capture tool, the bundled dump, and h5py <-> C++ interchange of schema-v1 dumps.
+KVQ_BIN names the kvq binary (ctest sets it)."""
+import hashlib
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "data"))
+import capture_llama2c  # noqa: E402
+import kvq_dump  # noqa: E402
+
+MODEL = os.path.join(ROOT, "data", "models", "stories260K", "stories260K.bin")
+TOKENIZER = os.path.join(ROOT, "data", "models", "stories260K", "tok512.bin")
+BUNDLED = os.path.join(ROOT, "data", "dumps", "stories260k.h5")
+KNOWN_TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One "
+              "day, she saw a big, red ball. She wanted to play with it, but it was too high.\n")
+
+
+def kvq(*args):
+    binary = os.environ.get("KVQ_BIN", os.path.join(ROOT, "build", "experiments", "kvq"))
+    return subprocess.run([binary, *args], capture_output=True, text=True)
+
+
+def test_forward_pass_reproduces_the_known_greedy_story():
+    model = capture_llama2c.Checkpoint(MODEL)
+    tok = capture_llama2c.Tokenizer(TOKENIZER, model.vocab_size)
+    tokens, K, V, Q = capture_llama2c.run(model, [capture_llama2c.BOS], 64)
+    assert tok.decode(tokens).lstrip(" ").startswith(KNOWN_TEXT)
+    assert K.shape == (5, 4, 64, 8) and Q.shape == (5, 8, 64, 8)
+
+
+def test_tokenizer_round_trip_and_prompt_capture(tmp_path):
+    model = capture_llama2c.Checkpoint(MODEL)
+    tok = capture_llama2c.Tokenizer(TOKENIZER, model.vocab_size)
+    ids = tok.encode("Lily saw a big, red ball.")
+    assert ids[0] == capture_llama2c.BOS
+    assert tok.decode(ids) == " Lily saw a big, red ball."
+    out = tmp_path / "prompt.h5"
+    capture_llama2c.main(["--model", MODEL, "--tokenizer", TOKENIZER, "--prompt", "Lily saw a big, red ball.",
+                          "--tokens", "24", "--out", str(out)])
+    dump = kvq_dump.read_dump(out)
+    assert list(dump["tokens"][0, :len(ids)]) == ids  # the prompt comes first, then greedy tokens
+
+
+def test_bundled_dump_is_recreated_bit_for_bit(tmp_path):
+    out = tmp_path / "stories260k.h5"
+    capture_llama2c.main(["--model", MODEL, "--tokenizer", TOKENIZER, "--tokens", "256", "--out", str(out)])
+    digest = lambda p: hashlib.sha256(open(p, "rb").read()).hexdigest()  # noqa: E731
+    assert digest(out) == digest(BUNDLED)
+
+
+def test_bundled_dump_reads_in_h5py_and_cpp():
+    dump = kvq_dump.read_dump(BUNDLED)
+    assert dump["attrs"]["rope"] == "post"
+    assert dump["attrs"]["source"].startswith("llama2.c:stories260K")
+    assert len(dump["layers"]) == 5
+    for layer in dump["layers"]:
+        assert layer["k"].shape == (1, 4, 256, 8) and layer["q"].shape == (1, 8, 256, 8)
+        assert layer["num_q_heads"] == 8 and not layer["alibi"]
+    assert dump["tokens"].shape == (1, 256) and dump["tokens"][0, 0] == 1
+    assert list(dump["seq_lens"]) == [256]
+    r = kvq("inspect", BUNDLED)
+    assert r.returncode == 0, r.stderr
+    assert "[1, 4, 256, 8]" in r.stdout and "top-5 K channels" in r.stdout
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_h5py_written_dumps_read_in_cpp(tmp_path, dtype):
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((2, 2, 32, 16)).astype(np.float32)
+    v = rng.standard_normal((2, 2, 32, 16)).astype(np.float32)
+    q = rng.standard_normal((2, 4, 1, 16)).astype(np.float32)
+    out = tmp_path / f"h5py-{dtype}.h5"
+    kvq_dump.write_dump(out, [{"k": k, "v": v, "q": q, "num_q_heads": 4, "alibi": True}], source="synthetic:test",
+                        created_by="pytest", rope="none", seq_lens=[32, 20], dtype=dtype)
+    r = kvq("inspect", str(out))
+    assert r.returncode == 0, r.stderr
+    assert dtype in r.stdout and "[2, 2, 32, 16]" in r.stdout
+    # The same values through the C++ reader: a one-pair sweep of the dump reports finite errors.
+    r = kvq("sweep", str(out), "--k", "int8-head", "--v", "int8-head", "--out", str(tmp_path / "sweep"))
+    assert r.returncode == 0, r.stderr
+
+
+def test_cpp_written_bf16_dump_reads_in_h5py(tmp_path):
+    out = tmp_path / "synth.h5"
+    r = kvq("synth", "--out", str(out), "--dtype", "bfloat16", "--batch", "1", "--tokens", "64", "--head-dim", "64",
+            "--layers", "2")
+    assert r.returncode == 0, r.stderr
+    with h5py.File(out) as f:
+        assert f.attrs["source"].startswith("synthetic:llm-shaped(seed=0,")
+        k = f["layers/1/k"].astype("float32")[...]
+        raw = np.empty(k.shape, np.uint16)
+        f["layers/1/k"].id.read(h5py.h5s.ALL, h5py.h5s.ALL, raw, mtype=f["layers/1/k"].id.get_type())
+    np.testing.assert_array_equal(k, (raw.astype(np.uint32) << 16).view(np.float32))
+    assert np.isfinite(k).all() and np.abs(k).max() > 10  # outlier channels are there
+
+
+def test_bad_files_give_one_clear_line_and_exit_3(tmp_path):
+    empty = tmp_path / "empty.h5"
+    empty.write_bytes(b"")
+    r = kvq("inspect", str(empty))
+    assert r.returncode == 3
+    assert r.stderr == f"kvq: error: {empty}: empty file (0 bytes), not an HDF5 dump\n"
+    truncated = tmp_path / "truncated.h5"
+    truncated.write_bytes(open(BUNDLED, "rb").read()[:50000])
+    r = kvq("inspect", str(truncated))
+    assert r.returncode == 3 and r.stderr.count("\n") == 1 and "truncated or corrupt" in r.stderr
