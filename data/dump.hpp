@@ -66,7 +66,7 @@ struct DumpHeader {
 };
 
 // Writes a schema-v1 dump (truncating `path`). Values are rounded to the stored dtype (RNE);
-// fp32 storage is exact.
+// fp32 storage is exact. Sizes that do not match the shapes are a DumpError.
 class DumpWriter {
  public:
   DumpWriter(const std::string& path, const DumpHeader& header);
@@ -80,7 +80,6 @@ class DumpWriter {
   void close();
 
  private:
-  void check_open() const;
   struct Impl;
   Impl* impl_;
 };

@@ -5,7 +5,10 @@
 #include <memory>
 
 #include "data/dump.hpp"
+#include <unistd.h>
+
 #include "experiments/commands.hpp"
+#include "experiments/recommend_print.hpp"
 #include "experiments/results_writer.hpp"
 #include "experiments/run_info.hpp"
 #include "experiments/synthetic_options.hpp"
@@ -20,7 +23,14 @@ struct SweepArgs {
   SyntheticSpec spec{2, 8, 2, 1024, 128, 1};
   std::string k_schemes, v_schemes, out_dir = "results/sweep";
   int64_t top_k = 8;
+  double max_rel_l2 = 0.0;  // > 0: print recommendations within this budget
 };
+
+// A progress line on stderr, only when it is a terminal.
+void progress(const std::string& text) {
+  static const bool tty = isatty(fileno(stderr));
+  if (tty) fmt::print(stderr, "\r\033[K{}", text);
+}
 
 std::vector<SchemePair> pairs_for(const SweepArgs& a, int64_t head_dim) {
   if (a.k_schemes.empty() && a.v_schemes.empty()) return default_pairs(head_dim);
@@ -32,7 +42,9 @@ std::vector<SchemePair> pairs_for(const SweepArgs& a, int64_t head_dim) {
 int run(const SweepArgs& a) {
   std::vector<SweepRow> rows;
   nlohmann::json sources = nlohmann::json::array();
+  std::vector<std::string> notes;
   auto sweep_one = [&](const KvLayer& layer) {
+    progress(fmt::format("sweep: {} layer {}", layer.source, layer.layer));
     const std::vector<SchemePair> pairs = pairs_for(a, layer.kv_shape.head_dim);
     std::vector<SweepRow> part = sweep_layer(layer, pairs, {a.top_k});
     rows.insert(rows.end(), part.begin(), part.end());
@@ -44,6 +56,9 @@ int run(const SweepArgs& a) {
   }
   for (const std::string& path : a.dumps) {
     const DumpInfo info = open_dump(path);
+    if (std::any_of(info.layers.begin(), info.layers.end(), [](const LayerInfo& l) { return !l.q; }))
+      notes.push_back(fmt::format("note: {} has layers without decode queries (q): their attention metrics need Q; "
+                                  "they get reconstruction metrics only", path));
     nlohmann::json used = nlohmann::json::array();
     for (size_t i = 0; i < info.layers.size(); ++i) {
       if (!a.layers.empty() && std::find(a.layers.begin(), a.layers.end(), info.layers[i].index) == a.layers.end())
@@ -55,16 +70,30 @@ int run(const SweepArgs& a) {
       throw InputError(fmt::format("{}: none of the requested --layers exist (the dump has {} layers)", path, info.layers.size()));
     sources.push_back({{"file", path}, {"source", info.source}, {"rope", info.rope}, {"layers", used}});
   }
+  progress("");
   if (rows.empty()) throw InputError("sweep: nothing to do (give dumps or --synthetic)");
   print_sweep_table(rows, stdout);
+  for (const std::string& note : notes) fmt::print("{}\n", note);
 
   std::filesystem::create_directories(a.out_dir);
-  const std::string csv = a.out_dir + "/sweep.csv", json = a.out_dir + "/sweep.json";
+  const std::string csv = a.out_dir + "/sweep.csv", heads = a.out_dir + "/sweep_heads.csv",
+                    json = a.out_dir + "/sweep.json";
   write_sweep_csv(rows, csv);
+  write_head_csv(rows, heads);
   write_json({{"run", run_info()}, {"command", "sweep"}, {"sources", sources}, {"rows", rows.size()},
-              {"top_k", a.top_k}, {"csv", "sweep.csv"}},
+              {"top_k", a.top_k}, {"csv", "sweep.csv"}, {"heads_csv", "sweep_heads.csv"}},
              json);
-  fmt::print("\nwrote {} ({} rows) and {}\n", csv, rows.size(), json);
+  fmt::print("\nwrote {} ({} rows), {} and {}\n", csv, rows.size(), heads, json);
+  if (a.max_rel_l2 > 0) {
+    std::vector<PairResult> results;
+    for (const SweepRow& r : rows)
+      if (r.has_attention)
+        results.push_back({r.source, r.layer, to_string(r.schemes.k), to_string(r.schemes.v),
+                           r.k_bytes_per_token_head + r.v_bytes_per_token_head, r.output.rel_l2_mean});
+    if (results.empty()) throw InputError("sweep --max-rel-l2: no layer had decode queries, which the budget needs");
+    fmt::print("\n");
+    print_recommendations(recommend(results, a.max_rel_l2), "out_rel_l2_mean", a.max_rel_l2, stdout);
+  }
   return 0;
 }
 
@@ -81,6 +110,8 @@ Command add_sweep_command(CLI::App& parent) {
   cmd->add_option("--v", a->v_schemes, "V schemes, comma-separated; every K scheme is paired with every V scheme");
   cmd->add_option("--out", a->out_dir, "Directory for sweep.csv and sweep.json")->capture_default_str();
   cmd->add_option("--top-k", a->top_k, "k of the top-k attention overlap")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--max-rel-l2", a->max_rel_l2, "Also recommend the smallest schemes with out_rel_l2_mean within this budget")
+      ->check(CLI::PositiveNumber);
   add_synthetic_options(*cmd, a->spec);
   return {cmd, [a] {
             if (a->dumps.empty() && !a->synthetic) a->dumps.push_back(KVQ_DATA_DIR "/dumps/stories260k.h5");

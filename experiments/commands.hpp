@@ -16,5 +16,8 @@ Command add_sweep_command(CLI::App& parent);
 Command add_bench_cpu_command(CLI::App& parent);
 Command add_synth_command(CLI::App& parent);
 Command add_inspect_command(CLI::App& parent);
+Command add_quantize_command(CLI::App& parent);
+Command add_reference_command(CLI::App& parent);
+Command add_recommend_command(CLI::App& parent);
 
 }  // namespace kvq

@@ -9,8 +9,10 @@ int main(int argc, char** argv) {
   CLI::App app{"kvq: accuracy and speed of quantized KV caches for decode attention"};
   app.set_version_flag("--version", kvq::kvq_version() + " (" + kvq::kvq_commit() + ")");
   app.require_subcommand(1);
-  const std::vector<kvq::Command> commands = {kvq::add_sweep_command(app), kvq::add_inspect_command(app),
-                                              kvq::add_synth_command(app), kvq::add_bench_cpu_command(app)};
+  const std::vector<kvq::Command> commands = {
+      kvq::add_sweep_command(app),     kvq::add_recommend_command(app), kvq::add_quantize_command(app),
+      kvq::add_reference_command(app), kvq::add_inspect_command(app),   kvq::add_synth_command(app),
+      kvq::add_bench_cpu_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

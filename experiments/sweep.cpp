@@ -97,11 +97,15 @@ std::vector<SweepRow> sweep_layer(const KvLayer& layer, const std::vector<Scheme
     row.v_bytes_per_token_head = bytes_per_token_per_head(pair.v, layer.kv_shape);
     row.kv_bits_per_element =
         (bits_per_element(pair.k, layer.kv_shape) + bits_per_element(pair.v, layer.kv_shape)) / 2;
+    row.k_group_elems = elements_per_group(pair.k, layer.kv_shape);
+    row.v_group_elems = elements_per_group(pair.v, layer.kv_shape);
     if (layer.has_queries()) {
       std::vector<double> probs;
       const AttentionOutput out = attention(problem_for(layer, k.values, v.values), {}, {}, &probs);
       row.has_attention = true;
-      row.output = output_error(out.o, ref.o, layer.q_shape.tokens * layer.q_shape.head_dim);
+      row.heads = head_errors(out.o, ref.o, layer.q_shape.tokens * layer.q_shape.head_dim);
+      row.output = summarize(row.heads);
+      row.q_heads = layer.q_shape.heads;
       if (layer.kv_shape.tokens > 0)
         row.probabilities = probability_error(probs, ref_probs, layer.kv_shape.tokens, options.top_k);
     }

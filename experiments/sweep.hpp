@@ -30,9 +30,12 @@ struct SweepRow {
   double k_sqnr_db = 0, k_max_abs = 0, v_sqnr_db = 0, v_max_abs = 0;
   bool has_attention = false;  // false when the layer has no queries
   OutputError output;
+  std::vector<HeadError> heads;  // per (b, query head), in that order
+  int64_t q_heads = 0;           // to index heads
   ProbabilityError probabilities;
   double k_bytes_per_token_head = 0, v_bytes_per_token_head = 0;
   double kv_bits_per_element = 0;  // K and V together
+  int64_t k_group_elems = 0, v_group_elems = 0;  // elements per scale group
 };
 
 struct SweepOptions {

@@ -4,6 +4,8 @@
 // (chan-tN: the last token group is partial when N does not divide T.)
 #pragma once
 
+#include <vector>
+
 #include "quant/scheme.hpp"
 
 namespace kvq {
@@ -77,6 +79,18 @@ KVQ_HD int64_t group_of(const Scheme& s, const KvShape& x, int64_t b, int64_t h,
       return ((b * x.heads + h) * ceil_div(x.tokens, s.group) + t / s.group) * x.head_dim + d;
   }
   return 0;
+}
+
+// The shape of the scale (and zero-point) array, in group order (host only).
+inline std::vector<int64_t> scale_shape(const Scheme& s, const KvShape& x) {
+  switch (s.granularity) {
+    case Granularity::kTensor: return {num_groups(s, x)};
+    case Granularity::kToken: return {x.batch, x.tokens};
+    case Granularity::kHead: return {x.batch, x.heads, x.tokens};
+    case Granularity::kGroup: return {x.batch, x.heads, x.tokens, x.head_dim / s.group};
+    case Granularity::kChannel: return {x.batch, x.heads, ceil_div(x.tokens, s.group), x.head_dim};
+  }
+  return {};
 }
 
 // Bytes of codes in one (b, h, t) row.

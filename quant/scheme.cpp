@@ -99,6 +99,17 @@ std::string to_string(const Scheme& s) {
                      s.scale_dtype == ScaleDtype::kFp32 ? "-fp32" : "");
 }
 
+const char* granularity_name(Granularity g) {
+  switch (g) {
+    case Granularity::kTensor: return "tensor";
+    case Granularity::kToken: return "token";
+    case Granularity::kHead: return "head";
+    case Granularity::kGroup: return "group";
+    case Granularity::kChannel: return "channel";
+  }
+  return "?";
+}
+
 std::vector<Scheme> parse_scheme_list(std::string_view names) {
   std::vector<Scheme> schemes;
   for (std::string_view name : split(names, ',')) {

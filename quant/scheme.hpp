@@ -51,6 +51,8 @@ struct SchemeError : InputError {
 // Symmetric and fp16 scales are the defaults and are omitted when printing.
 Scheme parse_scheme(std::string_view name);
 std::string to_string(const Scheme& s);
+// tensor, token, head, group, channel
+const char* granularity_name(Granularity g);
 // Comma-separated list, e.g. "int8-head,int4-g32-asym".
 std::vector<Scheme> parse_scheme_list(std::string_view names);
 

@@ -67,27 +67,40 @@ template double max_abs_difference(const std::vector<float>&, const std::vector<
 template double max_abs_difference(const std::vector<double>&, const std::vector<double>&);
 template double max_abs_difference(const std::vector<float>&, const std::vector<double>&);
 
-OutputError output_error(const std::vector<double>& o_test, const std::vector<double>& o_ref,
-                         int64_t values_per_head) {
+std::vector<HeadError> head_errors(const std::vector<double>& o_test, const std::vector<double>& o_ref,
+                                   int64_t values_per_head) {
   check_same_size(o_test, o_ref, "output_error");
   if (values_per_head <= 0 || o_ref.size() % values_per_head != 0)
     throw InputError(fmt::format("output_error: {} values do not split into heads of {}", o_ref.size(), values_per_head));
-  Summary rel_l2, cosine;
-  for (size_t h = 0; h < o_ref.size() / values_per_head; ++h) {
-    double diff2 = 0, ref2 = 0, test2 = 0, dot = 0;
+  std::vector<HeadError> heads(o_ref.size() / values_per_head);
+  for (size_t h = 0; h < heads.size(); ++h) {
+    double diff2 = 0, ref2 = 0, test2 = 0, dot = 0, max_abs = 0;
     for (int64_t i = 0; i < values_per_head; ++i) {
       const double t = o_test[h * values_per_head + i], r = o_ref[h * values_per_head + i];
       diff2 += (t - r) * (t - r);
       ref2 += r * r;
       test2 += t * t;
       dot += t * r;
+      max_abs = std::max(max_abs, std::abs(t - r));
     }
-    if (ref2 == 0) continue;
-    rel_l2.add(std::sqrt(diff2 / ref2));
-    cosine.add(test2 > 0 ? dot / std::sqrt(test2 * ref2) : 0.0);
+    heads[h].max_abs = max_abs;
+    heads[h].empty = ref2 == 0;
+    if (heads[h].empty) continue;
+    heads[h].rel_l2 = std::sqrt(diff2 / ref2);
+    heads[h].cosine = test2 > 0 ? dot / std::sqrt(test2 * ref2) : 0.0;
   }
+  return heads;
+}
+
+OutputError summarize(const std::vector<HeadError>& heads) {
+  Summary rel_l2, cosine;
   OutputError e;
-  e.max_abs = max_abs_difference(o_test, o_ref);
+  for (const HeadError& h : heads) {
+    e.max_abs = std::max(e.max_abs, h.max_abs);
+    if (h.empty) continue;
+    rel_l2.add(h.rel_l2);
+    cosine.add(h.cosine);
+  }
   e.rel_l2_mean = rel_l2.mean_or(0);
   e.rel_l2_max = rel_l2.max_or(0);
   e.cosine_mean = cosine.mean_or(1);
@@ -136,6 +149,17 @@ double bytes_per_token_per_head(const Scheme& s, const KvShape& shape) {
 
 double bits_per_element(const Scheme& s, const KvShape& shape) {
   return 8.0 * bytes_per_token_per_head(s, shape) / static_cast<double>(shape.head_dim);
+}
+
+int64_t elements_per_group(const Scheme& s, const KvShape& shape) {
+  switch (s.granularity) {
+    case Granularity::kTensor: return shape.numel();
+    case Granularity::kToken: return shape.heads * shape.head_dim;
+    case Granularity::kHead: return shape.head_dim;
+    case Granularity::kGroup:
+    case Granularity::kChannel: return s.group;
+  }
+  return 0;
 }
 
 }  // namespace kvq

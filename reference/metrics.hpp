@@ -22,10 +22,20 @@ struct OutputError {
   double cosine_mean = 1;  // mean over heads of <O', O> / (||O'|| ||O||)
   double cosine_min = 1;
 };
-// `o_test` and `o_ref` are [heads, values_per_head]. Heads whose reference is all zero (empty key
-// sets) are skipped for rel-L2 and cosine; max_abs still covers them.
-OutputError output_error(const std::vector<double>& o_test, const std::vector<double>& o_ref,
-                         int64_t values_per_head);
+// One head's error. `empty` when the reference is all zero (an empty key set): rel-L2 and cosine
+// are then undefined and left out of the summaries.
+struct HeadError {
+  double rel_l2 = 0, cosine = 1, max_abs = 0;
+  bool empty = false;
+};
+// `o_test` and `o_ref` are [heads, values_per_head].
+std::vector<HeadError> head_errors(const std::vector<double>& o_test, const std::vector<double>& o_ref,
+                                   int64_t values_per_head);
+OutputError summarize(const std::vector<HeadError>& heads);
+inline OutputError output_error(const std::vector<double>& o_test, const std::vector<double>& o_ref,
+                                int64_t values_per_head) {
+  return summarize(head_errors(o_test, o_ref, values_per_head));
+}
 
 // Attention probabilities vs reference, rows of length T (one per query).
 struct ProbabilityError {
@@ -42,5 +52,7 @@ ProbabilityError probability_error(const std::vector<double>& p_test, const std:
 // and heads that share them; and the same in bits per element.
 double bytes_per_token_per_head(const Scheme& s, const KvShape& shape);
 double bits_per_element(const Scheme& s, const KvShape& shape);
+// Elements sharing one scale: B*H*T*D (tensor), H*D (token), D (head), G, or N (chan-tN).
+int64_t elements_per_group(const Scheme& s, const KvShape& shape);
 
 }  // namespace kvq

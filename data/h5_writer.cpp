@@ -1,0 +1,134 @@
+#include "data/h5_writer.hpp"
+
+#include <fmt/format.h>
+
+#include <optional>
+
+#include "data/hdf5_types.hpp"
+
+namespace kvq {
+
+struct H5Writer::Impl {
+  std::string path;
+  std::optional<H5::H5File> file;  // optional: HDF5's classes are not assignable
+
+  template <typename F>
+  void guarded(const std::string& what, F&& f) {
+    if (!file) throw DumpError(fmt::format("{}: already closed, cannot write {}", path, what));
+    try {
+      f();
+    } catch (const H5::Exception&) {
+      throw DumpError(fmt::format("{}: cannot write {} (is the disk full, the path not writable, or the name taken?)",
+                                  path, what));
+    }
+  }
+
+  H5::DataSet create(const std::string& dataset, const H5::DataType& type, const std::vector<int64_t>& dims,
+                     size_t values) {
+    size_t n = 1;
+    for (int64_t d : dims) n *= static_cast<size_t>(d);
+    if (n != values)
+      throw DumpError(fmt::format("{}: {}: {} values for a shape of {} elements", path, dataset, values, n));
+    const std::vector<hsize_t> h(dims.begin(), dims.end());
+    H5::LinkCreatPropList lcpl;
+    lcpl.setCreateIntermediateGroup(true);
+    return file->createDataSet(dataset, type, H5::DataSpace(static_cast<int>(h.size()), h.data()),
+                               H5::DSetCreatPropList::DEFAULT, H5::DSetAccPropList::DEFAULT, lcpl);
+  }
+
+  H5::Attribute create_attr(const std::string& object, const std::string& name, const H5::DataType& type) {
+    const H5::DataSpace scalar(H5S_SCALAR);
+    if (object == "/") return file->createAttribute(name, type, scalar);
+    if (file->childObjType(object) == H5O_TYPE_DATASET) return file->openDataSet(object).createAttribute(name, type, scalar);
+    return file->openGroup(object).createAttribute(name, type, scalar);
+  }
+};
+
+H5Writer::H5Writer(const std::string& path) : impl_(new Impl{path, {}}) {
+  H5::Exception::dontPrint();
+  try {
+    impl_->file.emplace(path, H5F_ACC_TRUNC);
+  } catch (const H5::Exception&) {
+    throw DumpError(fmt::format("{}: cannot create the file (does the directory exist and is it writable?)", path));
+  }
+}
+
+H5Writer::~H5Writer() {
+  try {
+    close();
+  } catch (...) {  // destructors must not throw; call close() to see errors
+  }
+}
+
+void H5Writer::close() {
+  if (!impl_->file) return;
+  impl_->guarded("the file", [&] { impl_->file->close(); });
+  impl_->file.reset();
+}
+
+const std::string& H5Writer::path() const { return impl_->path; }
+
+void H5Writer::write_floats(const std::string& dataset, const std::vector<int64_t>& dims,
+                            const std::vector<float>& values, StoredDtype dtype) {
+  impl_->guarded(dataset, [&] {
+    h5::write_from_float(impl_->create(dataset, h5::file_type(dtype), dims, values.size()), dtype, values);
+  });
+}
+
+void H5Writer::write_doubles(const std::string& dataset, const std::vector<int64_t>& dims,
+                             const std::vector<double>& values) {
+  impl_->guarded(dataset, [&] {
+    H5::DataSet ds = impl_->create(dataset, H5::PredType::IEEE_F64LE, dims, values.size());
+    if (!values.empty()) ds.write(values.data(), H5::PredType::NATIVE_DOUBLE);
+  });
+}
+
+void H5Writer::write_int32(const std::string& dataset, const std::vector<int64_t>& dims,
+                           const std::vector<int32_t>& values) {
+  impl_->guarded(dataset, [&] {
+    H5::DataSet ds = impl_->create(dataset, H5::PredType::STD_I32LE, dims, values.size());
+    if (!values.empty()) ds.write(values.data(), H5::PredType::NATIVE_INT32);
+  });
+}
+
+void H5Writer::write_bytes(const std::string& dataset, const std::vector<int64_t>& dims,
+                           const std::vector<uint8_t>& bytes, bool as_signed) {
+  impl_->guarded(dataset, [&] {
+    const H5::PredType& type = as_signed ? H5::PredType::STD_I8LE : H5::PredType::STD_U8LE;
+    H5::DataSet ds = impl_->create(dataset, type, dims, bytes.size());
+    if (!bytes.empty()) ds.write(bytes.data(), type);  // same size and order: the bytes go as they are
+  });
+}
+
+void H5Writer::set_attr(const std::string& object, const std::string& name, const std::string& value) {
+  impl_->guarded(object + " attribute " + name, [&] {
+    H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);  // h5py reads variable-length UTF-8 as str
+    type.setCset(H5T_CSET_UTF8);
+    impl_->create_attr(object, name, type).write(type, value);
+  });
+}
+
+void H5Writer::set_attr(const std::string& object, const std::string& name, int64_t value) {
+  impl_->guarded(object + " attribute " + name, [&] {
+    impl_->create_attr(object, name, H5::PredType::STD_I64LE).write(H5::PredType::NATIVE_INT64, &value);
+  });
+}
+
+void H5Writer::set_attr(const std::string& object, const std::string& name, double value) {
+  impl_->guarded(object + " attribute " + name, [&] {
+    impl_->create_attr(object, name, H5::PredType::IEEE_F64LE).write(H5::PredType::NATIVE_DOUBLE, &value);
+  });
+}
+
+void H5Writer::set_bool_attr(const std::string& object, const std::string& name, bool value) {
+  impl_->guarded(object + " attribute " + name, [&] {
+    H5::EnumType type(H5::PredType::NATIVE_INT8);  // h5py's bool: enum {FALSE, TRUE} of int8
+    int8_t f = 0, t = 1;  // EnumType::insert takes non-const pointers
+    const int8_t v = value ? 1 : 0;
+    type.insert("FALSE", &f);
+    type.insert("TRUE", &t);
+    impl_->create_attr(object, name, type).write(type, &v);
+  });
+}
+
+}  // namespace kvq

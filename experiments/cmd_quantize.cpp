@@ -1,0 +1,92 @@
+// kvq quantize: write codes, scales, zero points (planar layout) and dequantized K/V of a dump.
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "data/dump.hpp"
+#include "data/h5_writer.hpp"
+#include "experiments/commands.hpp"
+#include "experiments/run_info.hpp"
+#include "quant/quantize.hpp"
+#include "reference/metrics.hpp"
+
+namespace kvq {
+namespace {
+
+struct QuantizeArgs {
+  std::string in, out, k_scheme, v_scheme;
+  std::vector<int> layers;
+};
+
+// /layers/<L>/<name>/{codes, scales, zero_points, dequantized} and the scheme as attributes.
+double write_tensor(H5Writer& f, const std::string& group, const QuantizedKv& q, const std::vector<float>& original) {
+  const Scheme& s = q.scheme;
+  const KvShape& x = q.shape;
+  const std::vector<float> values = dequantize(q);
+  const bool signed_codes = s.bits == 8 && !s.asymmetric;
+  f.write_bytes(group + "/codes", {x.batch, x.heads, x.tokens, x.head_dim * s.bits / 8}, q.codes, signed_codes);
+  const StoredDtype scale_dtype = s.scale_dtype == ScaleDtype::kFp16 ? StoredDtype::kFp16 : StoredDtype::kFp32;
+  f.write_floats(group + "/scales", scale_shape(s, x), q.scales, scale_dtype);  // exact: values are in scale dtype
+  if (s.asymmetric) f.write_floats(group + "/zero_points", scale_shape(s, x), q.zeros, scale_dtype);
+  f.write_floats(group + "/dequantized", {x.batch, x.heads, x.tokens, x.head_dim}, values, StoredDtype::kFp32);
+  const double sqnr = sqnr_db(original, values);
+  f.set_attr(group, "scheme", to_string(s));
+  f.set_attr(group, "bits", static_cast<int64_t>(s.bits));
+  f.set_attr(group, "granularity", granularity_name(s.granularity));
+  f.set_attr(group, "group", static_cast<int64_t>(s.group));
+  f.set_bool_attr(group, "asymmetric", s.asymmetric);
+  f.set_attr(group, "scale_dtype", s.scale_dtype == ScaleDtype::kFp16 ? "float16" : "float32");
+  f.set_attr(group, "layout", "planar");
+  f.set_attr(group, "sqnr_db", sqnr);
+  return sqnr;
+}
+
+int run(const QuantizeArgs& a) {
+  const Scheme k_scheme = parse_scheme(a.k_scheme), v_scheme = parse_scheme(a.v_scheme);
+  const DumpInfo info = open_dump(a.in);
+  for (const LayerInfo& l : info.layers) {  // before the output file exists
+    check_scheme_fits(k_scheme, static_cast<int>(l.head_dim));
+    check_scheme_fits(v_scheme, static_cast<int>(l.head_dim));
+  }
+  H5Writer f(a.out);
+  f.set_attr("/", "kvq_quantized", int64_t{1});
+  f.set_attr("/", "source", info.source);
+  f.set_attr("/", "input", a.in);
+  f.set_attr("/", "rope", info.rope);
+  f.set_attr("/", "created_by", "kvq quantize " + kvq_version() + " (" + kvq_commit() + ")");
+  f.set_attr("/", "k_scheme", to_string(k_scheme));
+  f.set_attr("/", "v_scheme", to_string(v_scheme));
+  fmt::print("{:>5}  {:<20} {:>8}  {:<20} {:>8}\n", "layer", "K scheme", "SQNR dB", "V scheme", "SQNR dB");
+  int written = 0;
+  for (size_t i = 0; i < info.layers.size(); ++i) {
+    const int index = info.layers[i].index;
+    if (!a.layers.empty() && std::find(a.layers.begin(), a.layers.end(), index) == a.layers.end()) continue;
+    const KvLayer layer = read_layer(info, i);
+    const std::string group = "/layers/" + std::to_string(index);
+    const std::string where = a.in + " layer " + std::to_string(index);
+    const double ks = write_tensor(f, group + "/k", quantize(KvView::bnsh(layer.k.data(), layer.kv_shape), k_scheme, where + " K"), layer.k);
+    const double vs = write_tensor(f, group + "/v", quantize(KvView::bnsh(layer.v.data(), layer.kv_shape), v_scheme, where + " V"), layer.v);
+    fmt::print("{:>5}  {:<20} {:>8.2f}  {:<20} {:>8.2f}\n", index, to_string(k_scheme), ks, to_string(v_scheme), vs);
+    ++written;
+  }
+  if (written == 0) throw InputError(fmt::format("{}: none of the requested --layers exist", a.in));
+  f.close();
+  fmt::print("wrote {}\n", a.out);
+  return 0;
+}
+
+}  // namespace
+
+Command add_quantize_command(CLI::App& parent) {
+  auto a = std::make_shared<QuantizeArgs>();
+  CLI::App* cmd = parent.add_subcommand(
+      "quantize", "Quantize a dump's K and V: codes, scales, zero points (planar layout) and dequantized values");
+  cmd->add_option("input", a->in, "HDF5 dump (schema v1)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--k", a->k_scheme, "K scheme, e.g. int4-g32-asym")->required();
+  cmd->add_option("--v", a->v_scheme, "V scheme, e.g. int8-head")->required();
+  cmd->add_option("--out", a->out, "Output HDF5 file")->required();
+  cmd->add_option("--layers", a->layers, "Layer indices (default: all)")->delimiter(',');
+  return {cmd, [a] { return run(*a); }};
+}
+
+}  // namespace kvq

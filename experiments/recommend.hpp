@@ -1,0 +1,32 @@
+// The smallest-memory K and V schemes that stay within an attention-error budget.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kvq {
+
+struct PairResult {
+  std::string source;
+  int layer = 0;
+  std::string k_scheme, v_scheme;
+  double kv_bytes_per_token_head = 0;  // K + V
+  double error = 0;                     // the budgeted metric, e.g. out_rel_l2_mean
+};
+
+struct Recommendation {
+  std::string source;  // empty for the overall recommendation
+  int layer = -1;      // -1: overall (every layer of every source)
+  bool found = false;
+  PairResult best;  // for overall: the worst error over layers, the mean bytes
+};
+
+// Per (source, layer): the pair with the fewest bytes whose error <= budget (ties: lower error).
+// Overall: the pair within budget on every layer of every source with the fewest mean bytes.
+std::vector<Recommendation> recommend(const std::vector<PairResult>& results, double budget);
+
+// Reads a sweep CSV; `metric` names the error column (out_rel_l2_mean, out_rel_l2_max, ...).
+// Throws InputError when the file lacks the column or has no attention metrics (no Q).
+std::vector<PairResult> read_pair_results(const std::string& csv_path, const std::string& metric);
+
+}  // namespace kvq

@@ -1,0 +1,114 @@
+"""kvq quantize / reference outputs read back with h5py and checked against numpy, and the
+command line's exit codes. KVQ_BIN names the kvq binary (ctest sets it)."""
+import os
+import subprocess
+
+import h5py
+import numpy as np
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BUNDLED = os.path.join(ROOT, "data", "dumps", "stories260k.h5")
+
+
+def kvq(*args):
+    binary = os.environ.get("KVQ_BIN", os.path.join(ROOT, "build", "experiments", "kvq"))
+    return subprocess.run([binary, *map(str, args)], capture_output=True, text=True)
+
+
+def unpack(codes, bits, asymmetric):
+    """Planar codes -> integer codes [.., D] (int4: element 2i in the low nibble)."""
+    if bits == 8:
+        return codes.astype(np.int64)
+    lo, hi = (codes & 0xF).astype(np.int64), (codes >> 4).astype(np.int64)
+    q = np.stack([lo, hi], axis=-1).reshape(*codes.shape[:-1], codes.shape[-1] * 2)
+    return q if asymmetric else np.where(q >= 8, q - 16, q)
+
+
+def expand(params, granularity, group, shape):
+    """Per-group scales -> per-element [B, H, T, D]."""
+    B, H, T, D = shape
+    p = params.astype(np.float32)
+    if granularity == "tensor":
+        return np.broadcast_to(p.reshape(1, 1, 1, 1), shape)
+    if granularity == "token":
+        return np.broadcast_to(p[:, None, :, None], shape)
+    if granularity == "head":
+        return np.broadcast_to(p[..., None], shape)
+    if granularity == "group":
+        return np.repeat(p, group, axis=-1)
+    return np.repeat(p, group, axis=2)[:, :, :T, :]  # channel: token groups along T
+
+
+@pytest.mark.parametrize("k_scheme,v_scheme", [("int4-head-asym", "int8-head"), ("int8-token", "int4-g4"),
+                                               ("int8-tensor-asym", "int4-chan-t32-asym")])
+def test_quantize_output_round_trips_through_h5py(tmp_path, k_scheme, v_scheme):
+    out = tmp_path / "q.h5"
+    r = kvq("quantize", BUNDLED, "--k", k_scheme, "--v", v_scheme, "--out", out)
+    assert r.returncode == 0, r.stderr
+    with h5py.File(out) as f, h5py.File(BUNDLED) as src:
+        assert f.attrs["k_scheme"] == k_scheme and f.attrs["v_scheme"] == v_scheme
+        for layer in f["layers"]:
+            for name in ("k", "v"):
+                g = f[f"layers/{layer}/{name}"]
+                a = dict(g.attrs)
+                original = src[f"layers/{layer}/{name}"][...]
+                q = unpack(g["codes"][...], a["bits"], a["asymmetric"])
+                s = expand(g["scales"][...], a["granularity"], a["group"], original.shape)
+                # fp16 scales and <= 8-bit codes: q*s is exact in fp32, so q*s + z rounds once, like the codec's fma
+                x = q.astype(np.float32) * s
+                if a["asymmetric"]:
+                    x = x + expand(g["zero_points"][...], a["granularity"], a["group"], original.shape)
+                np.testing.assert_array_equal(x, g["dequantized"][...])
+                err = np.sum((original - x) ** 2)
+                assert a["sqnr_db"] == pytest.approx(10 * np.log10(np.sum(original.astype(np.float64) ** 2) / err), rel=1e-6)
+
+
+def test_reference_output_matches_numpy_attention(tmp_path):
+    out = tmp_path / "ref.h5"
+    r = kvq("reference", BUNDLED, "--out", out, "--layers", "1")
+    assert r.returncode == 0, r.stderr
+    with h5py.File(out) as f, h5py.File(BUNDLED) as src:
+        assert list(f["layers"]) == ["1"]
+        o, lse = f["layers/1/o"][...], f["layers/1/lse"][...]
+        q, k, v = (src[f"layers/1/{n}"][0].astype(np.float64) for n in ("q", "k", "v"))
+    T = q.shape[1]
+    for h in range(q.shape[0]):
+        s = q[h] @ k[h // 2].T / np.sqrt(q.shape[2])
+        s[np.triu_indices(T, 1)] = -np.inf
+        m = s.max(axis=1, keepdims=True)
+        p = np.exp(s - m)
+        np.testing.assert_allclose(o[0, h], (p / p.sum(axis=1, keepdims=True)) @ v[h // 2], rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(lse[0, h], (m + np.log(p.sum(axis=1, keepdims=True)))[:, 0], rtol=1e-12)
+
+
+def test_reference_options_change_the_result(tmp_path):
+    plain, alibi = tmp_path / "plain.h5", tmp_path / "alibi.h5"
+    assert kvq("reference", BUNDLED, "--out", plain, "--layers", "0").returncode == 0
+    assert kvq("reference", BUNDLED, "--out", alibi, "--layers", "0", "--alibi", "--scale", "0.1").returncode == 0
+    with h5py.File(plain) as a, h5py.File(alibi) as b:
+        assert bool(b["layers/0"].attrs["alibi"]) and b["layers/0"].attrs["softmax_scale"] == 0.1
+        assert not np.allclose(a["layers/0/o"][...], b["layers/0/o"][...])
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["sweep", BUNDLED, "--k", "int4-g3"], 3, "kvq: error: int4-g3: group size 3 does not divide head_dim 8"),
+    (["sweep", BUNDLED, "--k", "int5-head"], 3, "kvq: error: unknown scheme 'int5-head': bits 'int5' must be int8 or int4"),
+    (["quantize", BUNDLED, "--k", "int8-head"], 2, "--v is required"),
+    (["sweep", "/nonexistent.h5"], 2, "File does not exist"),
+    (["sweep", BUNDLED, "--layers", "9"], 3, "none of the requested --layers exist"),
+    (["recommend", BUNDLED, "--max-rel-l2", "0.1"], 3, f"kvq: error: {BUNDLED}: line "),
+    (["frobnicate"], 2, ""),
+])
+def test_errors_are_one_line_with_exit_codes(tmp_path, args, code, message):
+    r = kvq(*args, *(["--out", tmp_path / "o"] if args[0] in ("sweep",) else []))
+    assert r.returncode == code, (r.stdout, r.stderr)
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr and "HDF5-DIAG" not in r.stderr
+
+
+def test_recommend_names_a_missing_column(tmp_path):
+    csv = tmp_path / "partial.csv"
+    csv.write_text("source,layer,k_scheme\nm,0,int8-head\n")
+    r = kvq("recommend", csv, "--max-rel-l2", "0.1")
+    assert r.returncode == 3 and r.stderr == f"kvq: error: {csv}: no column 'v_scheme'\n"

@@ -1,0 +1,118 @@
+// The sweep, its results files, and recommendations.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "data/synthetic.hpp"
+#include "experiments/csv_table.hpp"
+#include "experiments/recommend.hpp"
+#include "experiments/results_writer.hpp"
+#include "test_util.hpp"
+
+using namespace kvq;
+
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("kvq_exp_" + std::to_string(getpid()) + "_" + name)).string();
+}
+
+KvLayer small_layer() {
+  SyntheticSpec spec;
+  spec.batch = 2, spec.q_heads = 4, spec.kv_heads = 2, spec.tokens = 96, spec.head_dim = 64, spec.q_len = 2;
+  return make_synthetic(spec);
+}
+
+}  // namespace
+
+TEST_CASE("sweep rows carry reconstruction and attention metrics with sane bounds") {
+  const KvLayer layer = small_layer();
+  const std::vector<SchemePair> pairs =
+      cross_pairs(parse_scheme_list("int8-head,int4-head,int4-g16-asym"), parse_scheme_list("int8-head"));
+  const std::vector<SweepRow> rows = sweep_layer(layer, pairs);
+  REQUIRE(rows.size() == 3);
+  const SweepRow &int8 = rows[0], &int4 = rows[1], &int4_g16 = rows[2];
+  CHECK(int8.has_attention);
+  CHECK(int8.k_sqnr_db > 30);            // int8 per-head on unit-scale data
+  CHECK(int8.k_sqnr_db > int4.k_sqnr_db + 20);  // 4 fewer bits: about 24 dB less
+  CHECK(int4_g16.k_sqnr_db > int4.k_sqnr_db);   // smaller groups, asymmetric: better
+  CHECK(int8.v_sqnr_db == int4.v_sqnr_db);      // same V scheme, quantized once
+  CHECK(int8.output.rel_l2_mean < int4.output.rel_l2_mean);
+  CHECK(int8.output.rel_l2_mean > 0);
+  CHECK(int8.output.cosine_min > 0.99);
+  CHECK(int8.heads.size() == 2 * 4);  // one per (b, query head)
+  CHECK(int8.probabilities.topk_overlap_mean <= 1.0);
+  CHECK(int8.k_bytes_per_token_head == 66.0);  // 64 codes + one fp16 scale
+  CHECK(int8.k_group_elems == 64);
+  CHECK(int4_g16.k_group_elems == 16);
+  CHECK(int4_g16.kv_bits_per_element == doctest::Approx((4 + 2 * 16.0 / 16 + 8 + 16.0 / 64) / 2));
+}
+
+TEST_CASE("layers without queries get reconstruction metrics only") {
+  KvLayer layer = small_layer();
+  layer.q.clear();
+  const std::vector<SweepRow> rows = sweep_layer(layer, default_pairs(64));
+  REQUIRE(!rows.empty());
+  for (const SweepRow& r : rows) {
+    CHECK(!r.has_attention);
+    CHECK(std::isfinite(r.k_sqnr_db));
+  }
+}
+
+TEST_CASE("default scheme pairs follow the head_dim") {
+  const std::vector<SchemePair> d128 = default_pairs(128), d8 = default_pairs(8);
+  CHECK(d128.size() == 2 * (7 * 2 + 1));  // {int8,int4} x {tensor,token,head,g64,g32,g16,g8} x {sym,asym} + KIVI
+  CHECK(d8.size() == 2 * (3 * 2 + 1));    // no group smaller than D=8 divides it
+  CHECK(to_string(d128.back().k) == "int4-chan-t32-asym");
+  CHECK(to_string(d128.back().v) == "int4-token-asym");
+}
+
+TEST_CASE("sweep CSV round-trips through the CSV reader with quoted sources") {
+  KvLayer layer = small_layer();
+  layer.source = "model \"x\", with commas";
+  const std::vector<SweepRow> rows = sweep_layer(layer, cross_pairs(parse_scheme_list("int8-head"), parse_scheme_list("int8-token")));
+  const std::string csv = temp_path("sweep.csv"), heads = temp_path("heads.csv");
+  write_sweep_csv(rows, csv);
+  write_head_csv(rows, heads);
+  const CsvTable t = CsvTable::read(csv);
+  REQUIRE(t.rows() == 1);
+  CHECK(t.at(0, t.column("source")) == "model \"x\", with commas");
+  CHECK(t.at(0, t.column("v_scheme")) == "int8-token");
+  CHECK(t.at(0, t.column("k_granularity")) == "head");
+  CHECK(t.number(0, t.column("out_rel_l2_mean")) == doctest::Approx(rows[0].output.rel_l2_mean).epsilon(1e-8));
+  CHECK(CsvTable::read(heads).rows() == 8);
+  CHECK(test::message_of<InputError>([&] { t.column("latency_us"); }) == csv + ": no column 'latency_us'");
+  CHECK(test::message_of<InputError>([&] { t.number(0, t.column("k_scheme")); })
+            .find("line 2: column 'k_scheme' is 'int8-head', expected a number") != std::string::npos);
+  std::filesystem::remove(csv);
+  std::filesystem::remove(heads);
+}
+
+TEST_CASE("recommend picks the fewest bytes within budget per layer and overall") {
+  const std::vector<PairResult> results = {
+      {"m", 0, "int8-head", "int8-head", 260, 0.01}, {"m", 0, "int4-head", "int4-head", 132, 0.04},
+      {"m", 0, "int4-g32", "int4-g32", 144, 0.02},   {"m", 1, "int8-head", "int8-head", 260, 0.02},
+      {"m", 1, "int4-head", "int4-head", 132, 0.09}, {"m", 1, "int4-g32", "int4-g32", 144, 0.03},
+  };
+  const std::vector<Recommendation> recs = recommend(results, 0.05);
+  REQUIRE(recs.size() == 3);
+  CHECK(recs[0].best.k_scheme == "int4-head");  // layer 0: 0.04 within budget, fewest bytes
+  CHECK(recs[1].best.k_scheme == "int4-g32");   // layer 1: int4-head is over budget
+  CHECK(recs[2].layer == -1);
+  CHECK(recs[2].best.k_scheme == "int4-g32");   // the cheapest pair within budget on every layer
+  CHECK(recs[2].best.error == 0.03);            // its worst layer
+  const std::vector<Recommendation> none = recommend(results, 0.001);
+  for (const Recommendation& r : none) CHECK(!r.found);
+}
+
+TEST_CASE("recommend needs attention metrics") {
+  KvLayer layer = small_layer();
+  layer.q.clear();
+  const std::string csv = temp_path("noq.csv");
+  write_sweep_csv(sweep_layer(layer, cross_pairs(parse_scheme_list("int8-head"), parse_scheme_list("int8-head"))), csv);
+  CHECK(test::message_of<InputError>([&] { read_pair_results(csv, "out_rel_l2_mean"); })
+            .find("the dump had no decode queries Q") != std::string::npos);
+  std::filesystem::remove(csv);
+}
