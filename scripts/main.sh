@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# The main job: set up, build, run the accuracy sweep, say where the results are.
+# The main job: set up, build, sweep every quantization scheme over the bundled real capture (or
+# the dumps given as arguments), draw the figures, and say where everything is.
+# Arguments go to `kvq sweep`, e.g.  bash scripts/main.sh my_capture.h5 --k int8-head --v int4-g32-asym
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-out=results/sweep
+out=${KVQ_RESULTS:-results/sweep}
+dump=data/dumps/stories260k.h5
+for arg in "$@"; do
+  if [[ $arg == *.h5 ]]; then dump=$arg; break; fi
+done
 "${KVQ_BUILD_DIR:-build}"/experiments/kvq sweep --out "$out" "$@"
 echo
-echo "Results: $out/sweep.csv (one row per layer and scheme pair) and $out/sweep.json (run metadata)."
+.venv/bin/python notebooks/kvq_plots.py "$out" --dump "$dump"
+echo
+echo "Results in $out/: sweep.csv (one row per layer and K/V scheme pair), sweep_heads.csv (per head),"
+echo "sweep.json (run metadata), plots/*.png. Notebooks: notebooks/error_vs_group_size.ipynb, notebooks/tradeoff.ipynb."

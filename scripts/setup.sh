@@ -34,5 +34,16 @@ fi
 build_dir=${KVQ_BUILD_DIR:-build}
 werror=${KVQ_WERROR:-OFF}
 [[ "${CI:-}" == "true" ]] && werror=ON
-cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DKVQ_PYTHON="$PWD/.venv/bin/python" -DKVQ_WERROR="$werror" -DKVQ_CUDA="${KVQ_CUDA:-AUTO}"
-cmake --build "$build_dir" -j "$(nproc)"
+mkdir -p "$build_dir"
+echo "kvq setup: configuring and building in $build_dir (logs: $build_dir/configure.log, $build_dir/build.log)"
+if ! cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DKVQ_PYTHON="$PWD/.venv/bin/python" \
+     -DKVQ_WERROR="$werror" -DKVQ_CUDA="${KVQ_CUDA:-AUTO}" > "$build_dir/configure.log" 2>&1; then
+  tail -n 40 "$build_dir/configure.log" >&2
+  exit 1
+fi
+grep -E "^-- kvq:" "$build_dir/configure.log" || true
+if ! cmake --build "$build_dir" -j "$(nproc)" > "$build_dir/build.log" 2>&1; then
+  grep -E "error|Error" "$build_dir/build.log" | head -n 40 >&2
+  tail -n 20 "$build_dir/build.log" >&2
+  exit 1
+fi
