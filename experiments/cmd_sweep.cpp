@@ -51,7 +51,7 @@ int run(const SweepArgs& a) {
   };
   if (a.synthetic) {
     const KvLayer layer = make_synthetic(a.spec);
-    sources.push_back({{"source", layer.source}, {"layers", {0}}});
+    sources.push_back({{"file", ""}, {"source", layer.source}, {"rope", "post"}, {"layers", "[0]"}});
     sweep_one(layer);
   }
   for (const std::string& path : a.dumps) {
@@ -68,7 +68,7 @@ int run(const SweepArgs& a) {
     }
     if (used.empty())
       throw InputError(fmt::format("{}: none of the requested --layers exist (the dump has {} layers)", path, info.layers.size()));
-    sources.push_back({{"file", path}, {"source", info.source}, {"rope", info.rope}, {"layers", used}});
+    sources.push_back({{"file", path}, {"source", info.source}, {"rope", info.rope}, {"layers", used.dump()}});
   }
   progress("");
   if (rows.empty()) throw InputError("sweep: nothing to do (give dumps or --synthetic)");
@@ -80,9 +80,15 @@ int run(const SweepArgs& a) {
                     json = a.out_dir + "/sweep.json";
   write_sweep_csv(rows, csv);
   write_head_csv(rows, heads);
-  write_json({{"run", run_info()}, {"command", "sweep"}, {"sources", sources}, {"rows", rows.size()},
-              {"top_k", a.top_k}, {"csv", "sweep.csv"}, {"heads_csv", "sweep_heads.csv"}},
-             json);
+  // One flat record per source, so that pandas.read_json reads the file as a table.
+  nlohmann::json records = nlohmann::json::array();
+  for (nlohmann::json source : sources) {
+    source.update(run_info());
+    source.update({{"command", "sweep"}, {"result_rows", rows.size()}, {"top_k", a.top_k}, {"csv", "sweep.csv"},
+                   {"heads_csv", "sweep_heads.csv"}});
+    records.push_back(source);
+  }
+  write_json(records, json);
   fmt::print("\nwrote {} ({} rows), {} and {}\n", csv, rows.size(), heads, json);
   if (a.max_rel_l2 > 0) {
     std::vector<PairResult> results;
@@ -114,7 +120,8 @@ Command add_sweep_command(CLI::App& parent) {
       ->check(CLI::PositiveNumber);
   add_synthetic_options(*cmd, a->spec);
   return {cmd, [a] {
-            if (a->dumps.empty() && !a->synthetic) a->dumps.push_back(KVQ_DATA_DIR "/dumps/stories260k.h5");
+            if (a->dumps.empty() && !a->synthetic)  // relative to here when it can be: results stay portable
+              a->dumps.push_back(std::filesystem::proximate(KVQ_DATA_DIR "/dumps/stories260k.h5").string());
             return run(*a);
           }};
 }
