@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <vector>
 
 namespace kvq {
 
@@ -19,5 +20,7 @@ Command add_inspect_command(CLI::App& parent);
 Command add_quantize_command(CLI::App& parent);
 Command add_reference_command(CLI::App& parent);
 Command add_recommend_command(CLI::App& parent);
+// variants, validate, bench-quantize: real commands when built with CUDA, else each says why not.
+std::vector<Command> add_gpu_commands(CLI::App& parent);
 
 }  // namespace kvq

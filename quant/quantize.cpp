@@ -30,8 +30,20 @@ void check_finite(const KvView& x, const std::string& tensor_name) {
   if (first_bad == std::numeric_limits<int64_t>::max()) return;
   const int64_t d = first_bad % s.head_dim, r = first_bad / s.head_dim;
   const int64_t t = r % s.tokens, h = (r / s.tokens) % s.heads, b = r / (s.tokens * s.heads);
-  throw InputError(fmt::format("{}: non-finite value {} at {} (quantizers accept finite input only)",
-                               tensor_name, x.at(b, h, t, d), index_string(b, h, t, d)));
+  throw InputError(non_finite_message(tensor_name, x.at(b, h, t, d), b, h, t, d));
+}
+
+std::string non_finite_message(const std::string& tensor_name, float value, int64_t b, int64_t h, int64_t t, int64_t d) {
+  return fmt::format("{}: non-finite value {} at {} (quantizers accept finite input only)", tensor_name, value,
+                     index_string(b, h, t, d));
+}
+
+std::string overflow_message(const std::string& tensor_name, const Scheme& scheme, int64_t group, const GroupBox& box,
+                             const GroupStats& stats) {
+  return fmt::format(
+      "{}: {} group {} starting at {} (min {}, max {}) needs a scale or zero point beyond the range of its scale "
+      "dtype; use -fp32 scales",
+      tensor_name, to_string(scheme), group, index_string(box.b0, box.h0, box.t0, box.d0), stats.lo, stats.hi);
 }
 
 namespace {
@@ -88,14 +100,7 @@ QuantizedKv quantize(const KvView& x, const Scheme& scheme, const std::string& t
   if (scheme.asymmetric) q.zeros.resize(n);
   for (int64_t g = 0; g < n; ++g) {
     const GroupParams p = group_params(stats[g], scheme);
-    if (p.overflow) {
-      const GroupBox box = group_box(scheme, s, g);
-      throw InputError(fmt::format(
-          "{}: {} group {} starting at {} (min {}, max {}) needs a scale or zero point beyond the "
-          "range of its scale dtype; use -fp32 scales",
-          tensor_name, to_string(scheme), g, index_string(box.b0, box.h0, box.t0, box.d0), stats[g].lo,
-          stats[g].hi));
-    }
+    if (p.overflow) throw InputError(overflow_message(tensor_name, scheme, g, group_box(scheme, s, g), stats[g]));
     q.scales[g] = p.scale;
     if (scheme.asymmetric) q.zeros[g] = p.zero;
   }

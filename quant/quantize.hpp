@@ -13,6 +13,12 @@ QuantizedKv quantize(const KvView& x, const Scheme& scheme, const std::string& t
 // Dequantized values, BNSH [B, H, T, D].
 std::vector<float> dequantize(const QuantizedKv& q);
 
+// The messages of the quantizers' input errors, shared by the CPU and GPU paths so that both
+// report a bad input identically.
+std::string non_finite_message(const std::string& tensor_name, float value, int64_t b, int64_t h, int64_t t, int64_t d);
+std::string overflow_message(const std::string& tensor_name, const Scheme& scheme, int64_t group, const GroupBox& box,
+                             const GroupStats& stats);
+
 // Statistics of every group, in group order (the deterministic first pass of quantize()).
 std::vector<GroupStats> group_stats(const KvView& x, const Scheme& scheme);
 

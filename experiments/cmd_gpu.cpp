@@ -1,0 +1,175 @@
+// GPU subcommands: kvq variants, kvq validate (the adoption gate), kvq bench-quantize.
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "experiments/commands.hpp"
+#include "experiments/gpu_run_info.hpp"
+#include "experiments/results_writer.hpp"
+#include "experiments/validate_quantize.hpp"
+#include "gpu/timing.hpp"
+
+namespace kvq {
+namespace {
+
+int run_variants() {
+  fmt::print("quantize variants (gpu/registry.cpp)\n");
+  for (const QuantizeVariant& v : quantize_variants())
+    fmt::print("  {}{}\n      how:      {}\n      supports: {}\n", v.name, v.incumbent ? "  [incumbent]" : "", v.summary,
+               v.supports);
+  return 0;
+}
+
+// A bf16 tensor of normal values on the device, with its workspace for one scheme and layout.
+struct TimedCase {
+  DeviceBuffer<uint8_t> input;
+  std::unique_ptr<QuantizeWorkspace> ws;
+  TimedCase(const KvShape& shape, const Scheme& s, CodeLayout layout) : input(shape.numel() * 2) {
+    std::vector<uint16_t> bits(static_cast<size_t>(std::min<int64_t>(shape.numel(), 1 << 22)));
+    uint32_t state = 12345;
+    for (uint16_t& b : bits) {  // cheap pseudo-random bf16 in about [-4, 4]: never zeros (DESIGN: real-ish data)
+      state = state * 1664525u + 1013904223u;
+      b = fp32_to_bf16_bits((static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 8.0f);
+    }
+    for (int64_t off = 0; off < shape.numel(); off += static_cast<int64_t>(bits.size())) {
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(bits.size()), shape.numel() - off);
+      KVQ_CUDA_CHECK(cudaMemcpy(input.data() + 2 * off, bits.data(), n * 2, cudaMemcpyHostToDevice));
+    }
+    ws = std::make_unique<QuantizeWorkspace>(DeviceKv::bnsh(input.data(), InputDtype::kBf16, shape), s, layout);
+  }
+  GpuTiming time(const QuantizeVariant& v, int reps) {
+    return time_graph_replays([&](cudaStream_t st, int) { v.launch(ws->params(), st); }, 1, reps);
+  }
+};
+
+struct ValidateArgs {
+  std::string variant = ".", report = "results/validate/validate.json", dump;
+  bool quick = false;
+  int reruns = 250;
+};
+
+int run_validate(const ValidateArgs& a) {
+  const DeviceInfo dev = device_info();
+  const std::vector<const QuantizeVariant*> variants = find_quantize_variants(a.variant);
+  if (variants.empty()) throw InputError(fmt::format("--variant '{}' matches no registered variant (see kvq variants)", a.variant));
+  fmt::print("kvq validate on {} ({} SMs, CUDA driver {}), commit {}\n", dev.name, dev.sm_count, dev.driver_string(), kvq_commit());
+  nlohmann::json cases = nlohmann::json::array(), summary = nlohmann::json::array();
+  int failed_total = 0;
+  for (const QuantizeVariant* v : variants) {
+    int ok = 0, failed = 0;
+    int64_t values = 0;
+    ValidateOptions opt{a.quick, a.reruns, a.dump};
+    validate_quantize_variant(*v, opt, [&](const CaseResult& r) {
+      (r.ok ? ok : failed)++;
+      values += r.values;
+      cases.push_back(to_json(r));
+      if (!r.ok || !a.quick)
+        fmt::print("{} {} {} {} {} {} {}: {}\n", r.ok ? "[OK]  " : "[FAIL]", r.variant, r.name, r.scheme, r.dtype,
+                   r.layout, r.shape, r.detail);
+    });
+    nlohmann::json s = {{"variant", v->name}, {"cases", ok + failed}, {"failed", failed}, {"values_checked", values}};
+    if (!v->incumbent && !a.quick) {  // time against the incumbent on a mid-size decode cache
+      const QuantizeVariant& base = incumbent_quantize_variant();
+      for (const char* name : {"int8-head", "int4-g32-asym"}) {
+        TimedCase tc({32, 8, 1024, 128}, parse_scheme(name), CodeLayout::kPlanar);
+        const double mine = tc.time(*v, 30).median_us, theirs = tc.time(base, 30).median_us;
+        fmt::print("[TIME] {} vs {} on {} bf16 [32, 8, 1024, 128]: {:.1f} us vs {:.1f} us, ratio {:.3f}\n", v->name,
+                   base.name, name, mine, theirs, mine / theirs);
+        s["timing"][name] = {{"us", mine}, {"incumbent_us", theirs}, {"ratio", mine / theirs}};
+      }
+    }
+    fmt::print("{} {}: {} cases, {} failed, {} values checked\n", failed ? "[FAIL]" : "[OK]  ", v->name, ok + failed,
+               failed, values);
+    summary.push_back(s);
+    failed_total += failed;
+  }
+  std::filesystem::create_directories(std::filesystem::path(a.report).parent_path().empty()
+                                          ? std::filesystem::path(".")
+                                          : std::filesystem::path(a.report).parent_path());
+  write_json({{"gpu", gpu_run_info(dev)}, {"variants", summary}, {"cases", cases}}, a.report);
+  fmt::print("wrote {}\n", a.report);
+  return failed_total ? 1 : 0;
+}
+
+struct BenchArgs {
+  std::string csv = "results/bench-quantize/quantize_bandwidth.csv";
+  int reps = 30;
+};
+
+int run_bench_quantize(const BenchArgs& a) {
+  const DeviceInfo dev = device_info();
+  const nlohmann::json info = gpu_run_info(dev);
+  const double copy_gbps = copy_bandwidth_gbps(size_t(2) << 30, a.reps);
+  fmt::print("{} ({} SMs, L2 {} MiB), CUDA driver {}, commit {}\n", dev.name, dev.sm_count, dev.l2_bytes >> 20,
+             dev.driver_string(), kvq_commit());
+  fmt::print("device-to-device copy (2 GiB): {:.0f} GB/s (read + write)\n\n", copy_gbps);
+  fmt::print("{:<8} {:<22} {:<7} {:<17} {:>10} {:>10} {:>10} {:>8} {:>7}\n", "Hkv", "scheme", "layout", "variant",
+             "median us", "p10 us", "p90 us", "GB/s", "% copy");
+  std::filesystem::create_directories(std::filesystem::path(a.csv).parent_path());
+  std::ofstream csv(a.csv);
+  if (!csv) throw InputError(fmt::format("cannot write '{}'", a.csv));
+  csv << "gpu,driver,cuda_driver,cuda_runtime,sm_clock_mhz,mem_clock_mhz,commit,B,HKV,T,D,input_dtype,scheme,layout,"
+         "variant,median_us,p10_us,p90_us,reps,bytes,gbps,copy_gbps,pct_of_copy\n";
+  const std::vector<std::pair<const char*, CodeLayout>> cases = {
+      {"int8-head", CodeLayout::kPlanar},       {"int8-head-asym", CodeLayout::kPlanar},
+      {"int8-g32", CodeLayout::kPlanar},        {"int4-head-asym", CodeLayout::kPlanar},
+      {"int4-g64-asym", CodeLayout::kPlanar},   {"int4-g32-asym", CodeLayout::kPlanar},
+      {"int4-head-asym", CodeLayout::kFbgemm},  {"int4-g32-asym", CodeLayout::kFbgemm},
+      {"int8-token", CodeLayout::kPlanar},      {"int8-tensor", CodeLayout::kPlanar},
+      {"int4-tensor", CodeLayout::kPlanar}};
+  for (int64_t hkv : {1, 8})
+    for (const auto& [name, layout] : cases) {
+      const KvShape shape{128, hkv, 8192, 128};
+      const Scheme s = parse_scheme(name);
+      const QuantizeVariant& v = best_quantize_variant(s, shape.head_dim, layout, InputDtype::kBf16);
+      TimedCase tc(shape, s, layout);
+      v.launch(tc.ws->params(), nullptr);
+      tc.ws->check_flags("K", nullptr);
+      const GpuTiming t = tc.time(v, a.reps);
+      const double gbps = static_cast<double>(tc.ws->bytes_moved()) / (t.median_us * 1e3);
+      fmt::print("{:<8} {:<22} {:<7} {:<17} {:>10.1f} {:>10.1f} {:>10.1f} {:>8.0f} {:>6.1f}%\n", hkv, name,
+                 to_string(layout), v.name, t.median_us, t.p10_us, t.p90_us, gbps, 100 * gbps / copy_gbps);
+      std::fflush(stdout);
+      csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},bfloat16,{},{},{},{:.3f},{:.3f},{:.3f},{},{},{:.1f},{:.1f},{:.2f}\n",
+                         csv_quoted(dev.name), info["driver"].get<std::string>(), dev.driver_string(),
+                         dev.runtime_string(), dev.sm_clock_khz / 1000, dev.memory_clock_khz / 1000, kvq_commit(),
+                         shape.batch, shape.heads, shape.tokens, shape.head_dim, name, to_string(layout), v.name,
+                         t.median_us, t.p10_us, t.p90_us, t.reps, tc.ws->bytes_moved(), gbps, copy_gbps,
+                         100 * gbps / copy_gbps);
+    }
+  fmt::print("wrote {}\n", a.csv);
+  return 0;
+}
+
+}  // namespace
+
+std::vector<Command> add_gpu_commands(CLI::App& parent) {
+  std::vector<Command> out;
+  CLI::App* variants = parent.add_subcommand("variants", "List the registered GPU kernel variants and what they support");
+  out.push_back({variants, [] { return run_variants(); }});
+
+  auto va = std::make_shared<ValidateArgs>();
+  CLI::App* validate = parent.add_subcommand(
+      "validate", "The adoption gate: check GPU variants against the CPU codec bit for bit; [OK]/[FAIL] per case");
+  validate->add_option("--variant", va->variant, "Regex over variant names")->capture_default_str();
+  validate->add_option("--report", va->report, "JSON report")->capture_default_str();
+  validate->add_option("--dump", va->dump, "Real dump to validate on (default: the bundled one)");
+  validate->add_option("--reruns", va->reruns, "Reruns compared bitwise")->capture_default_str()->check(CLI::PositiveNumber);
+  validate->add_flag("--quick", va->quick, "Small shapes only (for compute-sanitizer)");
+  out.push_back({validate, [va] {
+                   if (va->dump.empty()) va->dump = KVQ_DATA_DIR "/dumps/stories260k.h5";
+                   return run_validate(*va);
+                 }});
+
+  auto ba = std::make_shared<BenchArgs>();
+  CLI::App* bench = parent.add_subcommand(
+      "bench-quantize", "Quantize bandwidth at B=128 T=8192 Hkv={1,8} D=128 bf16, beside the device copy bandwidth");
+  bench->add_option("--csv", ba->csv, "CSV of the timings")->capture_default_str();
+  bench->add_option("--reps", ba->reps, "Timed graph replays per case")->capture_default_str()->check(CLI::PositiveNumber);
+  out.push_back({bench, [ba] { return run_bench_quantize(*ba); }});
+  return out;
+}
+
+}  // namespace kvq

@@ -1,0 +1,31 @@
+// The adoption gate for quantize variants: every case compares the GPU bytes with the CPU
+// quantizer's (codes, scales, zero points, FBGEMM rows), or the GPU error message with the CPU's.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "gpu/registry.hpp"
+
+namespace kvq {
+
+struct CaseResult {
+  std::string variant, name, scheme, dtype, layout, shape, detail;
+  int64_t values = 0;
+  bool ok = false;
+};
+
+struct ValidateOptions {
+  bool quick = false;  // small shapes only (for compute-sanitizer)
+  int reruns = 250;
+  std::string bundled_dump;  // empty: skip that case
+};
+
+// Runs every case the variant supports; `report` is called after each case (for [OK]/[FAIL] lines).
+std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, const ValidateOptions& options,
+                                                  const std::function<void(const CaseResult&)>& report);
+
+nlohmann::json to_json(const CaseResult& r);
+
+}  // namespace kvq

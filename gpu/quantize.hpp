@@ -1,0 +1,105 @@
+// GPU quantization of K/V tensors: the same codec as the CPU (quant/codec.hpp), bit for bit, into
+// the planar or the FBGEMM inline-row layout. Host API; kernels live in quantize_*.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "gpu/device.hpp"
+#include "quant/codec.hpp"
+#include "quant/groups.hpp"
+
+namespace kvq {
+
+enum class InputDtype { kFp32, kFp16, kBf16 };
+enum class CodeLayout { kPlanar, kFbgemm };
+const char* to_string(InputDtype d);
+const char* to_string(CodeLayout l);
+int element_bytes(InputDtype d);
+
+// One quantize call (device pointers). Shapes and strides as in KvView: D contiguous.
+struct QuantizeParams {
+  Scheme scheme;
+  KvShape shape;                        // [B, H, T, D]
+  const void* input = nullptr;          // elements of in_dtype
+  InputDtype in_dtype = InputDtype::kBf16;
+  int64_t stride_b = 0, stride_h = 0, stride_t = 0;  // in elements
+  CodeLayout layout = CodeLayout::kPlanar;
+  uint8_t* codes = nullptr;             // planar [B, H, T, D*bits/8]; FBGEMM rows [B, T, H, D/2 + 4n]
+  void* scales = nullptr;               // planar: [num_groups] in the scale dtype
+  void* zeros = nullptr;                // planar, asymmetric: [num_groups] in the scale dtype
+  GroupStats* stats = nullptr;          // workspace [num_groups] (variants that need it)
+  GroupStats* partials = nullptr;       // workspace for per-tensor reductions [kMaxPartials]
+  uint8_t* scratch = nullptr;           // workspace for layout conversion (planar bytes)
+  unsigned long long* first_bad = nullptr;       // min flat [B,H,T,D] index of a non-finite input
+  unsigned long long* first_overflow = nullptr;  // min group index whose scale overflows
+};
+
+inline constexpr int kMaxPartials = 1024;
+
+// Sizes of a quantized result in bytes.
+struct QuantizedSizes {
+  int64_t codes = 0, scales = 0, zeros = 0;  // planar: codes, scale and zero arrays; FBGEMM: rows in `codes`
+};
+QuantizedSizes quantized_sizes(const Scheme& s, const KvShape& shape, CodeLayout layout);
+
+// A quantized tensor downloaded from the device: bytes exactly as the kernels wrote them.
+struct GpuQuantized {
+  std::vector<uint8_t> codes, scales, zeros;
+};
+
+// The device input of a quantize call: a tensor already on the device, BNSH or BSNH.
+struct DeviceKv {
+  const void* data;
+  InputDtype dtype;
+  KvShape shape;
+  int64_t stride_b, stride_h, stride_t;
+  static DeviceKv bnsh(const void* data, InputDtype dtype, KvShape s) {
+    return {data, dtype, s, s.heads * s.tokens * s.head_dim, s.tokens * s.head_dim, s.head_dim};
+  }
+};
+
+// Device outputs and workspaces for quantizing one input with one scheme; reusable across launches
+// (timing replays the same launch).
+class QuantizeWorkspace {
+ public:
+  QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme, CodeLayout layout);
+  const QuantizeParams& params() const { return params_; }
+  // Clears the error flags and poisons the outputs, so that an unwritten byte shows.
+  void reset();
+  // Throws InputError with the CPU quantizer's message when the last launch flagged non-finite
+  // input or a scale overflow.
+  void check_flags(const std::string& tensor_name, cudaStream_t stream);
+  GpuQuantized download() const;
+  int64_t bytes_moved() const;  // input read once + codes, scales and zero points written once
+
+ private:
+  DeviceKv input_;
+  QuantizeParams params_;
+  DeviceBuffer<uint8_t> codes_, scales_, zeros_, scratch_;
+  DeviceBuffer<GroupStats> stats_, partials_;
+  DeviceBuffer<unsigned long long> flags_;
+};
+
+// Runs `launch` (a registered variant's launch function) in a fresh workspace and checks its
+// flags: non-finite input and scale overflow throw InputError with the CPU quantizer's message.
+GpuQuantized run_quantize(void (*launch)(const QuantizeParams&, cudaStream_t), const DeviceKv& input,
+                          const Scheme& scheme, CodeLayout layout, const std::string& tensor_name,
+                          cudaStream_t stream = nullptr);
+
+// ---- kernels' launch functions (one per variant) ----------------------------------------------
+// Generic: any scheme, any even D, any strides; stats pass (two-pass reduction for per-tensor),
+// params pass, encode pass; FBGEMM through a planar scratch and a row conversion.
+void launch_quantize_generic(const QuantizeParams& p, cudaStream_t stream);
+// Fused row-wise: head and gG granularities, D in {64, 128, 256}: one warp per (b, h, t) row
+// reads it once, reduces the groups with shuffles and writes codes and scales.
+void launch_quantize_rowwarp(const QuantizeParams& p, cudaStream_t stream);
+bool rowwarp_supports(const Scheme& s, int64_t head_dim);
+
+// Statistics of groups [g0, g1) into p.stats (the generic stats pass; also used to describe an
+// overflowing group in error messages).
+void launch_group_stats(const QuantizeParams& p, int64_t g0, int64_t g1, cudaStream_t stream);
+
+}  // namespace kvq

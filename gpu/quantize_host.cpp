@@ -1,0 +1,123 @@
+#include <fmt/format.h>
+
+#include "gpu/quantize.hpp"
+#include "quant/fbgemm_layout.hpp"
+#include "quant/quantize.hpp"
+
+namespace kvq {
+
+const char* to_string(InputDtype d) {
+  switch (d) {
+    case InputDtype::kFp32: return "float32";
+    case InputDtype::kFp16: return "float16";
+    case InputDtype::kBf16: return "bfloat16";
+  }
+  return "?";
+}
+
+const char* to_string(CodeLayout l) { return l == CodeLayout::kPlanar ? "planar" : "fbgemm"; }
+
+int element_bytes(InputDtype d) { return d == InputDtype::kFp32 ? 4 : 2; }
+
+QuantizedSizes quantized_sizes(const Scheme& s, const KvShape& shape, CodeLayout layout) {
+  if (layout == CodeLayout::kFbgemm) return {shape.rows() * fbgemm_row_bytes(s, shape.head_dim), 0, 0};
+  const int64_t groups = num_groups(s, shape);
+  return {shape.rows() * code_bytes_per_row(s, shape.head_dim), groups * s.scale_bytes(),
+          s.asymmetric ? groups * s.scale_bytes() : 0};
+}
+
+namespace {
+
+float element_on_device(const DeviceKv& in, int64_t b, int64_t h, int64_t t, int64_t d) {
+  const int64_t offset = b * in.stride_b + h * in.stride_h + t * in.stride_t + d;
+  const char* src = static_cast<const char*>(in.data) + offset * element_bytes(in.dtype);
+  if (in.dtype == InputDtype::kFp32) {
+    float v;
+    KVQ_CUDA_CHECK(cudaMemcpy(&v, src, 4, cudaMemcpyDeviceToHost));
+    return v;
+  }
+  uint16_t bits;
+  KVQ_CUDA_CHECK(cudaMemcpy(&bits, src, 2, cudaMemcpyDeviceToHost));
+  return in.dtype == InputDtype::kFp16 ? fp16_bits_to_fp32(bits) : bf16_bits_to_fp32(bits);
+}
+
+}  // namespace
+
+QuantizeWorkspace::QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme, CodeLayout layout) : input_(input) {
+  require_device();
+  check_scheme_fits(scheme, static_cast<int>(input.shape.head_dim));
+  const KvShape& s = input.shape;
+  const QuantizedSizes out = quantized_sizes(scheme, s, layout), planar = quantized_sizes(scheme, s, CodeLayout::kPlanar);
+  codes_ = DeviceBuffer<uint8_t>(out.codes);
+  scales_ = DeviceBuffer<uint8_t>(planar.scales);  // FBGEMM: workspace of the generic variant
+  zeros_ = DeviceBuffer<uint8_t>(planar.zeros);
+  scratch_ = DeviceBuffer<uint8_t>(layout == CodeLayout::kFbgemm ? planar.codes : 0);
+  stats_ = DeviceBuffer<GroupStats>(num_groups(scheme, s));
+  partials_ = DeviceBuffer<GroupStats>(kMaxPartials);
+  flags_ = DeviceBuffer<unsigned long long>(2);
+  params_.scheme = scheme;
+  params_.shape = s;
+  params_.input = input.data;
+  params_.in_dtype = input.dtype;
+  params_.stride_b = input.stride_b, params_.stride_h = input.stride_h, params_.stride_t = input.stride_t;
+  params_.layout = layout;
+  params_.codes = codes_.data();
+  params_.scales = scales_.data();
+  params_.zeros = zeros_.data();
+  params_.stats = stats_.data();
+  params_.partials = partials_.data();
+  params_.scratch = scratch_.data();
+  params_.first_bad = flags_.data();
+  params_.first_overflow = flags_.data() + 1;
+  reset();
+}
+
+void QuantizeWorkspace::reset() {
+  codes_.fill_bytes(0xa5);
+  scales_.fill_bytes(0xa5);
+  zeros_.fill_bytes(0xa5);
+  flags_.fill_bytes(0xff);
+}
+
+void QuantizeWorkspace::check_flags(const std::string& tensor_name, cudaStream_t stream) {
+  KVQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<unsigned long long> f = flags_.download();
+  const KvShape& s = params_.shape;
+  if (f[0] != ~0ull) {
+    const int64_t i = static_cast<int64_t>(f[0]), d = i % s.head_dim, r = i / s.head_dim;
+    const int64_t t = r % s.tokens, h = (r / s.tokens) % s.heads, b = r / (s.tokens * s.heads);
+    throw InputError(non_finite_message(tensor_name, element_on_device(input_, b, h, t, d), b, h, t, d));
+  }
+  if (f[1] != ~0ull) {
+    const int64_t g = static_cast<int64_t>(f[1]);
+    launch_group_stats(params_, g, g + 1, stream);  // the group's min and max, for the message
+    KVQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+    GroupStats st;
+    KVQ_CUDA_CHECK(cudaMemcpy(&st, stats_.data() + g, sizeof st, cudaMemcpyDeviceToHost));
+    throw InputError(overflow_message(tensor_name, params_.scheme, g, group_box(params_.scheme, s, g), st));
+  }
+}
+
+GpuQuantized QuantizeWorkspace::download() const {
+  GpuQuantized out{codes_.download(), {}, {}};
+  if (params_.layout == CodeLayout::kPlanar) {
+    out.scales = scales_.download();
+    out.zeros = zeros_.download();
+  }
+  return out;
+}
+
+int64_t QuantizeWorkspace::bytes_moved() const {
+  const QuantizedSizes out = quantized_sizes(params_.scheme, params_.shape, params_.layout);
+  return params_.shape.numel() * element_bytes(input_.dtype) + out.codes + out.scales + out.zeros;
+}
+
+GpuQuantized run_quantize(void (*launch)(const QuantizeParams&, cudaStream_t), const DeviceKv& input,
+                          const Scheme& scheme, CodeLayout layout, const std::string& tensor_name, cudaStream_t stream) {
+  QuantizeWorkspace ws(input, scheme, layout);
+  launch(ws.params(), stream);
+  ws.check_flags(tensor_name, stream);
+  return ws.download();
+}
+
+}  // namespace kvq

@@ -1,0 +1,25 @@
+// GPU timing as DESIGN.md prescribes: CUDA events around CUDA-graph replays, rotating input sets,
+// warm-up, median and p10/p90 of many replays; and the device-to-device copy bandwidth that every
+// bandwidth figure is compared with in the same process.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <functional>
+
+namespace kvq {
+
+struct GpuTiming {
+  double median_us = 0, p10_us = 0, p90_us = 0;
+  int reps = 0;
+};
+
+// `launch(stream, set)` enqueues the work for input set `set` (0..sets-1); each set is captured
+// into its own graph and the replays rotate through them (choose sets so they total >= 4x L2).
+GpuTiming time_graph_replays(const std::function<void(cudaStream_t, int)>& launch, int sets, int reps = 50,
+                             int warmup = 5);
+
+// Bytes read plus bytes written per second of a device-to-device copy of `bytes`, in GB/s (1e9).
+double copy_bandwidth_gbps(size_t bytes, int reps = 30);
+
+}  // namespace kvq
