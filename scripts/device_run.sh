@@ -50,7 +50,7 @@ sanitize() {  # every tool on the quick gate; any finding fails
   local tool
   for tool in memcheck racecheck initcheck synccheck; do
     echo "== compute-sanitizer --tool $tool"
-    compute-sanitizer --tool "$tool" --error-exitcode 1 --print-limit 20 \
+    timeout "${SANITIZER_TIMEOUT:-150}" compute-sanitizer --tool "$tool" --error-exitcode 1 --print-limit 20 \
       "$kvq" validate --quick --report "/tmp/kvq-sanitize-$tool.json" || return 1
   done
 }
