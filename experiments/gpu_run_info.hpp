@@ -1,6 +1,7 @@
 // What a GPU results file records about the device and the run.
 #pragma once
 
+#include <cctype>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>

@@ -4,6 +4,8 @@
 //      max are exact in any order, so the result is deterministic)
 //   2. params: one thread per group applies the codec's group_params and stores scale / zero point
 //   3. encode: one thread per code byte; FBGEMM rows are then assembled from the planar bytes
+#include <algorithm>
+
 #include "gpu/quantize_common.cuh"
 
 namespace kvq {

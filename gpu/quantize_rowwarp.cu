@@ -3,6 +3,8 @@
 // once with one vector load per lane, groups of G >= EPL elements reduce with xor-shuffles over
 // G/EPL lanes (smaller groups stay inside a lane), and codes and scales are written straight to
 // the planar or the FBGEMM inline-row layout. Each warp keeps two rows in flight.
+#include <algorithm>
+
 #include "gpu/quantize_common.cuh"
 
 namespace kvq {
