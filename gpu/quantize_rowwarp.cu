@@ -37,15 +37,25 @@ __device__ __forceinline__ float to_float(Storage v, InputDtype dt) {
   else return dt == InputDtype::kFp16 ? fp16_bits_to_fp32(v) : bf16_bits_to_fp32(v);
 }
 
-__device__ __forceinline__ GroupStats shuffle_merge(GroupStats st, int lanes) {
+// Merges the stats of `lanes` neighbouring lanes; only what the scheme's params read is exchanged.
+__device__ __forceinline__ GroupStats shuffle_merge(GroupStats st, int lanes, bool asymmetric) {
   for (int offset = 1; offset < lanes; offset <<= 1) {
-    GroupStats other;
-    other.lo = __shfl_xor_sync(0xffffffffu, st.lo, offset);
-    other.hi = __shfl_xor_sync(0xffffffffu, st.hi, offset);
-    other.amax = __shfl_xor_sync(0xffffffffu, st.amax, offset);
-    st.merge(other);
+    if (asymmetric) {
+      st.lo = fminf(st.lo, __shfl_xor_sync(0xffffffffu, st.lo, offset));
+      st.hi = fmaxf(st.hi, __shfl_xor_sync(0xffffffffu, st.hi, offset));
+    } else {
+      st.amax = fmaxf(st.amax, __shfl_xor_sync(0xffffffffu, st.amax, offset));
+    }
   }
   return st;
+}
+
+struct RowIndex {
+  int64_t b, h, t;
+};
+
+__device__ __forceinline__ RowIndex decompose(int64_t r, const KvShape& s) {
+  return {r / (s.tokens * s.heads), (r / s.tokens) % s.heads, r % s.tokens};
 }
 
 __device__ __forceinline__ void store_group_params(const QuantizeParams& p, int64_t g, const GroupParams& gp,
@@ -91,6 +101,9 @@ __global__ void __launch_bounds__(kThreads) rowwarp_kernel(QuantizeParams p) {
   const int groups_per_row = D / G;
   const bool fbgemm = p.layout == CodeLayout::kFbgemm;
   const int64_t fbgemm_row_bytes = D / 2 + 4 * groups_per_row;
+  // Contiguous BNSH input needs no (b, h, t): row r starts at r * D. Integer division is the
+  // costliest thing this kernel could do per row.
+  const bool contiguous = p.stride_t == D && p.stride_h == s.tokens * D && p.stride_b == s.heads * s.tokens * D;
   const Storage* input = static_cast<const Storage*>(p.input);
 
   for (int64_t base = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; base < s.rows(); base += warps * kRowsInFlight) {
@@ -99,30 +112,39 @@ __global__ void __launch_bounds__(kThreads) rowwarp_kernel(QuantizeParams p) {
     for (int k = 0; k < kRowsInFlight; ++k) {  // issue every load before any arithmetic
       const int64_t r = base + k * warps;
       if (r >= s.rows()) break;
-      const int64_t t = r % s.tokens, h = (r / s.tokens) % s.heads, b = r / (s.tokens * s.heads);
-      load_lane(input + detail::element_offset(p, b, h, t, lane * EPL), raw[k]);
+      int64_t offset = r * D;
+      if (!contiguous) {
+        const RowIndex i = decompose(r, s);
+        offset = detail::element_offset(p, i.b, i.h, i.t, 0);
+      }
+      load_lane(input + offset + lane * EPL, raw[k]);
     }
 #pragma unroll
     for (int k = 0; k < kRowsInFlight; ++k) {
       const int64_t r = base + k * warps;
       if (r >= s.rows()) break;  // uniform across the warp
-      const int64_t t = r % s.tokens, h = (r / s.tokens) % s.heads, b = r / (s.tokens * s.heads);
       float x[EPL];
-      unsigned long long bad = kNoIndex;
+      bool finite = true;
 #pragma unroll
       for (int e = 0; e < EPL; ++e) {
         x[e] = to_float(raw[k][e], p.in_dtype);
-        if (!is_finite_float(x[e])) bad = min(bad, detail::flat_index(s, b, h, t, lane * EPL + e));
+        finite &= is_finite_float(x[e]);
       }
-      if (bad != kNoIndex) atomicMin(p.first_bad, bad);
-      uint8_t* row_out = fbgemm ? p.codes + ((b * s.tokens + t) * s.heads + h) * fbgemm_row_bytes : nullptr;
+      if (!finite) {  // rare: find this lane's first bad element (flat [B,H,T,D] index = r*D + d)
+        for (int e = EPL - 1; e >= 0; --e)
+          if (!is_finite_float(x[e])) atomicMin(p.first_bad, static_cast<unsigned long long>(r * D + lane * EPL + e));
+      }
+      uint8_t* row_out = nullptr;
+      if (fbgemm) {
+        const RowIndex i = decompose(r, s);
+        row_out = p.codes + ((i.b * s.tokens + i.t) * s.heads + i.h) * fbgemm_row_bytes;
+      }
       int q[EPL];
       if (G >= EPL) {  // one group per lane, spread over G / EPL lanes
         GroupStats st;
 #pragma unroll
-        for (int e = 0; e < EPL; ++e)
-          if (is_finite_float(x[e])) st.add(x[e]);
-        st = shuffle_merge(st, G / EPL);
+        for (int e = 0; e < EPL; ++e) st.add(x[e]);  // a non-finite input fails the call anyway
+        st = shuffle_merge(st, G / EPL, scheme.asymmetric);
         const GroupParams gp = group_params(st, scheme);
         const int group_in_row = lane * EPL / G;
         if ((lane * EPL) % G == 0) store_group_params(p, r * groups_per_row + group_in_row, gp, row_out, group_in_row);
@@ -131,8 +153,7 @@ __global__ void __launch_bounds__(kThreads) rowwarp_kernel(QuantizeParams p) {
       } else {  // EPL / G whole groups inside the lane
         for (int g0 = 0; g0 < EPL; g0 += G) {
           GroupStats st;
-          for (int e = g0; e < g0 + G; ++e)
-            if (is_finite_float(x[e])) st.add(x[e]);
+          for (int e = g0; e < g0 + G; ++e) st.add(x[e]);
           const GroupParams gp = group_params(st, scheme);
           const int group_in_row = (lane * EPL + g0) / G;
           store_group_params(p, r * groups_per_row + group_in_row, gp, row_out, group_in_row);

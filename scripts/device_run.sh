@@ -43,7 +43,7 @@ if [[ ! -x $kvq ]]; then
 fi
 
 step "GPU and CPU test suites (ctest, C++)" tests.log \
-  ctest --test-dir "$build" --output-on-failure -j 4 -E "python_(data_tools|kvq_cli|plots_and_notebooks)"
+  ctest --test-dir "$build" --output-on-failure -j 4 -E "^python_"
 step "Hugging Face capture test (torch, transformers)" capture_hf.log python3 tests/python/run_hf_tests.py
 
 sanitize() {  # every tool on the quick gate; any finding fails
