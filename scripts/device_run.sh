@@ -14,14 +14,16 @@ build=${KVQ_BUILD_DIR:-build-gpu}
 kvq=$build/experiments/kvq
 declare -a summary
 status=0
+logs=$OUT/logs
+mkdir -p "$logs"
 step() {  # step NAME LOGFILE COMMAND...: run, log, record [OK]/[FAIL]
   local name=$1 log=$2
   shift 2
   local start=$SECONDS
-  if "$@" > "$OUT/$log" 2>&1; then
+  if "$@" > "$logs/$log" 2>&1; then
     summary+=("[OK]   $name ($((SECONDS - start)) s)")
   else
-    summary+=("[FAIL] $name ($((SECONDS - start)) s, exit $?, see $log)")
+    summary+=("[FAIL] $name ($((SECONDS - start)) s, exit $?, see logs/$log)")
     status=1
   fi
 }
@@ -38,7 +40,7 @@ configure_and_build() {
 step "build (sm ${CUDA_ARCHS:-90a})" build.log configure_and_build
 if [[ ! -x $kvq ]]; then
   printf '%s\n' "${summary[@]}"
-  tail -n 30 "$OUT/build.log"
+  tail -n 30 "$logs/build.log"
   exit 1
 fi
 
@@ -58,15 +60,22 @@ step "compute-sanitizer memcheck/racecheck/initcheck/synccheck" sanitizers.log s
 
 step "kvq validate (every variant)" validate.log "$kvq" validate --report "$OUT/validate.json"
 step "kvq bench-quantize" bench_quantize.log "$kvq" bench-quantize --csv "$OUT/quantize_bandwidth.csv"
+if [[ ${KVQ_NCU:-1} == 1 ]]; then  # where the fused kernel's time goes (first launch: int8-head, Hkv=1)
+  step "ncu profile of quantize-rowwarp" ncu.log ncu -k regex:rowwarp -c 1 --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+    --section LaunchStats "$kvq" bench-quantize --reps 1 --csv /tmp/kvq-ncu.csv
+fi
 
 {
   echo "== $(head -n 2 "$OUT/gpu.txt" | tail -n 1)"
-  grep -E "^\[(OK|FAIL)\] +quantize-[a-z]+:|^\[TIME\]" "$OUT/validate.log"
-  grep -E "^== compute-sanitizer|ERROR SUMMARY" "$OUT/sanitizers.log" | paste - - | sed 's/== compute-sanitizer //'
+  grep -E "^\[(OK|FAIL)\] +quantize-[a-z]+:|^\[TIME\]" "$logs/validate.log"
+  grep -E "SUMMARY" "$logs/sanitizers.log" | sed 's/^/compute-sanitizer: /'
   echo
-  sed -n '/device-to-device copy/,$p' "$OUT/bench_quantize.log"
+  sed -n '/device-to-device copy/,$p' "$logs/bench_quantize.log"
   echo
   printf '%s\n' "${summary[@]}"
 } > "$OUT/summary.txt"
 cat "$OUT/summary.txt"
+# $OUT keeps few files: the logs travel as one archive.
+tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$logs"
 exit $status
