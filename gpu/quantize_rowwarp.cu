@@ -15,27 +15,45 @@ using detail::kNoIndex;
 constexpr int kThreads = 256;
 constexpr int kRowsInFlight = 2;
 
-template <typename Storage, int N>
-__device__ __forceinline__ void load_lane(const Storage* src, Storage (&dst)[N]) {
-  constexpr int bytes = N * sizeof(Storage);
-  if (reinterpret_cast<uintptr_t>(src) % (bytes < 16 ? bytes : 16) == 0) {
-    if constexpr (bytes == 4) *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
-    else if constexpr (bytes == 8) *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(src);
-    else if constexpr (bytes % 16 == 0) {
-#pragma unroll
-      for (int i = 0; i < bytes / 16; ++i) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) dst[i] = src[i];
-  }
-}
+// A lane's EPL input elements as 32-bit words, loaded with the widest aligned vector loads and kept
+// in registers (no arrays whose address is taken: those go to local memory).
+template <typename Storage, int EPL>
+struct LaneWords {
+  static constexpr int kWords = EPL * int(sizeof(Storage)) / 4;
+  uint32_t w[kWords];
 
-template <typename Storage>
-__device__ __forceinline__ float to_float(Storage v, InputDtype dt) {
-  if constexpr (sizeof(Storage) == 4) return v;
-  else return dt == InputDtype::kFp16 ? fp16_bits_to_fp32(v) : bf16_bits_to_fp32(v);
-}
+  __device__ __forceinline__ void load(const Storage* src) {
+    if (reinterpret_cast<uintptr_t>(src) % (kWords >= 4 ? 16 : 4 * kWords) == 0) {
+      if constexpr (kWords == 1) {
+        w[0] = *reinterpret_cast<const uint32_t*>(src);
+      } else if constexpr (kWords == 2) {
+        const uint2 v = *reinterpret_cast<const uint2*>(src);
+        w[0] = v.x, w[1] = v.y;
+      } else {
+#pragma unroll
+        for (int i = 0; i < kWords / 4; ++i) {
+          const uint4 v = reinterpret_cast<const uint4*>(src)[i];
+          w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+      }
+    } else {  // strided views may leave rows unaligned
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) {
+        if constexpr (sizeof(Storage) == 4) w[i] = __float_as_uint(src[i]);
+        else w[i] = uint32_t(src[2 * i]) | (uint32_t(src[2 * i + 1]) << 16);
+      }
+    }
+  }
+
+  __device__ __forceinline__ float element(int e, InputDtype dt) const {
+    if constexpr (sizeof(Storage) == 4) {
+      return __uint_as_float(w[e]);
+    } else {
+      const uint16_t bits = static_cast<uint16_t>(w[e / 2] >> (16 * (e % 2)));
+      return dt == InputDtype::kFp16 ? fp16_bits_to_fp32(bits) : bf16_bits_to_fp32(bits);
+    }
+  }
+};
 
 // Merges the stats of `lanes` neighbouring lanes; only what the scheme's params read is exchanged.
 __device__ __forceinline__ GroupStats shuffle_merge(GroupStats st, int lanes, bool asymmetric) {
@@ -71,32 +89,33 @@ __device__ __forceinline__ void store_group_params(const QuantizeParams& p, int6
   }
 }
 
+// EPL codes as one aligned store: int8 one byte each, int4 two per byte (low nibble first).
 template <int EPL>
 __device__ __forceinline__ void store_codes(uint8_t* dst, const int (&q)[EPL], int bits) {
+  uint32_t w[2] = {0, 0};
   if (bits == 8) {
-    uint8_t bytes[EPL];
 #pragma unroll
-    for (int e = 0; e < EPL; ++e) bytes[e] = code_to_byte(q[e]);
-    if constexpr (EPL == 2) *reinterpret_cast<uint16_t*>(dst) = *reinterpret_cast<uint16_t*>(bytes);
-    else if constexpr (EPL == 4) *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<uint32_t*>(bytes);
-    else *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<uint2*>(bytes);
+    for (int e = 0; e < EPL; ++e) w[e / 4] |= uint32_t(code_to_byte(q[e])) << (8 * (e % 4));
+    if constexpr (EPL == 2) *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w[0]);
+    else if constexpr (EPL == 4) *reinterpret_cast<uint32_t*>(dst) = w[0];
+    else *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
   } else {
-    uint8_t bytes[EPL / 2];
 #pragma unroll
-    for (int e = 0; e < EPL / 2; ++e) bytes[e] = pack_nibbles(q[2 * e], q[2 * e + 1]);
-    if constexpr (EPL == 2) dst[0] = bytes[0];
-    else if constexpr (EPL == 4) *reinterpret_cast<uint16_t*>(dst) = *reinterpret_cast<uint16_t*>(bytes);
-    else *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<uint32_t*>(bytes);
+    for (int e = 0; e < EPL / 2; ++e) w[0] |= uint32_t(pack_nibbles(q[2 * e], q[2 * e + 1])) << (8 * e);
+    if constexpr (EPL == 2) *dst = static_cast<uint8_t>(w[0]);
+    else if constexpr (EPL == 4) *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w[0]);
+    else *reinterpret_cast<uint32_t*>(dst) = w[0];
   }
 }
 
-template <int EPL, typename Storage>
+template <int EPL, typename Storage, bool ASYM>
 __global__ void __launch_bounds__(kThreads) rowwarp_kernel(QuantizeParams p) {
   constexpr int D = 32 * EPL;
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   const KvShape& s = p.shape;
-  const Scheme& scheme = p.scheme;
+  Scheme scheme = p.scheme;
+  scheme.asymmetric = ASYM;  // a compile-time symmetry lets the compiler drop the other branch
   const int G = scheme.granularity == Granularity::kHead ? D : scheme.group;
   const int groups_per_row = D / G;
   const bool fbgemm = p.layout == CodeLayout::kFbgemm;
@@ -107,7 +126,7 @@ __global__ void __launch_bounds__(kThreads) rowwarp_kernel(QuantizeParams p) {
   const Storage* input = static_cast<const Storage*>(p.input);
 
   for (int64_t base = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; base < s.rows(); base += warps * kRowsInFlight) {
-    Storage raw[kRowsInFlight][EPL];
+    LaneWords<Storage, EPL> raw[kRowsInFlight];
 #pragma unroll
     for (int k = 0; k < kRowsInFlight; ++k) {  // issue every load before any arithmetic
       const int64_t r = base + k * warps;
@@ -117,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) rowwarp_kernel(QuantizeParams p) {
         const RowIndex i = decompose(r, s);
         offset = detail::element_offset(p, i.b, i.h, i.t, 0);
       }
-      load_lane(input + offset + lane * EPL, raw[k]);
+      raw[k].load(input + offset + lane * EPL);
     }
 #pragma unroll
     for (int k = 0; k < kRowsInFlight; ++k) {
@@ -127,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) rowwarp_kernel(QuantizeParams p) {
       bool finite = true;
 #pragma unroll
       for (int e = 0; e < EPL; ++e) {
-        x[e] = to_float(raw[k][e], p.in_dtype);
+        x[e] = raw[k].element(e, p.in_dtype);
         finite &= is_finite_float(x[e]);
       }
       if (!finite) {  // rare: find this lane's first bad element (flat [B,H,T,D] index = r*D + d)
@@ -144,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) rowwarp_kernel(QuantizeParams p) {
         GroupStats st;
 #pragma unroll
         for (int e = 0; e < EPL; ++e) st.add(x[e]);  // a non-finite input fails the call anyway
-        st = shuffle_merge(st, G / EPL, scheme.asymmetric);
+        st = shuffle_merge(st, G / EPL, ASYM);
         const GroupParams gp = group_params(st, scheme);
         const int group_in_row = lane * EPL / G;
         if ((lane * EPL) % G == 0) store_group_params(p, r * groups_per_row + group_in_row, gp, row_out, group_in_row);
@@ -153,7 +172,9 @@ __global__ void __launch_bounds__(kThreads) rowwarp_kernel(QuantizeParams p) {
       } else {  // EPL / G whole groups inside the lane
         for (int g0 = 0; g0 < EPL; g0 += G) {
           GroupStats st;
-          for (int e = g0; e < g0 + G; ++e) st.add(x[e]);
+#pragma unroll
+          for (int e = 0; e < EPL; ++e)  // constant indices keep x[] in registers
+            if (e >= g0 && e < g0 + G) st.add(x[e]);
           const GroupParams gp = group_params(st, scheme);
           const int group_in_row = (lane * EPL + g0) / G;
           store_group_params(p, r * groups_per_row + group_in_row, gp, row_out, group_in_row);
@@ -173,11 +194,17 @@ __global__ void __launch_bounds__(kThreads) rowwarp_kernel(QuantizeParams p) {
   }
 }
 
+template <int EPL, bool ASYM>
+void launch_epl(const QuantizeParams& p, cudaStream_t stream, int blocks) {
+  if (p.in_dtype == InputDtype::kFp32) rowwarp_kernel<EPL, float, ASYM><<<blocks, kThreads, 0, stream>>>(p);
+  else rowwarp_kernel<EPL, uint16_t, ASYM><<<blocks, kThreads, 0, stream>>>(p);
+  KVQ_CHECK_LAUNCH();
+}
+
 template <int EPL>
 void launch_epl(const QuantizeParams& p, cudaStream_t stream, int blocks) {
-  if (p.in_dtype == InputDtype::kFp32) rowwarp_kernel<EPL, float><<<blocks, kThreads, 0, stream>>>(p);
-  else rowwarp_kernel<EPL, uint16_t><<<blocks, kThreads, 0, stream>>>(p);
-  KVQ_CHECK_LAUNCH();
+  if (p.scheme.asymmetric) launch_epl<EPL, true>(p, stream, blocks);
+  else launch_epl<EPL, false>(p, stream, blocks);
 }
 
 }  // namespace
