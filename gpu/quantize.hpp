@@ -97,6 +97,10 @@ void launch_quantize_generic(const QuantizeParams& p, cudaStream_t stream);
 // reads it once, reduces the groups with shuffles and writes codes and scales.
 void launch_quantize_rowwarp(const QuantizeParams& p, cudaStream_t stream);
 bool rowwarp_supports(const Scheme& s, int64_t head_dim);
+// One thread per scale group (head and gG, G a multiple of 8): the per-group codec work once per
+// group, two passes over the group's bytes (the second from cache).
+void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream);
+bool groupthread_supports(const Scheme& s, int64_t head_dim);
 
 // Statistics of groups [g0, g1) into p.stats (the generic stats pass; also used to describe an
 // overflowing group in error messages).

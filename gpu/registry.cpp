@@ -27,6 +27,10 @@ bool generic_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, Input
   return layout == CodeLayout::kPlanar || fbgemm_ok(s, head_dim);
 }
 
+bool groupthread_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype dtype) {
+  return groupthread_supports(s, head_dim) && generic_accepts(s, head_dim, layout, dtype);
+}
+
 bool rowwarp_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype dtype) {
   return rowwarp_supports(s, head_dim) && generic_accepts(s, head_dim, layout, dtype);
 }
@@ -45,6 +49,11 @@ const std::vector<QuantizeVariant>& quantize_variants() {
        "two rows in flight per warp",
        "head and gG granularities; D in {64,128,256}; planar and FBGEMM layouts; fp32/fp16/bf16 input", false,
        rowwarp_accepts, launch_quantize_rowwarp},
+      {"quantize-groupthread",
+       "one thread per scale group: the per-group codec work once per group, 16-byte loads in 8-element chunks, "
+       "two passes over the group (the second from cache), no shuffles",
+       "head and gG granularities with G a multiple of 8; any D that G divides; planar and FBGEMM layouts; "
+       "fp32/fp16/bf16 input", false, groupthread_accepts, launch_quantize_groupthread},
   };
   return variants;
 }

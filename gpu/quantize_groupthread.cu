@@ -1,0 +1,144 @@
+// The thread-per-group quantize variant (head and gG granularities, G a multiple of 8): each
+// thread owns one scale group, so the codec's per-group work (division, fp16 rounding of the
+// scale) is done once per group instead of once per lane, and no shuffles are needed. Pass 1
+// reads the group in 8-element chunks (one 16-byte load for 16-bit input) for its statistics;
+// pass 2 reads it again (from L1/L2) and encodes. Consecutive threads own consecutive groups, so a
+// warp covers a contiguous stretch of the row-major input.
+#include <algorithm>
+
+#include "gpu/quantize_common.cuh"
+
+namespace kvq {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kChunk = 8;
+
+template <typename Storage>
+struct Chunk {
+  static constexpr int kWords = kChunk * int(sizeof(Storage)) / 4;
+  uint32_t w[kWords];
+  __device__ __forceinline__ void load(const Storage* src, bool aligned) {
+    if (aligned) {
+#pragma unroll
+      for (int i = 0; i < kWords / 4; ++i) {
+        const uint4 v = reinterpret_cast<const uint4*>(src)[i];
+        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) {
+        if constexpr (sizeof(Storage) == 4) w[i] = __float_as_uint(src[i]);
+        else w[i] = uint32_t(src[2 * i]) | (uint32_t(src[2 * i + 1]) << 16);
+      }
+    }
+  }
+};
+
+template <typename Storage, InputDtype DT>
+__device__ __forceinline__ float element(const Chunk<Storage>& c, int e) {
+  if constexpr (DT == InputDtype::kFp32) return __uint_as_float(c.w[e]);
+  const uint16_t bits = static_cast<uint16_t>(c.w[e / 2] >> (16 * (e % 2)));
+  if constexpr (DT == InputDtype::kFp16) return fp16_bits_to_fp32(bits);
+  else return bf16_bits_to_fp32(bits);
+}
+
+template <typename Storage, InputDtype DT, bool ASYM>
+__global__ void __launch_bounds__(kThreads) groupthread_kernel(QuantizeParams p) {
+  const KvShape& s = p.shape;
+  Scheme scheme = p.scheme;
+  scheme.asymmetric = ASYM;
+  const int64_t D = s.head_dim;
+  const int G = scheme.granularity == Granularity::kHead ? static_cast<int>(D) : scheme.group;
+  const int64_t groups_per_row = D / G, groups = s.rows() * groups_per_row;
+  const bool contiguous = p.stride_t == D && p.stride_h == s.tokens * D && p.stride_b == s.heads * s.tokens * D;
+  const bool fbgemm = p.layout == CodeLayout::kFbgemm;
+  const Storage* input = static_cast<const Storage*>(p.input);
+
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = g / groups_per_row, gi = g % groups_per_row, d0 = gi * G;
+    int64_t b = 0, h = 0, t = 0;
+    if (!contiguous || fbgemm) b = r / (s.tokens * s.heads), h = (r / s.tokens) % s.heads, t = r % s.tokens;
+    const Storage* src = input + (contiguous ? r * D : detail::element_offset(p, b, h, t, 0)) + d0;
+    const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0;
+
+    GroupStats st;
+    bool finite = true;
+    for (int c = 0; c < G; c += kChunk) {
+      Chunk<Storage> chunk;
+      chunk.load(src + c, aligned);
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        const float x = element<Storage, DT>(chunk, e);
+        finite &= is_finite_float(x);
+        st.add(x);
+      }
+    }
+    if (!finite) {  // rare: report this group's first bad element (flat index r*D + d)
+      for (int d = G - 1; d >= 0; --d)
+        if (!is_finite_float(detail::load_as_float(src, DT, d)))
+          atomicMin(p.first_bad, static_cast<unsigned long long>(r * D + d0 + d));
+    }
+    const GroupParams gp = group_params(st, scheme);
+    if (gp.overflow) atomicMin(p.first_overflow, static_cast<unsigned long long>(g));
+
+    uint8_t* codes;
+    if (fbgemm) {
+      uint8_t* row = p.codes + ((b * s.tokens + t) * s.heads + h) * (D / 2 + 4 * groups_per_row);
+      const uint16_t sc = fp32_to_fp16_bits(gp.scale), z = fp32_to_fp16_bits(gp.zero);
+      uint8_t* head = row + 4 * gi;
+      head[0] = sc & 0xff, head[1] = sc >> 8, head[2] = z & 0xff, head[3] = z >> 8;
+      codes = row + 4 * groups_per_row + d0 / 2;
+    } else {
+      detail::store_param(p.scales, g, gp.scale, scheme.scale_dtype);
+      if (ASYM) detail::store_param(p.zeros, g, gp.zero, scheme.scale_dtype);
+      codes = p.codes + (r * D + d0) * scheme.bits / 8;
+    }
+    for (int c = 0; c < G; c += kChunk) {
+      Chunk<Storage> chunk;
+      chunk.load(src + c, aligned);
+      uint32_t w[2] = {0, 0};
+      if (scheme.bits == 8) {
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) w[e / 4] |= uint32_t(code_to_byte(encode(element<Storage, DT>(chunk, e), gp, scheme))) << (8 * (e % 4));
+        *reinterpret_cast<uint2*>(codes + c) = make_uint2(w[0], w[1]);  // FBGEMM rows hold int4 only
+      } else {
+#pragma unroll
+        for (int e = 0; e < kChunk; e += 2)
+          w[0] |= uint32_t(pack_nibbles(encode(element<Storage, DT>(chunk, e), gp, scheme),
+                                        encode(element<Storage, DT>(chunk, e + 1), gp, scheme))) << (4 * e);
+        *reinterpret_cast<uint32_t*>(codes + c / 2) = w[0];  // FBGEMM rows are 4-byte aligned too
+      }
+    }
+  }
+}
+
+template <typename Storage, InputDtype DT>
+void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks) {
+  if (p.scheme.asymmetric) groupthread_kernel<Storage, DT, true><<<blocks, kThreads, 0, stream>>>(p);
+  else groupthread_kernel<Storage, DT, false><<<blocks, kThreads, 0, stream>>>(p);
+  KVQ_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool groupthread_supports(const Scheme& s, int64_t head_dim) {
+  const int64_t G = s.granularity == Granularity::kHead ? head_dim : s.group;
+  const bool gran = s.granularity == Granularity::kHead || s.granularity == Granularity::kGroup;
+  return gran && G % kChunk == 0 && head_dim % G == 0;
+}
+
+void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream) {
+  if (!groupthread_supports(p.scheme, p.shape.head_dim))
+    throw InputError("quantize-groupthread: needs head or gG granularity with a group size that is a multiple of 8");
+  const int64_t groups = num_groups(p.scheme, p.shape);
+  if (groups == 0) return;
+  const int blocks = static_cast<int>(std::min<int64_t>((groups + kThreads - 1) / kThreads, 1 << 20));
+  switch (p.in_dtype) {
+    case InputDtype::kFp32: launch_typed<float, InputDtype::kFp32>(p, stream, blocks); break;
+    case InputDtype::kFp16: launch_typed<uint16_t, InputDtype::kFp16>(p, stream, blocks); break;
+    case InputDtype::kBf16: launch_typed<uint16_t, InputDtype::kBf16>(p, stream, blocks); break;
+  }
+}
+
+}  // namespace kvq
