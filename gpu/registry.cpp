@@ -77,10 +77,4 @@ std::vector<const QuantizeVariant*> find_quantize_variants(const std::string& re
   return out;
 }
 
-const QuantizeVariant& best_quantize_variant(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype dtype) {
-  for (const QuantizeVariant& v : quantize_variants())
-    if (!v.incumbent && v.accepts(s, head_dim, layout, dtype)) return v;
-  return incumbent_quantize_variant();
-}
-
 }  // namespace kvq

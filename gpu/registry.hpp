@@ -23,7 +23,5 @@ const std::vector<QuantizeVariant>& quantize_variants();
 const QuantizeVariant& incumbent_quantize_variant();
 // Variants whose name matches `regex` (std::regex_search); throws InputError for a bad regex.
 std::vector<const QuantizeVariant*> find_quantize_variants(const std::string& regex);
-// The fastest registered variant for a case: the first non-incumbent that accepts it, else the incumbent.
-const QuantizeVariant& best_quantize_variant(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype dtype);
 
 }  // namespace kvq

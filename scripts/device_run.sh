@@ -61,7 +61,7 @@ step "compute-sanitizer memcheck/racecheck/initcheck/synccheck" sanitizers.log s
 step "kvq validate (every variant)" validate.log "$kvq" validate --report "$OUT/validate.json"
 step "kvq bench-quantize" bench_quantize.log "$kvq" bench-quantize --csv "$OUT/quantize_bandwidth.csv"
 if [[ ${KVQ_NCU:-1} == 1 ]]; then  # where the fused kernel's time goes (first launch: int8-head, Hkv=1)
-  step "ncu profile of quantize-rowwarp" ncu.log ncu -k regex:rowwarp -c 1 --section SpeedOfLight \
+  step "ncu profile of the fused quantize kernels" ncu.log ncu -k "regex:rowwarp|groupthread" -c 2 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
     --section LaunchStats "$kvq" bench-quantize --reps 1 --csv /tmp/kvq-ncu.csv
 fi
