@@ -97,8 +97,9 @@ void launch_quantize_generic(const QuantizeParams& p, cudaStream_t stream);
 // reads it once, reduces the groups with shuffles and writes codes and scales.
 void launch_quantize_rowwarp(const QuantizeParams& p, cudaStream_t stream);
 bool rowwarp_supports(const Scheme& s, int64_t head_dim);
-// One thread per scale group (head and gG, G a multiple of 8): the per-group codec work once per
-// group, two passes over the group's bytes (the second from cache).
+// One thread per scale group, or per 32-element segment of a larger one (head and gG, G a multiple
+// of 8; above 32, a power-of-two multiple of 32): the per-group codec work done by few lanes, two
+// passes over the bytes (the second from L1).
 void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream);
 bool groupthread_supports(const Scheme& s, int64_t head_dim);
 

@@ -1,9 +1,10 @@
 // The thread-per-group quantize variant (head and gG granularities, G a multiple of 8): each
-// thread owns one scale group, so the codec's per-group work (division, fp16 rounding of the
-// scale) is done once per group instead of once per lane, and no shuffles are needed. Pass 1
-// reads the group in 8-element chunks (one 16-byte load for 16-bit input) for its statistics;
-// pass 2 reads it again (from L1/L2) and encodes. Consecutive threads own consecutive groups, so a
-// warp covers a contiguous stretch of the row-major input.
+// thread owns one scale group, or a 32-element segment of a larger group (G = 64, 128, 256: 2, 4
+// or 8 neighbouring lanes, merged with xor-shuffles). The codec's per-group work (division, fp16
+// rounding of the scale) is then done by few lanes, not by a whole warp. Pass 1 reads the segment
+// in 8-element chunks (one 16-byte load for 16-bit input) for its statistics; pass 2 reads it
+// again (from L1) and encodes. Consecutive threads own consecutive segments, so a warp covers a
+// contiguous stretch of the row-major input.
 #include <algorithm>
 
 #include "gpu/quantize_common.cuh"
@@ -13,6 +14,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kChunk = 8;
+constexpr int kSegment = 32;  // elements per lane at most: keeps each lane's bytes in L1 between passes
 
 template <typename Storage>
 struct Chunk {
@@ -55,8 +57,15 @@ __global__ void __launch_bounds__(kThreads) groupthread_kernel(QuantizeParams p)
   const bool fbgemm = p.layout == CodeLayout::kFbgemm;
   const Storage* input = static_cast<const Storage*>(p.input);
 
-  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = g / groups_per_row, gi = g % groups_per_row, d0 = gi * G;
+  const int parts = G > kSegment ? G / kSegment : 1;  // lanes per group: 1, 2, 4 or 8
+  const int seg = G / parts;
+  const int lane = threadIdx.x & 31;
+  const int64_t total = groups * parts, stride = int64_t(gridDim.x) * blockDim.x;
+  // The loop test is uniform across the warp (its first index), so every lane reaches the shuffles.
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i - lane < total; i += stride) {
+    const bool active = i < total;
+    const int64_t g = active ? i / parts : 0, part = i % parts;
+    const int64_t r = g / groups_per_row, gi = g % groups_per_row, d0 = gi * G + part * seg;
     int64_t b = 0, h = 0, t = 0;
     if (!contiguous || fbgemm) b = r / (s.tokens * s.heads), h = (r / s.tokens) % s.heads, t = r % s.tokens;
     const Storage* src = input + (contiguous ? r * D : detail::element_offset(p, b, h, t, 0)) + d0;
@@ -64,7 +73,7 @@ __global__ void __launch_bounds__(kThreads) groupthread_kernel(QuantizeParams p)
 
     GroupStats st;
     bool finite = true;
-    for (int c = 0; c < G; c += kChunk) {
+    for (int c = 0; active && c < seg; c += kChunk) {
       Chunk<Storage> chunk;
       chunk.load(src + c, aligned);
 #pragma unroll
@@ -74,27 +83,41 @@ __global__ void __launch_bounds__(kThreads) groupthread_kernel(QuantizeParams p)
         st.add(x);
       }
     }
-    if (!finite) {  // rare: report this group's first bad element (flat index r*D + d)
-      for (int d = G - 1; d >= 0; --d)
+    for (int offset = 1; offset < parts; offset <<= 1) {  // merge the group's segments
+      if (ASYM) {
+        st.lo = fminf(st.lo, __shfl_xor_sync(0xffffffffu, st.lo, offset));
+        st.hi = fmaxf(st.hi, __shfl_xor_sync(0xffffffffu, st.hi, offset));
+      } else {
+        st.amax = fmaxf(st.amax, __shfl_xor_sync(0xffffffffu, st.amax, offset));
+      }
+    }
+    if (!active) continue;
+    if (!finite) {  // rare: report this segment's first bad element (flat index r*D + d)
+      for (int d = seg - 1; d >= 0; --d)
         if (!is_finite_float(detail::load_as_float(src, DT, d)))
           atomicMin(p.first_bad, static_cast<unsigned long long>(r * D + d0 + d));
     }
     const GroupParams gp = group_params(st, scheme);
-    if (gp.overflow) atomicMin(p.first_overflow, static_cast<unsigned long long>(g));
+    const bool leader = part == 0;
+    if (gp.overflow && leader) atomicMin(p.first_overflow, static_cast<unsigned long long>(g));
 
     uint8_t* codes;
     if (fbgemm) {
       uint8_t* row = p.codes + ((b * s.tokens + t) * s.heads + h) * (D / 2 + 4 * groups_per_row);
-      const uint16_t sc = fp32_to_fp16_bits(gp.scale), z = fp32_to_fp16_bits(gp.zero);
-      uint8_t* head = row + 4 * gi;
-      head[0] = sc & 0xff, head[1] = sc >> 8, head[2] = z & 0xff, head[3] = z >> 8;
+      if (leader) {
+        const uint16_t sc = fp32_to_fp16_bits(gp.scale), z = fp32_to_fp16_bits(gp.zero);
+        uint8_t* head = row + 4 * gi;
+        head[0] = sc & 0xff, head[1] = sc >> 8, head[2] = z & 0xff, head[3] = z >> 8;
+      }
       codes = row + 4 * groups_per_row + d0 / 2;
     } else {
-      detail::store_param(p.scales, g, gp.scale, scheme.scale_dtype);
-      if (ASYM) detail::store_param(p.zeros, g, gp.zero, scheme.scale_dtype);
+      if (leader) {
+        detail::store_param(p.scales, g, gp.scale, scheme.scale_dtype);
+        if (ASYM) detail::store_param(p.zeros, g, gp.zero, scheme.scale_dtype);
+      }
       codes = p.codes + (r * D + d0) * scheme.bits / 8;
     }
-    for (int c = 0; c < G; c += kChunk) {
+    for (int c = 0; c < seg; c += kChunk) {
       Chunk<Storage> chunk;
       chunk.load(src + c, aligned);
       uint32_t w[2] = {0, 0};
@@ -125,7 +148,8 @@ void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks) {
 bool groupthread_supports(const Scheme& s, int64_t head_dim) {
   const int64_t G = s.granularity == Granularity::kHead ? head_dim : s.group;
   const bool gran = s.granularity == Granularity::kHead || s.granularity == Granularity::kGroup;
-  return gran && G % kChunk == 0 && head_dim % G == 0;
+  const bool split = G <= kSegment || (G % kSegment == 0 && (G / kSegment & (G / kSegment - 1)) == 0 && G / kSegment <= 32);
+  return gran && G % kChunk == 0 && head_dim % G == 0 && split;
 }
 
 void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream) {
@@ -133,7 +157,9 @@ void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream) {
     throw InputError("quantize-groupthread: needs head or gG granularity with a group size that is a multiple of 8");
   const int64_t groups = num_groups(p.scheme, p.shape);
   if (groups == 0) return;
-  const int blocks = static_cast<int>(std::min<int64_t>((groups + kThreads - 1) / kThreads, 1 << 20));
+  const int64_t G = p.scheme.granularity == Granularity::kHead ? p.shape.head_dim : p.scheme.group;
+  const int64_t threads = groups * (G > kSegment ? G / kSegment : 1);
+  const int blocks = static_cast<int>(std::min<int64_t>((threads + kThreads - 1) / kThreads, 1 << 20));
   switch (p.in_dtype) {
     case InputDtype::kFp32: launch_typed<float, InputDtype::kFp32>(p, stream, blocks); break;
     case InputDtype::kFp16: launch_typed<uint16_t, InputDtype::kFp16>(p, stream, blocks); break;

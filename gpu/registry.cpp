@@ -50,10 +50,10 @@ const std::vector<QuantizeVariant>& quantize_variants() {
        "head and gG granularities; D in {64,128,256}; planar and FBGEMM layouts; fp32/fp16/bf16 input", false,
        rowwarp_accepts, launch_quantize_rowwarp},
       {"quantize-groupthread",
-       "one thread per scale group: the per-group codec work once per group, 16-byte loads in 8-element chunks, "
-       "two passes over the group (the second from cache), no shuffles",
-       "head and gG granularities with G a multiple of 8; any D that G divides; planar and FBGEMM layouts; "
-       "fp32/fp16/bf16 input", false, groupthread_accepts, launch_quantize_groupthread},
+       "one thread per scale group or 32-element segment of one (larger groups merge 2-8 lanes by xor-shuffle), "
+       "16-byte loads in 8-element chunks, two passes over the segment (the second from L1)",
+       "head and gG granularities with G a multiple of 8 (above 32: 32 x a power of two); any D that G divides; "
+       "planar and FBGEMM layouts; fp32/fp16/bf16 input", false, groupthread_accepts, launch_quantize_groupthread},
   };
   return variants;
 }
