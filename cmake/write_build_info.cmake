@@ -4,7 +4,12 @@ execute_process(COMMAND git describe --always --dirty --abbrev=12
                 WORKING_DIRECTORY ${SOURCE_DIR} OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE
                 ERROR_QUIET RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0 OR commit STREQUAL "")
-  set(commit "unknown")
+  # A copy without .git (e.g. a tree shipped to a GPU machine): the caller names the commit.
+  if(DEFINED ENV{KVQ_COMMIT} AND NOT "$ENV{KVQ_COMMIT}" STREQUAL "")
+    set(commit "$ENV{KVQ_COMMIT}")
+  else()
+    set(commit "unknown")
+  endif()
 endif()
 set(content "#pragma once\n#define KVQ_VERSION \"${VERSION}\"\n#define KVQ_GIT_COMMIT \"${commit}\"\n")
 if(EXISTS ${OUTPUT})

@@ -5,6 +5,7 @@
 # summary table last. Exits non-zero if any step fails.
 #
 #   OUT=results/device bash scripts/device_run.sh          # any CUDA machine with the build deps
+#   KVQ_COMMIT=abc123 OUT=... bash scripts/device_run.sh    # a copy of the tree without .git
 #   CUDA_ARCHS="80;90a" OUT=... bash scripts/device_run.sh  # other architectures
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,9 @@ step() {  # step NAME LOGFILE COMMAND...: run, log, record [OK]/[FAIL]
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
-echo "commit $(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)" >> "$OUT/gpu.txt"
+# A tree without .git (shipped to a GPU machine) names its commit in KVQ_COMMIT.
+export KVQ_COMMIT=${KVQ_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+echo "commit $KVQ_COMMIT" >> "$OUT/gpu.txt"
 nvcc --version | tail -n 2 >> "$OUT/gpu.txt"
 
 configure_and_build() {
@@ -61,7 +64,7 @@ step "compute-sanitizer memcheck/racecheck/initcheck/synccheck" sanitizers.log s
 step "kvq validate (every variant)" validate.log "$kvq" validate --report "$OUT/validate.json"
 step "kvq bench-quantize" bench_quantize.log "$kvq" bench-quantize --csv "$OUT/quantize_bandwidth.csv"
 if [[ ${KVQ_NCU:-1} == 1 ]]; then  # where the fused kernel's time goes (first launch: int8-head, Hkv=1)
-  step "ncu profile of the fused quantize kernels" ncu.log ncu -k "regex:rowwarp|groupthread" -c 2 --section SpeedOfLight \
+  step "ncu profile of quantize-groupthread" ncu.log ncu -k regex:groupthread -c 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
     --section LaunchStats "$kvq" bench-quantize --reps 1 --csv /tmp/kvq-ncu.csv
 fi
