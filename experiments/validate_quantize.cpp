@@ -125,14 +125,15 @@ std::vector<float> random_values(size_t n, uint32_t seed, int64_t head_dim) {
   return v;
 }
 
-// Rows that hit every corner of the codec: zeros, signed zeros, 65504, exact half-step ties,
-// tiny and subnormal values, constant rows, a row spanning 1e-3..3e4.
+// Rows that hit every corner of the codec: zeros, signed zeros (as minimum and maximum, in both
+// orders), 65504, exact half-step ties, tiny and subnormal values, constant rows, a row spanning
+// 1e-3..3e4.
 std::vector<float> special_values(const KvShape& s) {
   std::vector<float> v(s.numel(), 0.0f);
   const int64_t D = s.head_dim;
   for (int64_t r = 0; r < s.rows(); ++r) {
     float* row = v.data() + r * D;
-    switch (r % 8) {
+    switch (r % 10) {
       case 0: break;  // all zero
       case 1: for (int64_t d = 0; d < D; ++d) row[d] = d % 2 ? -0.0f : 0.0f; break;
       case 2: for (int64_t d = 0; d < D; ++d) row[d] = d % 3 == 0 ? 65504.0f : d % 3 == 1 ? -65504.0f : 1.0f; break;
@@ -143,6 +144,8 @@ std::vector<float> special_values(const KvShape& s) {
       case 5: for (int64_t d = 0; d < D; ++d) row[d] = 3.69921875f; break;
       case 6: for (int64_t d = 0; d < D; ++d) row[d] = 1e-40f * static_cast<float>(d); break;  // fp32 subnormals
       case 7: for (int64_t d = 0; d < D; ++d) row[d] = std::pow(10.0f, -3.0f + 7.5f * d / D) * (d % 2 ? -1.0f : 1.0f); break;
+      case 8: for (int64_t d = 0; d < D; ++d) row[d] = d == 0 ? 0.0f : d == 1 ? -0.0f : static_cast<float>(d); break;
+      case 9: for (int64_t d = 0; d < D; ++d) row[d] = d == D - 1 ? -0.0f : d == D - 2 ? 0.0f : -static_cast<float>(d); break;
     }
   }
   return v;
@@ -180,7 +183,7 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
   // Specials, every scheme, fp32 input so that the values arrive exactly.
   for (const char* name : kSchemes)
     for (CodeLayout layout : {CodeLayout::kPlanar, CodeLayout::kFbgemm}) {
-      const KvShape shape{1, 2, 16, D};
+      const KvShape shape{1, 2, 20, D};
       c.compare("specials", special_values(shape), shape, parse_scheme(name), InputDtype::kFp32, layout);
     }
   // Hostile shapes: no tokens, no batch, one token, around the 8-rows-per-block tile.

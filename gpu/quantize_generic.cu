@@ -52,10 +52,12 @@ __global__ void tensor_partials_kernel(QuantizeParams p) {
   lo[threadIdx.x] = st.lo, hi[threadIdx.x] = st.hi, amax[threadIdx.x] = st.amax;
   __syncthreads();
   for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      lo[threadIdx.x] = fminf(lo[threadIdx.x], lo[threadIdx.x + stride]);
-      hi[threadIdx.x] = fmaxf(hi[threadIdx.x], hi[threadIdx.x + stride]);
-      amax[threadIdx.x] = fmaxf(amax[threadIdx.x], amax[threadIdx.x + stride]);
+    if (threadIdx.x < stride) {  // GroupStats' order: signed zeros resolve as on the CPU
+      GroupStats a, b;
+      a.lo = lo[threadIdx.x], a.hi = hi[threadIdx.x], a.amax = amax[threadIdx.x];
+      b.lo = lo[threadIdx.x + stride], b.hi = hi[threadIdx.x + stride], b.amax = amax[threadIdx.x + stride];
+      a.merge(b);
+      lo[threadIdx.x] = a.lo, hi[threadIdx.x] = a.hi, amax[threadIdx.x] = a.amax;
     }
     __syncthreads();
   }

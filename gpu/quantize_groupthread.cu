@@ -83,13 +83,15 @@ __global__ void __launch_bounds__(kThreads) groupthread_kernel(QuantizeParams p)
         st.add(x);
       }
     }
-    for (int offset = 1; offset < parts; offset <<= 1) {  // merge the group's segments
+    for (int offset = 1; offset < parts; offset <<= 1) {  // merge the group's segments, as GroupStats orders
+      GroupStats other;
       if (ASYM) {
-        st.lo = fminf(st.lo, __shfl_xor_sync(0xffffffffu, st.lo, offset));
-        st.hi = fmaxf(st.hi, __shfl_xor_sync(0xffffffffu, st.hi, offset));
+        other.lo = __shfl_xor_sync(0xffffffffu, st.lo, offset);
+        other.hi = __shfl_xor_sync(0xffffffffu, st.hi, offset);
       } else {
-        st.amax = fmaxf(st.amax, __shfl_xor_sync(0xffffffffu, st.amax, offset));
+        other.amax = __shfl_xor_sync(0xffffffffu, st.amax, offset);
       }
+      st.merge(other);
     }
     if (!active) continue;
     if (!finite) {  // rare: report this segment's first bad element (flat index r*D + d)

@@ -58,12 +58,14 @@ struct LaneWords {
 // Merges the stats of `lanes` neighbouring lanes; only what the scheme's params read is exchanged.
 __device__ __forceinline__ GroupStats shuffle_merge(GroupStats st, int lanes, bool asymmetric) {
   for (int offset = 1; offset < lanes; offset <<= 1) {
+    GroupStats other;  // merged with GroupStats' own order, so signed zeros resolve as on the CPU
     if (asymmetric) {
-      st.lo = fminf(st.lo, __shfl_xor_sync(0xffffffffu, st.lo, offset));
-      st.hi = fmaxf(st.hi, __shfl_xor_sync(0xffffffffu, st.hi, offset));
+      other.lo = __shfl_xor_sync(0xffffffffu, st.lo, offset);
+      other.hi = __shfl_xor_sync(0xffffffffu, st.hi, offset);
     } else {
-      st.amax = fmaxf(st.amax, __shfl_xor_sync(0xffffffffu, st.amax, offset));
+      other.amax = __shfl_xor_sync(0xffffffffu, st.amax, offset);
     }
+    st.merge(other);
   }
   return st;
 }

@@ -19,22 +19,25 @@ struct GroupParams {
   bool overflow = false;
 };
 
-// Statistics of one group that the parameters derive from. min/max are order independent, so any
-// reduction order gives the same result.
+// Statistics of one group that the parameters derive from. min/max are exact in any order; for
+// signed zeros -0 counts as below +0 (so lo is -0 and hi is +0 whenever both occur), which makes
+// the stored zero point independent of the order a reduction visits the elements in. NaN is
+// ignored (quantizers reject non-finite input before these matter).
 struct GroupStats {
   float lo = INFINITY;   // min x
   float hi = -INFINITY;  // max x
   float amax = 0.0f;     // max |x|
+  KVQ_HD static bool below(float a, float b) { return a < b || (a == b && signbit_of(a) && !signbit_of(b)); }
+  KVQ_HD static bool signbit_of(float x) { return (float_bits(x) >> 31) != 0; }
   KVQ_HD void add(float x) {
-    lo = x < lo ? x : lo;
-    hi = x > hi ? x : hi;
-    const float a = x < 0.0f ? -x : x;
-    amax = a > amax ? a : amax;
+    lo = below(x, lo) ? x : lo;
+    hi = below(hi, x) ? x : hi;
+    amax = fmaxf(amax, fabsf(x));
   }
   KVQ_HD void merge(const GroupStats& o) {
-    lo = o.lo < lo ? o.lo : lo;
-    hi = o.hi > hi ? o.hi : hi;
-    amax = o.amax > amax ? o.amax : amax;
+    lo = below(o.lo, lo) ? o.lo : lo;
+    hi = below(hi, o.hi) ? o.hi : hi;
+    amax = fmaxf(amax, o.amax);
   }
 };
 
@@ -77,10 +80,9 @@ KVQ_HD float fused_multiply_add(float a, float b, float c) {
 }
 
 KVQ_HD int clamp_code(float r, int lo, int hi) {
-  // r is integral; compare as float so that huge values cannot overflow an int conversion.
-  if (r < static_cast<float>(lo)) return lo;
-  if (r > static_cast<float>(hi)) return hi;
-  return static_cast<int>(r);
+  // r is integral (or +-inf); clamp as float, branch-free, so that huge values cannot overflow
+  // the int conversion.
+  return static_cast<int>(fminf(fmaxf(r, static_cast<float>(lo)), static_cast<float>(hi)));
 }
 
 // ---- symmetric -------------------------------------------------------------------------------
@@ -94,9 +96,10 @@ KVQ_HD GroupParams symmetric_params(float amax, const Scheme& s) {
   return p;
 }
 
+// A zero scale gives code 0; computed branch-free (the quotient is then discarded).
 KVQ_HD int encode_symmetric(float x, float scale, int qmax) {
-  if (scale == 0.0f) return 0;
-  return clamp_code(round_half_even(ieee_div(x, scale)), -qmax, qmax);
+  const int q = clamp_code(round_half_even(ieee_div(x, scale)), -qmax, qmax);
+  return scale == 0.0f ? 0 : q;
 }
 
 KVQ_HD float decode_symmetric(int q, float scale) { return static_cast<float>(q) * scale; }
@@ -116,8 +119,8 @@ KVQ_HD GroupParams asymmetric_params(float lo, float hi, const Scheme& s) {
 }
 
 KVQ_HD int encode_asymmetric(float x, float scale, float zero, int levels) {
-  if (scale == 0.0f) return 0;
-  return clamp_code(round_half_even(ieee_div(x - zero, scale)), 0, levels);
+  const int q = clamp_code(round_half_even(ieee_div(x - zero, scale)), 0, levels);
+  return scale == 0.0f ? 0 : q;
 }
 
 KVQ_HD float decode_asymmetric(int q, float scale, float zero) {
