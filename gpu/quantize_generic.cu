@@ -37,7 +37,8 @@ __global__ void group_stats_kernel(QuantizeParams p, int64_t g0, int64_t g1) {
 
 // Per-tensor pass 1: each block reduces a strided share of all elements into partials[block].
 __global__ void tensor_partials_kernel(QuantizeParams p) {
-  __shared__ float lo[kThreads], hi[kThreads], amax[kThreads];  // __shared__ cannot hold GroupStats (initializers)
+  __shared__ int32_t lo[kThreads], hi[kThreads];  // __shared__ cannot hold GroupStats (initializers)
+  __shared__ float amax[kThreads];
   const KvShape& s = p.shape;
   GroupStats st;
   unsigned long long bad = kNoIndex;
@@ -49,21 +50,21 @@ __global__ void tensor_partials_kernel(QuantizeParams p) {
     else bad = min(bad, static_cast<unsigned long long>(i));
   }
   if (bad != kNoIndex) atomicMin(p.first_bad, bad);
-  lo[threadIdx.x] = st.lo, hi[threadIdx.x] = st.hi, amax[threadIdx.x] = st.amax;
+  lo[threadIdx.x] = st.lo_key, hi[threadIdx.x] = st.hi_key, amax[threadIdx.x] = st.amax;
   __syncthreads();
   for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
     if (threadIdx.x < stride) {  // GroupStats' order: signed zeros resolve as on the CPU
       GroupStats a, b;
-      a.lo = lo[threadIdx.x], a.hi = hi[threadIdx.x], a.amax = amax[threadIdx.x];
-      b.lo = lo[threadIdx.x + stride], b.hi = hi[threadIdx.x + stride], b.amax = amax[threadIdx.x + stride];
+      a.lo_key = lo[threadIdx.x], a.hi_key = hi[threadIdx.x], a.amax = amax[threadIdx.x];
+      b.lo_key = lo[threadIdx.x + stride], b.hi_key = hi[threadIdx.x + stride], b.amax = amax[threadIdx.x + stride];
       a.merge(b);
-      lo[threadIdx.x] = a.lo, hi[threadIdx.x] = a.hi, amax[threadIdx.x] = a.amax;
+      lo[threadIdx.x] = a.lo_key, hi[threadIdx.x] = a.hi_key, amax[threadIdx.x] = a.amax;
     }
     __syncthreads();
   }
   if (threadIdx.x == 0) {
     GroupStats block;
-    block.lo = lo[0], block.hi = hi[0], block.amax = amax[0];
+    block.lo_key = lo[0], block.hi_key = hi[0], block.amax = amax[0];
     p.partials[blockIdx.x] = block;
   }
 }

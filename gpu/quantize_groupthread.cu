@@ -86,8 +86,8 @@ __global__ void __launch_bounds__(kThreads) groupthread_kernel(QuantizeParams p)
     for (int offset = 1; offset < parts; offset <<= 1) {  // merge the group's segments, as GroupStats orders
       GroupStats other;
       if (ASYM) {
-        other.lo = __shfl_xor_sync(0xffffffffu, st.lo, offset);
-        other.hi = __shfl_xor_sync(0xffffffffu, st.hi, offset);
+        other.lo_key = __shfl_xor_sync(0xffffffffu, st.lo_key, offset);
+        other.hi_key = __shfl_xor_sync(0xffffffffu, st.hi_key, offset);
       } else {
         other.amax = __shfl_xor_sync(0xffffffffu, st.amax, offset);
       }

@@ -60,8 +60,8 @@ __device__ __forceinline__ GroupStats shuffle_merge(GroupStats st, int lanes, bo
   for (int offset = 1; offset < lanes; offset <<= 1) {
     GroupStats other;  // merged with GroupStats' own order, so signed zeros resolve as on the CPU
     if (asymmetric) {
-      other.lo = __shfl_xor_sync(0xffffffffu, st.lo, offset);
-      other.hi = __shfl_xor_sync(0xffffffffu, st.hi, offset);
+      other.lo_key = __shfl_xor_sync(0xffffffffu, st.lo_key, offset);
+      other.hi_key = __shfl_xor_sync(0xffffffffu, st.hi_key, offset);
     } else {
       other.amax = __shfl_xor_sync(0xffffffffu, st.amax, offset);
     }

@@ -19,24 +19,32 @@ struct GroupParams {
   bool overflow = false;
 };
 
-// Statistics of one group that the parameters derive from. min/max are exact in any order; for
-// signed zeros -0 counts as below +0 (so lo is -0 and hi is +0 whenever both occur), which makes
-// the stored zero point independent of the order a reduction visits the elements in. NaN is
-// ignored (quantizers reject non-finite input before these matter).
+// Statistics of one group that the parameters derive from. min and max are kept as order keys:
+// the float's bits mapped to a signed integer that sorts like the float, with -0 just below +0.
+// Integer min/max are exact in any order and cheap on every processor, and the signed zero they
+// pick (lo is -0, hi is +0 whenever both occur) does not depend on the order a reduction visits
+// the elements in. Quantizers reject non-finite input before these matter.
 struct GroupStats {
-  float lo = INFINITY;   // min x
-  float hi = -INFINITY;  // max x
-  float amax = 0.0f;     // max |x|
-  KVQ_HD static bool below(float a, float b) { return a < b || (a == b && signbit_of(a) && !signbit_of(b)); }
-  KVQ_HD static bool signbit_of(float x) { return (float_bits(x) >> 31) != 0; }
+  int32_t lo_key = 0x7f800000;                      // key of +inf: nothing seen yet
+  int32_t hi_key = static_cast<int32_t>(0x807fffffu);  // key of -inf
+  float amax = 0.0f;                                // max |x|
+
+  KVQ_HD static int32_t key_of(float x) {
+    const int32_t b = static_cast<int32_t>(float_bits(x));
+    return b ^ ((b >> 31) & 0x7fffffff);  // negatives: flip the magnitude bits
+  }
+  KVQ_HD static float value_of(int32_t k) { return bits_float(static_cast<uint32_t>(k ^ ((k >> 31) & 0x7fffffff))); }
+  KVQ_HD float lo() const { return value_of(lo_key); }  // min x
+  KVQ_HD float hi() const { return value_of(hi_key); }  // max x
   KVQ_HD void add(float x) {
-    lo = below(x, lo) ? x : lo;
-    hi = below(hi, x) ? x : hi;
+    const int32_t k = key_of(x);
+    lo_key = k < lo_key ? k : lo_key;
+    hi_key = k > hi_key ? k : hi_key;
     amax = fmaxf(amax, fabsf(x));
   }
   KVQ_HD void merge(const GroupStats& o) {
-    lo = below(o.lo, lo) ? o.lo : lo;
-    hi = below(hi, o.hi) ? o.hi : hi;
+    lo_key = o.lo_key < lo_key ? o.lo_key : lo_key;
+    hi_key = o.hi_key > hi_key ? o.hi_key : hi_key;
     amax = fmaxf(amax, o.amax);
   }
 };
@@ -129,7 +137,7 @@ KVQ_HD float decode_asymmetric(int q, float scale, float zero) {
 
 // ---- scheme-level dispatch -------------------------------------------------------------------
 KVQ_HD GroupParams group_params(const GroupStats& st, const Scheme& s) {
-  return s.asymmetric ? asymmetric_params(st.lo, st.hi, s) : symmetric_params(st.amax, s);
+  return s.asymmetric ? asymmetric_params(st.lo(), st.hi(), s) : symmetric_params(st.amax, s);
 }
 
 KVQ_HD int encode(float x, const GroupParams& p, const Scheme& s) {

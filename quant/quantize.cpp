@@ -43,7 +43,7 @@ std::string overflow_message(const std::string& tensor_name, const Scheme& schem
   return fmt::format(
       "{}: {} group {} starting at {} (min {}, max {}) needs a scale or zero point beyond the range of its scale "
       "dtype; use -fp32 scales",
-      tensor_name, to_string(scheme), group, index_string(box.b0, box.h0, box.t0, box.d0), stats.lo, stats.hi);
+      tensor_name, to_string(scheme), group, index_string(box.b0, box.h0, box.t0, box.d0), stats.lo(), stats.hi());
 }
 
 namespace {

@@ -157,22 +157,22 @@ TEST_CASE("group statistics do not depend on the order of the elements, signed z
   std::vector<size_t> order = {0, 1, 2, 3, 4, 5};
   GroupStats first;
   for (size_t i : order) first.add(values[i]);
-  CHECK(float_bits(first.lo) == float_bits(-0.0f));  // -0 counts as below +0
-  CHECK(first.hi == 3.0f);
+  CHECK(float_bits(first.lo()) == float_bits(-0.0f));  // -0 counts as below +0
+  CHECK(first.hi() == 3.0f);
   do {
     GroupStats st, left, right;
     for (size_t i : order) st.add(values[i]);
     for (size_t k = 0; k < order.size(); ++k) (k < 3 ? left : right).add(values[order[k]]);
     right.merge(left);  // a reduction tree's merge gives the same too
-    REQUIRE(float_bits(st.lo) == float_bits(first.lo));
-    REQUIRE(float_bits(st.hi) == float_bits(first.hi));
-    REQUIRE(float_bits(right.lo) == float_bits(first.lo));
-    REQUIRE(float_bits(right.hi) == float_bits(first.hi));
+    REQUIRE(float_bits(st.lo()) == float_bits(first.lo()));
+    REQUIRE(float_bits(st.hi()) == float_bits(first.hi()));
+    REQUIRE(float_bits(right.lo()) == float_bits(first.lo()));
+    REQUIRE(float_bits(right.hi()) == float_bits(first.hi()));
   } while (std::next_permutation(order.begin(), order.end()));
   GroupStats zeros;  // all zeros, +0 first: hi is +0, lo is -0, the zero point -0
   for (float z : {0.0f, -0.0f}) zeros.add(z);
-  CHECK(float_bits(zeros.hi) == float_bits(0.0f));
-  CHECK(float_bits(asymmetric_params(zeros.lo, zeros.hi, parse_scheme("int4-head-asym")).zero) == float_bits(-0.0f));
+  CHECK(float_bits(zeros.hi()) == float_bits(0.0f));
+  CHECK(float_bits(asymmetric_params(zeros.lo(), zeros.hi(), parse_scheme("int4-head-asym")).zero) == float_bits(-0.0f));
 }
 
 TEST_CASE("properties over random groups: codes in range and bounded error") {
