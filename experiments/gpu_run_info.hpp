@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cctype>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -11,7 +12,8 @@
 
 namespace kvq {
 
-// The kernel driver's version ("580.95.05") from /proc/driver/nvidia/version, or "unknown".
+// The kernel driver's version ("580.95.05") from /proc/driver/nvidia/version, else from
+// KVQ_DRIVER (the device script sets it from nvidia-smi, for sandboxes without /proc/driver).
 inline std::string nvidia_driver_version() {
   std::ifstream in("/proc/driver/nvidia/version");
   std::string word, prev;
@@ -19,7 +21,8 @@ inline std::string nvidia_driver_version() {
     if (prev == "Module" && !word.empty() && std::isdigit(static_cast<unsigned char>(word[0]))) return word;
     prev = word;
   }
-  return "unknown";
+  const char* env = std::getenv("KVQ_DRIVER");
+  return env && *env ? env : "unknown";
 }
 
 inline nlohmann::json gpu_run_info(const DeviceInfo& d) {

@@ -33,6 +33,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max
 # A tree without .git (shipped to a GPU machine) names its commit in KVQ_COMMIT.
 export KVQ_COMMIT=${KVQ_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 echo "commit $KVQ_COMMIT" >> "$OUT/gpu.txt"
+export KVQ_DRIVER=${KVQ_DRIVER:-$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)}
 nvcc --version | tail -n 2 >> "$OUT/gpu.txt"
 
 configure_and_build() {
