@@ -56,6 +56,10 @@ DumpInfo open_dump(const std::string& path);
 // batch_count < 0 means to the end. Values are converted exactly to fp32.
 KvLayer read_layer(const DumpInfo& info, size_t layer, int64_t batch_begin = 0, int64_t batch_count = -1);
 
+// Positions in info.layers of the layers whose index is in `indices` (all when it is empty);
+// throws DumpError when none matches.
+std::vector<size_t> select_layers(const DumpInfo& info, const std::vector<int>& indices);
+
 // Token ids [B, T]; throws DumpError when the file has none.
 std::vector<int32_t> read_tokens(const DumpInfo& info);
 

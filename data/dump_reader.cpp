@@ -330,6 +330,17 @@ KvLayer read_layer(const DumpInfo& info, size_t layer, int64_t batch_begin, int6
   return out;
 }
 
+std::vector<size_t> select_layers(const DumpInfo& info, const std::vector<int>& indices) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < info.layers.size(); ++i)
+    if (indices.empty() || std::find(indices.begin(), indices.end(), info.layers[i].index) != indices.end())
+      out.push_back(i);
+  if (out.empty())
+    throw DumpError(fmt::format("{}: none of the requested --layers [{}] exist (the dump has layers 0..{})", info.path,
+                                fmt::join(indices, ", "), info.layers.back().index));
+  return out;
+}
+
 std::vector<int32_t> read_tokens(const DumpInfo& info) {
   H5::Exception::dontPrint();
   const Reader r(info.path);

@@ -44,6 +44,7 @@ double write_tensor(H5Writer& f, const std::string& group, const QuantizedKv& q,
 int run(const QuantizeArgs& a) {
   const Scheme k_scheme = parse_scheme(a.k_scheme), v_scheme = parse_scheme(a.v_scheme);
   const DumpInfo info = open_dump(a.in);
+  const std::vector<size_t> layers = select_layers(info, a.layers);
   for (const LayerInfo& l : info.layers) {  // before the output file exists
     check_scheme_fits(k_scheme, static_cast<int>(l.head_dim));
     check_scheme_fits(v_scheme, static_cast<int>(l.head_dim));
@@ -57,19 +58,15 @@ int run(const QuantizeArgs& a) {
   f.set_attr("/", "k_scheme", to_string(k_scheme));
   f.set_attr("/", "v_scheme", to_string(v_scheme));
   fmt::print("{:>5}  {:<20} {:>8}  {:<20} {:>8}\n", "layer", "K scheme", "SQNR dB", "V scheme", "SQNR dB");
-  int written = 0;
-  for (size_t i = 0; i < info.layers.size(); ++i) {
+  for (size_t i : layers) {
     const int index = info.layers[i].index;
-    if (!a.layers.empty() && std::find(a.layers.begin(), a.layers.end(), index) == a.layers.end()) continue;
     const KvLayer layer = read_layer(info, i);
     const std::string group = "/layers/" + std::to_string(index);
     const std::string where = a.in + " layer " + std::to_string(index);
     const double ks = write_tensor(f, group + "/k", quantize(KvView::bnsh(layer.k.data(), layer.kv_shape), k_scheme, where + " K"), layer.k);
     const double vs = write_tensor(f, group + "/v", quantize(KvView::bnsh(layer.v.data(), layer.kv_shape), v_scheme, where + " V"), layer.v);
     fmt::print("{:>5}  {:<20} {:>8.2f}  {:<20} {:>8.2f}\n", index, to_string(k_scheme), ks, to_string(v_scheme), vs);
-    ++written;
   }
-  if (written == 0) throw InputError(fmt::format("{}: none of the requested --layers exist", a.in));
   f.close();
   fmt::print("wrote {}\n", a.out);
   return 0;

@@ -60,14 +60,10 @@ int run(const SweepArgs& a) {
       notes.push_back(fmt::format("note: {} has layers without decode queries (q): their attention metrics need Q; "
                                   "they get reconstruction metrics only", path));
     nlohmann::json used = nlohmann::json::array();
-    for (size_t i = 0; i < info.layers.size(); ++i) {
-      if (!a.layers.empty() && std::find(a.layers.begin(), a.layers.end(), info.layers[i].index) == a.layers.end())
-        continue;
+    for (size_t i : select_layers(info, a.layers)) {
       sweep_one(read_layer(info, i));  // one layer in memory at a time
       used.push_back(info.layers[i].index);
     }
-    if (used.empty())
-      throw InputError(fmt::format("{}: none of the requested --layers exist (the dump has {} layers)", path, info.layers.size()));
     sources.push_back({{"file", path}, {"source", info.source}, {"rope", info.rope}, {"layers", used.dump()}});
   }
   progress("");

@@ -41,4 +41,20 @@ __device__ __forceinline__ float load_param(const void* array, int64_t g, ScaleD
                                  : static_cast<const float*>(array)[g];
 }
 
+// Merges the stats of `lanes` neighbouring lanes (a power of two dividing 32) with GroupStats' own
+// order, so signed zeros resolve as on the CPU; only what the scheme's params read is exchanged.
+__device__ __forceinline__ GroupStats shuffle_merge(GroupStats st, int lanes, bool asymmetric) {
+  for (int offset = 1; offset < lanes; offset <<= 1) {
+    GroupStats other;
+    if (asymmetric) {
+      other.lo_key = __shfl_xor_sync(0xffffffffu, st.lo_key, offset);
+      other.hi_key = __shfl_xor_sync(0xffffffffu, st.hi_key, offset);
+    } else {
+      other.amax = __shfl_xor_sync(0xffffffffu, st.amax, offset);
+    }
+    st.merge(other);
+  }
+  return st;
+}
+
 }  // namespace kvq::detail

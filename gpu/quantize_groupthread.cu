@@ -83,16 +83,7 @@ __global__ void __launch_bounds__(kThreads) groupthread_kernel(QuantizeParams p)
         st.add(x);
       }
     }
-    for (int offset = 1; offset < parts; offset <<= 1) {  // merge the group's segments, as GroupStats orders
-      GroupStats other;
-      if (ASYM) {
-        other.lo_key = __shfl_xor_sync(0xffffffffu, st.lo_key, offset);
-        other.hi_key = __shfl_xor_sync(0xffffffffu, st.hi_key, offset);
-      } else {
-        other.amax = __shfl_xor_sync(0xffffffffu, st.amax, offset);
-      }
-      st.merge(other);
-    }
+    st = detail::shuffle_merge(st, parts, ASYM);  // the group's segments
     if (!active) continue;
     if (!finite) {  // rare: report this segment's first bad element (flat index r*D + d)
       for (int d = seg - 1; d >= 0; --d)

@@ -55,21 +55,6 @@ struct LaneWords {
   }
 };
 
-// Merges the stats of `lanes` neighbouring lanes; only what the scheme's params read is exchanged.
-__device__ __forceinline__ GroupStats shuffle_merge(GroupStats st, int lanes, bool asymmetric) {
-  for (int offset = 1; offset < lanes; offset <<= 1) {
-    GroupStats other;  // merged with GroupStats' own order, so signed zeros resolve as on the CPU
-    if (asymmetric) {
-      other.lo_key = __shfl_xor_sync(0xffffffffu, st.lo_key, offset);
-      other.hi_key = __shfl_xor_sync(0xffffffffu, st.hi_key, offset);
-    } else {
-      other.amax = __shfl_xor_sync(0xffffffffu, st.amax, offset);
-    }
-    st.merge(other);
-  }
-  return st;
-}
-
 struct RowIndex {
   int64_t b, h, t;
 };
@@ -165,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) rowwarp_kernel(QuantizeParams p) {
         GroupStats st;
 #pragma unroll
         for (int e = 0; e < EPL; ++e) st.add(x[e]);  // a non-finite input fails the call anyway
-        st = shuffle_merge(st, G / EPL, ASYM);
+        st = detail::shuffle_merge(st, G / EPL, ASYM);
         const GroupParams gp = group_params(st, scheme);
         const int group_in_row = lane * EPL / G;
         if ((lane * EPL) % G == 0) store_group_params(p, r * groups_per_row + group_in_row, gp, row_out, group_in_row);

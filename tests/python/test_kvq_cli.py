@@ -96,7 +96,7 @@ def test_reference_options_change_the_result(tmp_path):
     (["sweep", BUNDLED, "--k", "int5-head"], 3, "kvq: error: unknown scheme 'int5-head': bits 'int5' must be int8 or int4"),
     (["quantize", BUNDLED, "--k", "int8-head"], 2, "--v is required"),
     (["sweep", "/nonexistent.h5"], 2, "File does not exist"),
-    (["sweep", BUNDLED, "--layers", "9"], 3, "none of the requested --layers exist"),
+    (["sweep", BUNDLED, "--layers", "9"], 3, "none of the requested --layers [9] exist (the dump has layers 0..4)"),
     (["recommend", BUNDLED, "--max-rel-l2", "0.1"], 3, f"kvq: error: {BUNDLED}: line "),
     (["frobnicate"], 2, ""),
 ])
