@@ -58,31 +58,33 @@ __global__ void __launch_bounds__(kThreads) groupthread_kernel(QuantizeParams p)
   const Storage* input = static_cast<const Storage*>(p.input);
 
   const int parts = G > kSegment ? G / kSegment : 1;  // lanes per group: 1, 2, 4 or 8
+  const int parts_log2 = __ffs(parts) - 1;
   const int seg = G / parts;
+  // Row and group of a segment: shifts when the counts are powers of two (the usual D and G),
+  // because 64-bit division costs more than quantizing several elements.
+  const bool pow2_row = (groups_per_row & (groups_per_row - 1)) == 0;
+  const int row_log2 = __ffsll(groups_per_row) - 1;
   const int lane = threadIdx.x & 31;
   const int64_t total = groups * parts, stride = int64_t(gridDim.x) * blockDim.x;
   // The loop test is uniform across the warp (its first index), so every lane reaches the shuffles.
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i - lane < total; i += stride) {
     const bool active = i < total;
-    const int64_t g = active ? i / parts : 0, part = i % parts;
-    const int64_t r = g / groups_per_row, gi = g % groups_per_row, d0 = gi * G + part * seg;
+    const int64_t g = active ? i >> parts_log2 : 0, part = i & (parts - 1);
+    const int64_t r = pow2_row ? g >> row_log2 : g / groups_per_row;
+    const int64_t gi = pow2_row ? g & (groups_per_row - 1) : g % groups_per_row, d0 = gi * G + part * seg;
     int64_t b = 0, h = 0, t = 0;
     if (!contiguous || fbgemm) b = r / (s.tokens * s.heads), h = (r / s.tokens) % s.heads, t = r % s.tokens;
     const Storage* src = input + (contiguous ? r * D : detail::element_offset(p, b, h, t, 0)) + d0;
     const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0;
 
     GroupStats st;
-    bool finite = true;
     for (int c = 0; active && c < seg; c += kChunk) {
       Chunk<Storage> chunk;
       chunk.load(src + c, aligned);
 #pragma unroll
-      for (int e = 0; e < kChunk; ++e) {
-        const float x = element<Storage, DT>(chunk, e);
-        finite &= is_finite_float(x);
-        st.add(x);
-      }
+      for (int e = 0; e < kChunk; ++e) st.add(element<Storage, DT>(chunk, e));
     }
+    const bool finite = st.all_finite(ASYM);  // before the merge: this lane's own segment
     st = detail::shuffle_merge(st, parts, ASYM);  // the group's segments
     if (!active) continue;
     if (!finite) {  // rare: report this segment's first bad element (flat index r*D + d)

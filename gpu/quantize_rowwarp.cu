@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kThreads) rowwarp_kernel(QuantizeParams p) {
 #pragma unroll
       for (int e = 0; e < EPL; ++e) {
         x[e] = raw[k].element(e, p.in_dtype);
-        finite &= is_finite_float(x[e]);
+        finite &= is_finite_float(x[e]);  // rowwarp keeps the per-element test: its groups may span lanes
       }
       if (!finite) {  // rare: find this lane's first bad element (flat [B,H,T,D] index = r*D + d)
         for (int e = EPL - 1; e >= 0; --e)

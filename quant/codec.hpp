@@ -27,7 +27,7 @@ struct GroupParams {
 struct GroupStats {
   int32_t lo_key = 0x7f800000;                      // key of +inf: nothing seen yet
   int32_t hi_key = static_cast<int32_t>(0x807fffffu);  // key of -inf
-  float amax = 0.0f;                                // max |x|
+  float amax = 0.0f;                                // max |x|; NaN if any x is NaN
 
   KVQ_HD static int32_t key_of(float x) {
     const int32_t b = static_cast<int32_t>(float_bits(x));
@@ -36,16 +36,27 @@ struct GroupStats {
   KVQ_HD static float value_of(int32_t k) { return bits_float(static_cast<uint32_t>(k ^ ((k >> 31) & 0x7fffffff))); }
   KVQ_HD float lo() const { return value_of(lo_key); }  // min x
   KVQ_HD float hi() const { return value_of(hi_key); }  // max x
+  // |x| compared as magnitude bits: the same order as the floats, and NaN sorts above +inf, so a
+  // non-finite element always shows in the stats (all_finite()) without a test per element.
+  KVQ_HD static float max_magnitude(float a, float b) {
+    const uint32_t ma = float_bits(a) & 0x7fffffffu, mb = float_bits(b) & 0x7fffffffu;
+    return bits_float(ma > mb ? ma : mb);
+  }
   KVQ_HD void add(float x) {
     const int32_t k = key_of(x);
     lo_key = k < lo_key ? k : lo_key;
     hi_key = k > hi_key ? k : hi_key;
-    amax = fmaxf(amax, fabsf(x));
+    amax = max_magnitude(amax, x);
   }
   KVQ_HD void merge(const GroupStats& o) {
     lo_key = o.lo_key < lo_key ? o.lo_key : lo_key;
     hi_key = o.hi_key > hi_key ? o.hi_key : hi_key;
-    amax = fmaxf(amax, o.amax);
+    amax = max_magnitude(amax, o.amax);
+  }
+  // False when an element was inf or NaN (symmetric schemes read amax, asymmetric lo and hi).
+  KVQ_HD bool all_finite(bool asymmetric) const {
+    return asymmetric ? lo_key > static_cast<int32_t>(0x807fffffu) && hi_key < 0x7f800000
+                      : (float_bits(amax) & 0x7fffffffu) < 0x7f800000u;
   }
 };
 

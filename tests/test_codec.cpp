@@ -211,6 +211,26 @@ TEST_CASE("properties over random groups: codes in range and bounded error") {
   }
 }
 
+TEST_CASE("group statistics expose any non-finite element") {
+  for (bool asym : {false, true}) {
+    CAPTURE(asym);
+    GroupStats ok;
+    for (float x : {1.0f, -3.0f, 65504.0f, -0.0f}) ok.add(x);
+    CHECK(ok.all_finite(asym));
+    for (float bad : {NAN, -NAN, INFINITY, -INFINITY}) {
+      CAPTURE(bad);
+      GroupStats st = ok;
+      st.add(bad);
+      st.add(2.0f);  // a later finite value does not hide it
+      if (asym && bad == INFINITY) CHECK(!st.all_finite(true));
+      CHECK(!st.all_finite(asym));
+      GroupStats merged;
+      merged.merge(st);
+      CHECK(!merged.all_finite(asym));
+    }
+  }
+}
+
 TEST_CASE("non-finite values are detected by the codec's finiteness test") {
   CHECK(!is_finite_float(NAN));
   CHECK(!is_finite_float(INFINITY));
