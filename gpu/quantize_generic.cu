@@ -87,9 +87,8 @@ __global__ void params_kernel(QuantizeParams p, int64_t groups) {
 
 __device__ __forceinline__ int encode_at(const QuantizeParams& p, int64_t b, int64_t h, int64_t t, int64_t d) {
   const int64_t g = group_of(p.scheme, p.shape, b, h, t, d);
-  GroupParams gp;
-  gp.scale = detail::load_param(p.scales, g, p.scheme.scale_dtype);
-  gp.zero = p.scheme.asymmetric ? detail::load_param(p.zeros, g, p.scheme.scale_dtype) : 0.0f;
+  const GroupParams gp = stored_params(detail::load_param(p.scales, g, p.scheme.scale_dtype),
+                                      p.scheme.asymmetric ? detail::load_param(p.zeros, g, p.scheme.scale_dtype) : 0.0f);
   return encode(detail::load_as_float(p.input, p.in_dtype, detail::element_offset(p, b, h, t, d)), gp, p.scheme);
 }
 

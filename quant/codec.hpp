@@ -17,6 +17,7 @@ struct GroupParams {
   float scale = 0.0f;
   float zero = 0.0f;
   bool overflow = false;
+  float inv_scale = INFINITY;  // fl(1 / scale): lets encode() skip most divisions, exactly
 };
 
 // Statistics of one group that the parameters derive from. min and max are kept as order keys:
@@ -90,6 +91,18 @@ KVQ_HD float round_half_even(float x) {
 #endif
 }
 
+// nearbyint(fl(v / s)) without the division in almost every case. y = fl(v * fl(1/s)) is within
+// |y| 2^-22 of fl(v / s) (three roundings of at most 2^-24 each), so when y is farther than
+// |y| 2^-21 from every half-integer both round to the same integer; otherwise (ties, overflow,
+// NaN: the comparison fails) the IEEE division decides. y - nearbyint(y) is exact (Sterbenz).
+KVQ_HD float divide_and_round(float v, float s, float inv_s) {
+  const float y = v * inv_s;
+  const float r = round_half_even(y);
+  const float distance_to_tie = fabsf(fabsf(y - r) - 0.5f);
+  if (distance_to_tie > fabsf(y) * 0x1p-21f) return r;
+  return round_half_even(ieee_div(v, s));
+}
+
 KVQ_HD float fused_multiply_add(float a, float b, float c) {
 #if defined(__CUDA_ARCH__)
   return __fmaf_rn(a, b, c);
@@ -111,13 +124,14 @@ KVQ_HD GroupParams symmetric_params(float amax, const Scheme& s) {
   const float rounded = round_to_scale_dtype(ieee_div(amax, static_cast<float>(s.qmax())), s.scale_dtype);
   const float minpos = min_positive_scale(s.scale_dtype);
   p.scale = rounded > minpos ? rounded : minpos;
+  p.inv_scale = ieee_div(1.0f, p.scale);
   p.overflow = !is_finite_float(p.scale);
   return p;
 }
 
-// A zero scale gives code 0; computed branch-free (the quotient is then discarded).
-KVQ_HD int encode_symmetric(float x, float scale, int qmax) {
-  const int q = clamp_code(round_half_even(ieee_div(x, scale)), -qmax, qmax);
+// A zero scale gives code 0 (the quotient is then discarded). inv_scale = fl(1 / scale).
+KVQ_HD int encode_symmetric(float x, float scale, float inv_scale, int qmax) {
+  const int q = clamp_code(divide_and_round(x, scale, inv_scale), -qmax, qmax);
   return scale == 0.0f ? 0 : q;
 }
 
@@ -132,13 +146,14 @@ KVQ_HD GroupParams asymmetric_params(float lo, float hi, const Scheme& s) {
     const float rounded = round_to_scale_dtype(range, s.scale_dtype);
     const float minpos = min_positive_scale(s.scale_dtype);
     p.scale = rounded > minpos ? rounded : minpos;
+    p.inv_scale = ieee_div(1.0f, p.scale);
   }
   p.overflow = !is_finite_float(p.scale) || !is_finite_float(p.zero);
   return p;
 }
 
-KVQ_HD int encode_asymmetric(float x, float scale, float zero, int levels) {
-  const int q = clamp_code(round_half_even(ieee_div(x - zero, scale)), 0, levels);
+KVQ_HD int encode_asymmetric(float x, float scale, float inv_scale, float zero, int levels) {
+  const int q = clamp_code(divide_and_round(x - zero, scale, inv_scale), 0, levels);
   return scale == 0.0f ? 0 : q;
 }
 
@@ -147,13 +162,22 @@ KVQ_HD float decode_asymmetric(int q, float scale, float zero) {
 }
 
 // ---- scheme-level dispatch -------------------------------------------------------------------
+// Parameters as stored (e.g. read back from a scale array), ready for encode().
+KVQ_HD GroupParams stored_params(float scale, float zero) {
+  GroupParams p;
+  p.scale = scale;
+  p.zero = zero;
+  p.inv_scale = ieee_div(1.0f, scale);
+  return p;
+}
+
 KVQ_HD GroupParams group_params(const GroupStats& st, const Scheme& s) {
   return s.asymmetric ? asymmetric_params(st.lo(), st.hi(), s) : symmetric_params(st.amax, s);
 }
 
 KVQ_HD int encode(float x, const GroupParams& p, const Scheme& s) {
-  return s.asymmetric ? encode_asymmetric(x, p.scale, p.zero, s.levels())
-                      : encode_symmetric(x, p.scale, s.qmax());
+  return s.asymmetric ? encode_asymmetric(x, p.scale, p.inv_scale, p.zero, s.levels())
+                      : encode_symmetric(x, p.scale, p.inv_scale, s.qmax());
 }
 
 KVQ_HD float decode(int q, const GroupParams& p, const Scheme& s) {

@@ -44,7 +44,7 @@ struct QuantizedKv {
     return nibble_to_code(d % 2 ? byte >> 4 : byte, scheme.asymmetric);
   }
   GroupParams params(int64_t group) const {
-    return {scales[group], scheme.asymmetric ? zeros[group] : 0.0f, false};
+    return stored_params(scales[group], scheme.asymmetric ? zeros[group] : 0.0f);
   }
 };
 

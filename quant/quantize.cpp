@@ -98,8 +98,9 @@ QuantizedKv quantize(const KvView& x, const Scheme& scheme, const std::string& t
   const int64_t n = static_cast<int64_t>(stats.size());
   q.scales.resize(n);
   if (scheme.asymmetric) q.zeros.resize(n);
+  std::vector<GroupParams> params(static_cast<size_t>(n));
   for (int64_t g = 0; g < n; ++g) {
-    const GroupParams p = group_params(stats[g], scheme);
+    const GroupParams p = params[g] = group_params(stats[g], scheme);
     if (p.overflow) throw InputError(overflow_message(tensor_name, scheme, g, group_box(scheme, s, g), stats[g]));
     q.scales[g] = p.scale;
     if (scheme.asymmetric) q.zeros[g] = p.zero;
@@ -112,7 +113,7 @@ QuantizedKv quantize(const KvView& x, const Scheme& scheme, const std::string& t
     const int64_t b = r / (s.heads * s.tokens), h = (r / s.tokens) % s.heads, t = r % s.tokens;
     const float* in = x.row(b, h, t);
     uint8_t* out = q.codes.data() + r * row_bytes;
-    auto code_at = [&](int64_t d) { return encode(in[d], q.params(group_of(scheme, s, b, h, t, d)), scheme); };
+    auto code_at = [&](int64_t d) { return encode(in[d], params[group_of(scheme, s, b, h, t, d)], scheme); };
     if (scheme.bits == 8) {
       for (int64_t d = 0; d < s.head_dim; ++d) out[d] = code_to_byte(code_at(d));
     } else {

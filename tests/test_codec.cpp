@@ -144,11 +144,11 @@ TEST_CASE("special values") {
   }
   SUBCASE("codes are clamped, never wrapped") {
     const Scheme s = parse_scheme("int4-head");
-    CHECK(encode_symmetric(1e30f, 1.0f, s.qmax()) == 7);
-    CHECK(encode_symmetric(-1e30f, 1.0f, s.qmax()) == -7);
-    CHECK(encode_asymmetric(-5.0f, 1.0f, 0.0f, 15) == 0);
-    CHECK(encode_asymmetric(300.0f, 1.0f, 0.0f, 15) == 15);
-    CHECK(encode_asymmetric(1e30f, 1.0f, 0.0f, 255) == 255);
+    CHECK(encode_symmetric(1e30f, 1.0f, 1.0f, s.qmax()) == 7);
+    CHECK(encode_symmetric(-1e30f, 1.0f, 1.0f, s.qmax()) == -7);
+    CHECK(encode_asymmetric(-5.0f, 1.0f, 1.0f, 0.0f, 15) == 0);
+    CHECK(encode_asymmetric(300.0f, 1.0f, 1.0f, 0.0f, 15) == 15);
+    CHECK(encode_asymmetric(1e30f, 1.0f, 1.0f, 0.0f, 255) == 255);
   }
 }
 
@@ -209,6 +209,28 @@ TEST_CASE("properties over random groups: codes in range and bounded error") {
       }
     }
   }
+}
+
+TEST_CASE("divide_and_round equals nearbyint of the IEEE quotient, ties and extremes included") {
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<uint32_t> bits;
+  std::uniform_int_distribution<int> code(-300, 300);
+  int64_t checked = 0;
+  for (int i = 0; i < 2'000'000; ++i) {
+    // Scales as the codec makes them (fp16 values) and some fp32 ones; values on, near and away
+    // from the half-steps k*s + s/2, where the reciprocal shortcut must give way to the division.
+    const float s = i % 3 ? round_to_fp16(std::ldexp(1.0f + (bits(rng) % 1024) / 1024.0f, int(bits(rng) % 40) - 24))
+                          : bits_float((bits(rng) % 0x7e000000u) + 0x00800000u);
+    const float inv = ieee_div(1.0f, s);
+    const float tie = (static_cast<float>(code(rng)) + 0.5f) * s;
+    for (float v : {tie, std::nextafter(tie, INFINITY), std::nextafter(tie, -INFINITY),
+                    static_cast<float>(code(rng)) * s, bits_float(bits(rng))}) {
+      if (!is_finite_float(v)) continue;
+      REQUIRE(float_bits(divide_and_round(v, s, inv)) == float_bits(round_half_even(ieee_div(v, s))));
+      ++checked;
+    }
+  }
+  CHECK(checked > 9'000'000);
 }
 
 TEST_CASE("group statistics expose any non-finite element") {
