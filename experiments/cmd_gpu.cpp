@@ -9,6 +9,7 @@
 #include "experiments/gpu_run_info.hpp"
 #include "experiments/results_writer.hpp"
 #include "experiments/validate_quantize.hpp"
+#include "gpu/float_formats_check.hpp"
 #include "gpu/timing.hpp"
 
 namespace kvq {
@@ -57,6 +58,16 @@ int run_validate(const ValidateArgs& a) {
   fmt::print("kvq validate on {} ({} SMs, CUDA driver {}), commit {}\n", dev.name, dev.sm_count, dev.driver_string(), kvq_commit());
   nlohmann::json cases = nlohmann::json::array(), summary = nlohmann::json::array();
   int failed_total = 0;
+  {  // the codec's fp16 rounding on the GPU (hardware conversion) against its integer definition
+    const Fp16CheckResult f = check_fp16_conversions();
+    const std::string detail =
+        f.ok() ? "all 2^32 fp32 and 2^16 fp16 patterns identical"
+               : fmt::format("{} fp32->fp16 mismatches (first bits {:#010x}), {} fp16->fp32 (first {:#06x})",
+                             f.to_fp16_mismatches, f.first_fp32_bits, f.to_fp32_mismatches, f.first_fp16_bits);
+    fmt::print("{} codec fp16 conversions on the device: {}\n", f.ok() ? "[OK]  " : "[FAIL]", detail);
+    cases.push_back({{"variant", "codec"}, {"case", "fp16 conversions exhaustive"}, {"ok", f.ok()}, {"detail", detail}});
+    failed_total += f.ok() ? 0 : 1;
+  }
   for (const QuantizeVariant* v : variants) {
     int ok = 0, failed = 0;
     int64_t values = 0;

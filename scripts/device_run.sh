@@ -72,7 +72,7 @@ fi
 
 {
   echo "== $(head -n 2 "$OUT/gpu.txt" | tail -n 1)"
-  grep -E "^\[(OK|FAIL)\] +quantize-[a-z]+:|^\[TIME\]" "$logs/validate.log"
+  grep -E "^\[(OK|FAIL)\] +(quantize-[a-z]+:|codec)|^\[TIME\]" "$logs/validate.log"
   grep -E "SUMMARY" "$logs/sanitizers.log" | sed 's/^/compute-sanitizer: /'
   echo
   sed -n '/device-to-device copy/,$p' "$logs/bench_quantize.log"

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include "experiments/validate_quantize.hpp"
+#include "gpu/float_formats_check.hpp"
 #include "gpu/timing.hpp"
 #include "quant/quantize.hpp"
 
@@ -13,6 +14,12 @@ TEST_CASE("device probe reports a real device") {
   CHECK(d.sm_count > 0);
   CHECK(d.l2_bytes > 0);
   CHECK(d.driver_version >= d.runtime_version / 1000 * 1000);
+}
+
+TEST_CASE("the device's fp16 conversions equal the codec's integer definition for every pattern") {
+  const Fp16CheckResult r = check_fp16_conversions();
+  CHECK(r.to_fp16_mismatches == 0);
+  CHECK(r.to_fp32_mismatches == 0);
 }
 
 TEST_CASE("device buffers round-trip and poison") {
