@@ -156,7 +156,12 @@ void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream) {
   if (groups == 0) return;
   const int64_t G = p.scheme.granularity == Granularity::kHead ? p.shape.head_dim : p.scheme.group;
   const int64_t threads = groups * (G > kSegment ? G / kSegment : 1);
-  const int blocks = static_cast<int>(std::min<int64_t>((threads + kThreads - 1) / kThreads, 1 << 20));
+  // A grid of a few resident waves that strides over the segments: per-thread set-up and block
+  // launches are paid once per thread, not once per segment.
+  int device = 0, sms = 0;
+  KVQ_CUDA_CHECK(cudaGetDevice(&device));
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int blocks = static_cast<int>(std::min<int64_t>((threads + kThreads - 1) / kThreads, int64_t(sms) * 5 * 8));
   switch (p.in_dtype) {
     case InputDtype::kFp32: launch_typed<float, InputDtype::kFp32>(p, stream, blocks); break;
     case InputDtype::kFp16: launch_typed<uint16_t, InputDtype::kFp16>(p, stream, blocks); break;
