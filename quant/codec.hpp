@@ -17,7 +17,7 @@ struct GroupParams {
   float scale = 0.0f;
   float zero = 0.0f;
   bool overflow = false;
-  float inv_scale = INFINITY;  // fl(1 / scale): lets encode() skip most divisions, exactly
+  float inv_scale = INFINITY;  // fl(1 / scale): lets encode() skip most divisions; INFINITY: always divide
 };
 
 // Statistics of one group that the parameters derive from. min and max are kept as order keys:

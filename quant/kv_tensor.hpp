@@ -43,8 +43,13 @@ struct QuantizedKv {
     const uint8_t byte = codes[row * (shape.head_dim / 2) + d / 2];
     return nibble_to_code(d % 2 ? byte >> 4 : byte, scheme.asymmetric);
   }
+  // Scale and zero point of a group, for decode(). No reciprocal is computed (that would put a
+  // division per element into dequantize); encode() with these params divides instead, exactly.
   GroupParams params(int64_t group) const {
-    return stored_params(scales[group], scheme.asymmetric ? zeros[group] : 0.0f);
+    GroupParams p;
+    p.scale = scales[group];
+    p.zero = scheme.asymmetric ? zeros[group] : 0.0f;
+    return p;
   }
 };
 
