@@ -8,7 +8,7 @@
 #include "data/h5_writer.hpp"
 #include "experiments/commands.hpp"
 #include "experiments/run_info.hpp"
-#include "reference/attention.hpp"
+#include "experiments/sweep.hpp"
 
 namespace kvq {
 namespace {
@@ -35,13 +35,7 @@ int run(const ReferenceArgs& a) {
   for (size_t i : layers) {
     const int index = info.layers[i].index;
     const KvLayer layer = read_layer(info, i);
-    AttentionProblem p;
-    p.batch = layer.q_shape.batch, p.q_heads = layer.q_shape.heads, p.kv_heads = layer.kv_shape.heads;
-    p.q_len = layer.q_shape.tokens, p.head_dim = layer.kv_shape.head_dim;
-    p.q = layer.q.data();
-    p.k = KvView::bnsh(layer.k.data(), layer.kv_shape);
-    p.v = KvView::bnsh(layer.v.data(), layer.kv_shape);
-    p.seq_lens = layer.seq_lens.data();
+    AttentionProblem p = attention_problem(layer, layer.k, layer.v);
     p.alibi = a.alibi || layer.alibi;
     p.softmax_scale = a.scale != 0.0 ? a.scale : layer.softmax_scale;
     const AttentionOutput out = attention(p);

@@ -31,9 +31,7 @@ std::vector<SchemePair> default_pairs(int64_t head_dim) {
   return pairs;
 }
 
-namespace {
-
-AttentionProblem problem_for(const KvLayer& layer, const std::vector<float>& k, const std::vector<float>& v) {
+AttentionProblem attention_problem(const KvLayer& layer, const std::vector<float>& k, const std::vector<float>& v) {
   AttentionProblem p;
   p.batch = layer.q_shape.batch;
   p.q_heads = layer.q_shape.heads;
@@ -48,6 +46,8 @@ AttentionProblem problem_for(const KvLayer& layer, const std::vector<float>& k, 
   p.alibi = layer.alibi;
   return p;
 }
+
+namespace {
 
 // Dequantized tensors, one per distinct scheme, with their reconstruction error.
 struct Reconstruction {
@@ -78,7 +78,7 @@ std::vector<SweepRow> sweep_layer(const KvLayer& layer, const std::vector<Scheme
   const std::string where = layer.source + " layer " + std::to_string(layer.layer);
   std::vector<double> ref_probs;
   AttentionOutput ref;
-  if (layer.has_queries()) ref = attention(problem_for(layer, layer.k, layer.v), {}, {}, &ref_probs);
+  if (layer.has_queries()) ref = attention(attention_problem(layer, layer.k, layer.v), {}, {}, &ref_probs);
 
   std::map<std::string, Reconstruction> k_cache, v_cache;
   std::vector<SweepRow> rows;
@@ -101,7 +101,7 @@ std::vector<SweepRow> sweep_layer(const KvLayer& layer, const std::vector<Scheme
     row.v_group_elems = elements_per_group(pair.v, layer.kv_shape);
     if (layer.has_queries()) {
       std::vector<double> probs;
-      const AttentionOutput out = attention(problem_for(layer, k.values, v.values), {}, {}, &probs);
+      const AttentionOutput out = attention(attention_problem(layer, k.values, v.values), {}, {}, &probs);
       row.has_attention = true;
       row.heads = head_errors(out.o, ref.o, layer.q_shape.tokens * layer.q_shape.head_dim);
       row.output = summarize(row.heads);

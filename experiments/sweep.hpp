@@ -7,9 +7,14 @@
 #include <vector>
 
 #include "data/kv_layer.hpp"
+#include "reference/attention.hpp"
 #include "reference/metrics.hpp"
 
 namespace kvq {
+
+// The layer's decode queries against K/V `k` and `v` (the layer's own, or a dequantized copy),
+// with the layer's softmax scale, ALiBi flag and sequence lengths.
+AttentionProblem attention_problem(const KvLayer& layer, const std::vector<float>& k, const std::vector<float>& v);
 
 struct SchemePair {
   Scheme k, v;
