@@ -2,8 +2,9 @@
 """Times the peers a kvq decode kernel is compared with: PyTorch scaled_dot_product_attention with
 the cuDNN and FlashAttention-2 backends, bf16, decode (one query per sequence), GQA native, on the
 DESIGN.md shapes, the way DESIGN.md prescribes: CUDA events around CUDA-graph replays, rotating
-input sets totalling >= 4x L2, warm-up, median / p10 / p90 of >= 30 replays, and a device-to-device
-copy measured in the same process.
+input sets totalling >= 4x L2 (several calls per graph, so the graph launch is amortized, as in
+`kvq bench`), warm-up, median / p10 / p90 of >= 30 replays, and a device-to-device copy measured in
+the same process. The CSV has `kvq bench`'s schema; `kvq bench --peers` puts the rows beside its own.
 
     python3 experiments/bench_peers.py --out results/peers/peers.csv [--commit HASH]
 
@@ -12,6 +13,7 @@ Needs a CUDA GPU and torch (the GPU machine's image has it).
 import argparse
 import csv
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -35,18 +37,21 @@ def percentile(values, q):
     return v[lo] + (pos - lo) * (v[hi] - v[lo])
 
 
-def time_graphs(make_call, sets, reps, warmup=5):
-    """make_call(i) returns a no-argument function enqueueing the work for input set i."""
+def time_graphs(make_call, sets, reps, warmup=5, calls_per_graph=1):
+    """make_call(i) returns a no-argument function enqueueing the work for input set i. Graph g
+    captures calls on sets g, g+1, ...; the times returned are per call."""
     stream = torch.cuda.Stream()
     graphs = []
+    calls = [make_call(i) for i in range(sets)]
     with torch.cuda.stream(stream):
-        for i in range(sets):
-            call = make_call(i)
+        for call in calls:
             call()  # warm-up outside the capture (kernel selection, workspace)
-            torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        for i in range(sets):
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, stream=stream):
-                call()
+                for c in range(calls_per_graph):
+                    calls[(i + c) % sets]()
             graphs.append(g)
     for i in range(warmup):
         graphs[i % sets].replay()
@@ -58,7 +63,7 @@ def time_graphs(make_call, sets, reps, warmup=5):
         graphs[i % sets].replay()
         stop.record()
         stop.synchronize()
-        us.append(start.elapsed_time(stop) * 1e3)
+        us.append(start.elapsed_time(stop) * 1e3 / calls_per_graph)
     return us
 
 
@@ -82,6 +87,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/peers/peers.csv")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--calls-per-graph", type=int, default=8)
+    ap.add_argument("--shapes", default=".", help="regex over shape names")
     ap.add_argument("--commit", default=os.environ.get("KVQ_COMMIT", "unknown"))
     ap.add_argument("--reference", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "peers",
                                                         "peers_h100.csv"), help="earlier peer figures to compare with")
@@ -102,6 +109,8 @@ def main():
           f"{'KV GB/s':>9}{'% copy':>8}{'ref us':>8}")
     rows = []
     for name, B, hq, hkv, T, D in SHAPES:
+        if not re.search(args.shapes, name):
+            continue
         kv_bytes = 2 * B * hkv * T * D * 2
         set_bytes = kv_bytes + 2 * B * hq * D * 2
         sets = max(1, -(-4 * l2 // set_bytes))
@@ -119,7 +128,7 @@ def main():
                         return F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv)
                 return call
             try:
-                us = time_graphs(make_call, sets, args.reps)
+                us = time_graphs(make_call, sets, args.reps, calls_per_graph=args.calls_per_graph)
             except RuntimeError as e:  # a backend that does not take the shape: say so, go on
                 print(f"{name:<10}{B:>5}{hq:>4}{hkv:>4}{T:>7}  {peer:<7} not supported: {str(e).splitlines()[0][:60]}")
                 continue
@@ -129,11 +138,16 @@ def main():
             print(f"{name:<10}{B:>5}{hq:>4}{hkv:>4}{T:>7}  {peer:<7}{med:>10.1f}{percentile(us, 0.1):>9.1f}"
                   f"{percentile(us, 0.9):>9.1f}{kv_gbps:>9.0f}{100 * kv_gbps / copy:>7.1f}%"
                   f"{ref if ref is not None else float('nan'):>8.1f}", flush=True)
-            rows.append({"shape": name, "B": B, "HQ": hq, "HKV": hkv, "T": T, "D": D, "peer": peer,
+            cudnn = next((float(r["median_us"]) for r in rows
+                          if (r["shape"], r["B"], r["T"], r["kernel"]) == (name, B, T, "cudnn")), None)
+            rows.append({"shape": name, "B": B, "HQ": hq, "HKV": hkv, "T": T, "D": D, "kernel": peer,
+                         "k_scheme": "bf16", "v_scheme": "bf16", "splits": "", "heads_per_cta": "",
                          "median_us": f"{med:.3f}", "p10_us": f"{percentile(us, 0.1):.3f}",
-                         "p90_us": f"{percentile(us, 0.9):.3f}", "reps": len(us), "input_sets": sets,
-                         "kv_GBps": f"{kv_gbps:.1f}", "copy_GBps": f"{copy:.1f}", "gpu": props.name,
-                         "driver": driver_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+                         "p90_us": f"{percentile(us, 0.9):.3f}", "reps": len(us),
+                         "calls_per_graph": args.calls_per_graph, "input_sets": sets, "bytes": set_bytes,
+                         "GBps": f"{set_bytes / (med * 1e3):.1f}", "pct_of_read": "", "read_GBps": "",
+                         "copy_GBps": f"{copy:.1f}", "vs_cudnn": f"{med / cudnn:.3f}" if cudnn else "",
+                         "gpu": props.name, "driver": driver_version(), "cuda": torch.version.cuda,
                          "commit": args.commit})
         del data
         torch.cuda.empty_cache()

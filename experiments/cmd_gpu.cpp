@@ -8,6 +8,7 @@
 #include "experiments/commands.hpp"
 #include "experiments/gpu_run_info.hpp"
 #include "experiments/results_writer.hpp"
+#include "experiments/validate_decode.hpp"
 #include "experiments/validate_quantize.hpp"
 #include "gpu/float_formats_check.hpp"
 #include "gpu/timing.hpp"
@@ -20,6 +21,10 @@ int run_variants() {
   for (const QuantizeVariant& v : quantize_variants())
     fmt::print("  {}{}\n      how:      {}\n      supports: {}\n", v.name, v.incumbent ? "  [incumbent]" : "", v.summary,
                v.supports);
+  fmt::print("decode variants (gpu/registry.cpp; one kernel template, gpu/decode_kernel.cuh)\n");
+  for (const DecodeVariant& v : decode_variants())
+    fmt::print("  {}{}{}\n      how:      {}\n      supports: {}\n", v.name, v.incumbent ? "  [incumbent]" : "",
+               &v == &default_decode_variant() ? "  [default]" : "", v.summary, v.supports);
   return 0;
 }
 
@@ -54,7 +59,9 @@ struct ValidateArgs {
 int run_validate(const ValidateArgs& a) {
   const DeviceInfo dev = device_info();
   const std::vector<const QuantizeVariant*> variants = find_quantize_variants(a.variant);
-  if (variants.empty()) throw InputError(fmt::format("--variant '{}' matches no registered variant (see kvq variants)", a.variant));
+  const std::vector<const DecodeVariant*> decoders = find_decode_variants(a.variant);
+  if (variants.empty() && decoders.empty())
+    throw InputError(fmt::format("--variant '{}' matches no registered variant (see kvq variants)", a.variant));
   fmt::print("kvq validate on {} ({} SMs, CUDA driver {}), commit {}\n", dev.name, dev.sm_count, dev.driver_string(), kvq_commit());
   nlohmann::json cases = nlohmann::json::array(), summary = nlohmann::json::array();
   int failed_total = 0;
@@ -94,6 +101,22 @@ int run_validate(const ValidateArgs& a) {
     fmt::print("{} {}: {} cases, {} failed, {} values checked\n", failed ? "[FAIL]" : "[OK]  ", v->name, ok + failed,
                failed, values);
     summary.push_back(s);
+    failed_total += failed;
+  }
+  for (const DecodeVariant* v : decoders) {
+    int ok = 0, failed = 0;
+    int64_t values = 0;
+    validate_decode_variant(*v, ValidateOptions{a.quick, a.reruns, a.dump}, [&](const CaseResult& r) {
+      (r.ok ? ok : failed)++;
+      values += r.values;
+      cases.push_back(to_json(r));
+      if (!r.ok || !a.quick)
+        fmt::print("{} {} {} {} {}: {}\n", r.ok ? "[OK]  " : "[FAIL]", r.variant, r.name, r.scheme, r.shape, r.detail);
+      std::fflush(stdout);
+    });
+    fmt::print("{} {}: {} cases, {} failed, {} outputs checked\n", failed ? "[FAIL]" : "[OK]  ", v->name, ok + failed,
+               failed, values);
+    summary.push_back({{"variant", v->name}, {"cases", ok + failed}, {"failed", failed}, {"values_checked", values}});
     failed_total += failed;
   }
   std::filesystem::create_directories(std::filesystem::path(a.report).parent_path().empty()
@@ -183,6 +206,7 @@ std::vector<Command> add_gpu_commands(CLI::App& parent) {
   bench->add_option("--csv", ba->csv, "CSV of the timings")->capture_default_str();
   bench->add_option("--reps", ba->reps, "Timed graph replays per case")->capture_default_str()->check(CLI::PositiveNumber);
   out.push_back({bench, [ba] { return run_bench_quantize(*ba); }});
+  for (Command& c : add_bench_command(parent)) out.push_back(std::move(c));
   return out;
 }
 

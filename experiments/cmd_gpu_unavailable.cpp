@@ -6,7 +6,7 @@ namespace kvq {
 
 std::vector<Command> add_gpu_commands(CLI::App& parent) {
   std::vector<Command> out;
-  for (const char* name : {"variants", "validate", "bench-quantize"}) {
+  for (const char* name : {"variants", "validate", "bench-quantize", "bench"}) {
     CLI::App* cmd = parent.add_subcommand(name, "GPU command (this kvq was built without CUDA)");
     cmd->allow_extras();
     out.push_back({cmd, [] () -> int {

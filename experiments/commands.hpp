@@ -22,5 +22,6 @@ Command add_reference_command(CLI::App& parent);
 Command add_recommend_command(CLI::App& parent);
 // variants, validate, bench-quantize: real commands when built with CUDA, else each says why not.
 std::vector<Command> add_gpu_commands(CLI::App& parent);
+std::vector<Command> add_bench_command(CLI::App& parent);  // GPU builds only (cmd_bench.cpp)
 
 }  // namespace kvq

@@ -37,26 +37,6 @@ std::vector<uint8_t> storage_bytes(const std::vector<float>& values, InputDtype 
   return out;
 }
 
-// The CPU result in the byte format the GPU writes.
-GpuQuantized cpu_bytes(const QuantizedKv& q, CodeLayout layout) {
-  if (layout == CodeLayout::kFbgemm) return {to_fbgemm(q).bytes, {}, {}};
-  auto params_bytes = [&](const std::vector<float>& v) {
-    std::vector<uint8_t> out;
-    for (float x : v) {
-      if (q.scheme.scale_dtype == ScaleDtype::kFp16) {
-        const uint16_t bits = fp32_to_fp16_bits(x);
-        out.push_back(bits & 0xff), out.push_back(bits >> 8);
-      } else {
-        uint8_t b[4];
-        std::memcpy(b, &x, 4);
-        out.insert(out.end(), b, b + 4);
-      }
-    }
-    return out;
-  };
-  return {q.codes, params_bytes(q.scales), params_bytes(q.zeros)};
-}
-
 std::string first_difference(const char* what, const std::vector<uint8_t>& cpu, const std::vector<uint8_t>& gpu) {
   if (cpu.size() != gpu.size()) return fmt::format("{}: {} bytes on the CPU, {} on the GPU", what, cpu.size(), gpu.size());
   for (size_t i = 0; i < cpu.size(); ++i)
@@ -80,7 +60,7 @@ struct Checker {
     std::string cpu_error, gpu_error;
     GpuQuantized cpu, gpu;
     try {
-      cpu = cpu_bytes(quantize(KvView::bnsh(values.data(), shape), scheme, "K"), layout);
+      cpu = device_bytes(quantize(KvView::bnsh(values.data(), shape), scheme, "K"), layout);
     } catch (const InputError& e) {
       cpu_error = e.what();
     }
@@ -152,6 +132,26 @@ std::vector<float> special_values(const KvShape& s) {
 }
 
 }  // namespace
+
+// The CPU result in the byte format the GPU writes.
+GpuQuantized device_bytes(const QuantizedKv& q, CodeLayout layout) {
+  if (layout == CodeLayout::kFbgemm) return {to_fbgemm(q).bytes, {}, {}};
+  auto params_bytes = [&](const std::vector<float>& v) {
+    std::vector<uint8_t> out;
+    for (float x : v) {
+      if (q.scheme.scale_dtype == ScaleDtype::kFp16) {
+        const uint16_t bits = fp32_to_fp16_bits(x);
+        out.push_back(bits & 0xff), out.push_back(bits >> 8);
+      } else {
+        uint8_t b[4];
+        std::memcpy(b, &x, 4);
+        out.insert(out.end(), b, b + 4);
+      }
+    }
+    return out;
+  };
+  return {q.codes, params_bytes(q.scales), params_bytes(q.zeros)};
+}
 
 std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, const ValidateOptions& opt,
                                                   const std::function<void(const CaseResult&)>& report) {

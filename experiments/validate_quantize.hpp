@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gpu/registry.hpp"
+#include "quant/kv_tensor.hpp"
 
 namespace kvq {
 
@@ -27,5 +28,9 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
                                                   const std::function<void(const CaseResult&)>& report);
 
 nlohmann::json to_json(const CaseResult& r);
+
+// A CPU-quantized tensor in the bytes the GPU kernels write and read (planar codes, scales and
+// zero points in the scale dtype; or FBGEMM rows in `codes`).
+GpuQuantized device_bytes(const QuantizedKv& q, CodeLayout layout);
 
 }  // namespace kvq

@@ -64,17 +64,69 @@ const QuantizeVariant& incumbent_quantize_variant() {
   throw Error("no incumbent quantize variant is registered");
 }
 
-std::vector<const QuantizeVariant*> find_quantize_variants(const std::string& regex) {
+namespace {
+
+template <typename Variant>
+std::vector<const Variant*> find_variants(const std::vector<Variant>& all, const std::string& regex) {
   std::regex re;
   try {
     re = std::regex(regex);
   } catch (const std::regex_error& e) {
     throw InputError(fmt::format("--variant '{}': not a valid regular expression ({})", regex, e.what()));
   }
-  std::vector<const QuantizeVariant*> out;
-  for (const QuantizeVariant& v : quantize_variants())
+  std::vector<const Variant*> out;
+  for (const Variant& v : all)
     if (std::regex_search(v.name, re)) out.push_back(&v);
   return out;
+}
+
+const char* kDecodeSupports =
+    "Tq=1; MHA/GQA/MQA; ALiBi; per-sequence lengths; D in {8,64,128,256}; K/V bf16 or fp16 (BNSH or BSNH), int8 "
+    "(tensor/token/head/gG, sym/asym, fp16/fp32 scales), int4 planar (same) and FBGEMM rows; G a multiple of 8";
+
+}  // namespace
+
+std::vector<const QuantizeVariant*> find_quantize_variants(const std::string& regex) {
+  return find_variants(quantize_variants(), regex);
+}
+
+DecodeParams DecodeVariant::plan(const DecodeParams& p, int sm_count, int forced_splits) const {
+  DecodeParams q = p;
+  q.splits = split_k ? forced_splits : 1;
+  return plan_decode(q, sm_count, max_heads_per_cta);
+}
+
+const std::vector<DecodeVariant>& decode_variants() {
+  static const std::vector<DecodeVariant> variants = {
+      {"decode-cudacore",
+       "one pass: CTA per (b, KV head, block of <= 8 query heads sharing its K/V reads), 4 warps on interleaved tiles; "
+       "8 elements per lane dequantized by the codec, reduce-scatter QK, online softmax, warps merged in shared memory",
+       kDecodeSupports, true, false, 8},
+      {"decode-splitk",
+       "decode-cudacore with the keys split so the grid fills the device (splits from B, Hkv, T and the SM count); "
+       "fp32 partials merged by LSE in a second kernel",
+       kDecodeSupports, false, true, 8},
+      {"decode-splitk-h4",
+       "decode-splitk with at most 4 query heads per CTA (larger groups re-read K/V from L2): fewer registers, more CTAs",
+       kDecodeSupports, false, true, 4},
+      {"decode-splitk-h1",
+       "decode-splitk with one query head per CTA, as in the INT8 split-K design (every head reads its K/V; L2 serves "
+       "the repeats)",
+       kDecodeSupports, false, true, 1},
+  };
+  return variants;
+}
+
+const DecodeVariant& incumbent_decode_variant() {
+  for (const DecodeVariant& v : decode_variants())
+    if (v.incumbent) return v;
+  throw Error("no incumbent decode variant is registered");
+}
+
+const DecodeVariant& default_decode_variant() { return decode_variants()[1]; }
+
+std::vector<const DecodeVariant*> find_decode_variants(const std::string& regex) {
+  return find_variants(decode_variants(), regex);
 }
 
 }  // namespace kvq

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/decode.hpp"
 #include "gpu/quantize.hpp"
 
 namespace kvq {
@@ -23,5 +24,24 @@ const std::vector<QuantizeVariant>& quantize_variants();
 const QuantizeVariant& incumbent_quantize_variant();
 // Variants whose name matches `regex` (std::regex_search); throws InputError for a bad regex.
 std::vector<const QuantizeVariant*> find_quantize_variants(const std::string& regex);
+
+// A decode attention variant: one kernel template (gpu/decode_kernel.cuh) with a launch policy.
+struct DecodeVariant {
+  std::string name;
+  std::string summary;
+  std::string supports;
+  bool incumbent = false;
+  bool split_k = false;        // false: one pass, one CTA per (b, KV head, head block)
+  int max_heads_per_cta = 8;   // query heads sharing a CTA's K/V reads
+  // The launch shape for `p` on a device with `sm_count` SMs; forced_splits > 0 overrides the
+  // heuristic (split-K variants only).
+  DecodeParams plan(const DecodeParams& p, int sm_count, int forced_splits = 0) const;
+};
+
+const std::vector<DecodeVariant>& decode_variants();
+const DecodeVariant& incumbent_decode_variant();
+// The variant timed for a scheme in kvq sweep and kvq bench: the fastest general one.
+const DecodeVariant& default_decode_variant();
+std::vector<const DecodeVariant*> find_decode_variants(const std::string& regex);
 
 }  // namespace kvq

@@ -14,12 +14,18 @@ struct GpuTiming {
   int reps = 0;
 };
 
-// `launch(stream, set)` enqueues the work for input set `set` (0..sets-1); each set is captured
-// into its own graph and the replays rotate through them (choose sets so they total >= 4x L2).
+// `launch(stream, set)` enqueues the work for input set `set` (0..sets-1). Each graph captures
+// `calls_per_graph` calls on consecutive sets (so the graph launch is amortized for short kernels),
+// the replays rotate through the graphs (choose sets so they total >= 4x L2), and the times are
+// per call.
 GpuTiming time_graph_replays(const std::function<void(cudaStream_t, int)>& launch, int sets, int reps = 50,
-                             int warmup = 5);
+                             int warmup = 5, int calls_per_graph = 1);
 
 // Bytes read plus bytes written per second of a device-to-device copy of `bytes`, in GB/s (1e9).
 double copy_bandwidth_gbps(size_t bytes, int reps = 30);
+
+// Bytes read per second by a kernel that only reads `bytes` (16-byte loads, a reduction), in GB/s:
+// the ceiling of a decode kernel, which reads K/V and writes almost nothing.
+double read_bandwidth_gbps(size_t bytes, int reps = 30);
 
 }  // namespace kvq

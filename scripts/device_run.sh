@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The one-call GPU check: configure and build for the local GPU (sm_90a by default), run the GPU
 # test suites, compute-sanitizer (memcheck, racecheck, initcheck, synccheck) on small shapes,
-# `kvq validate` and the quantize bandwidth benchmark; logs and CSV/JSON under $OUT; a short
-# summary table last. Exits non-zero if any step fails.
+# `kvq validate`, the quantize bandwidth benchmark, the decode peers (bench_peers.py) and `kvq bench`;
+# logs and CSV/JSON under $OUT; a short summary table last. Exits non-zero if any step fails.
+# Narrower runs: KVQ_SHAPES, KVQ_SCHEMES, KVQ_DECODE_VARIANTS (passed to kvq bench), KVQ_BENCH_QUANTIZE=0,
+# KVQ_NCU=0, KVQ_SANITIZE=0, KVQ_VALIDATE_VARIANTS (regex for kvq validate).
 #
 #   OUT=results/device bash scripts/device_run.sh          # any CUDA machine with the build deps
 #   KVQ_COMMIT=abc123 OUT=... bash scripts/device_run.sh    # a copy of the tree without .git
@@ -60,22 +62,36 @@ sanitize() {  # every tool on the quick gate; any finding fails
       "$kvq" validate --quick --report "/tmp/kvq-sanitize-$tool.json" || return 1
   done
 }
-step "compute-sanitizer memcheck/racecheck/initcheck/synccheck" sanitizers.log sanitize
+if [[ ${KVQ_SANITIZE:-1} == 1 ]]; then
+  step "compute-sanitizer memcheck/racecheck/initcheck/synccheck" sanitizers.log sanitize
+fi
 
-step "kvq validate (every variant)" validate.log "$kvq" validate --report "$OUT/validate.json"
-step "kvq bench-quantize" bench_quantize.log "$kvq" bench-quantize --csv "$OUT/quantize_bandwidth.csv"
-if [[ ${KVQ_NCU:-1} == 1 ]]; then  # where the fused kernel's time goes (first launch: int8-head, Hkv=1)
-  step "ncu profile of quantize-groupthread" ncu.log ncu -k regex:groupthread -c 1 --section SpeedOfLight \
-    --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
-    --section LaunchStats "$kvq" bench-quantize --reps 1 --csv /tmp/kvq-ncu.csv
+step "kvq validate (every variant)" validate.log "$kvq" validate --report "$OUT/validate.json" \
+  --variant "${KVQ_VALIDATE_VARIANTS:-.}"
+if [[ ${KVQ_BENCH_QUANTIZE:-1} == 1 ]]; then
+  step "kvq bench-quantize" bench_quantize.log "$kvq" bench-quantize --csv "$OUT/quantize_bandwidth.csv"
+fi
+# Decode: the peers first (torch), then every kvq variant with the peers beside it, same run.
+step "peers: cuDNN and FlashAttention-2 (bench_peers.py)" peers.log \
+  python3 experiments/bench_peers.py --out "$OUT/peers.csv" --shapes "${KVQ_SHAPES:-.}"
+bench_args=(--shapes "${KVQ_SHAPES:-.}" --variant "${KVQ_DECODE_VARIANTS:-.}")
+[[ -n ${KVQ_SCHEMES:-} ]] && bench_args+=(--schemes "$KVQ_SCHEMES")
+step "kvq bench (decode)" bench.log "$kvq" bench --peers "$OUT/peers.csv" --csv "$OUT/decode.csv" "${bench_args[@]}"
+if [[ ${KVQ_NCU:-1} == 1 ]]; then  # where the decode kernel's time goes: int8-head, seed000 B=128, default variant
+  step "ncu profile of decode-splitk (int8-head, seed000 B=128)" ncu.log ncu -k regex:decode_kernel -c 1 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+    --section ComputeWorkloadAnalysis --section LaunchStats --section SourceCounters \
+    "$kvq" bench --shapes seed000 --schemes int8-head --variant '^decode-splitk$' --reps 30 --csv /tmp/kvq-ncu.csv
 fi
 
 {
   echo "== $(head -n 2 "$OUT/gpu.txt" | tail -n 1)"
-  grep -E "^\[(OK|FAIL)\] +(quantize-[a-z]+:|codec)|^\[TIME\]" "$logs/validate.log"
-  grep -E "SUMMARY" "$logs/sanitizers.log" | sed 's/^/compute-sanitizer: /'
+  grep -E "^\[(OK|FAIL)\] +(quantize-[a-z]+:|decode-[a-z0-9-]+:|codec)|^\[TIME\]" "$logs/validate.log"
+  [[ -f $logs/sanitizers.log ]] && grep -E "SUMMARY" "$logs/sanitizers.log" | sed 's/^/compute-sanitizer: /'
   echo
-  sed -n '/device-to-device copy/,$p' "$logs/bench_quantize.log"
+  [[ -f $logs/bench_quantize.log ]] && sed -n '/device-to-device copy/,$p' "$logs/bench_quantize.log" && echo
+  grep -E "^read-only bandwidth" "$logs/bench.log"
+  sed -n '/fastest variant/,$p' "$logs/bench.log"
   echo
   printf '%s\n' "${summary[@]}"
 } > "$OUT/summary.txt"

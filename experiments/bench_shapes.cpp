@@ -1,0 +1,131 @@
+#include "experiments/bench_shapes.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <regex>
+#include <sstream>
+
+#include "gpu/registry.hpp"
+#include "quant/errors.hpp"
+
+namespace kvq {
+
+std::vector<BenchShape> bench_shapes(const std::string& regex) {
+  std::vector<BenchShape> all;
+  for (int64_t b : {32, 64, 128, 256, 512}) all.push_back({"seed000", b, 8, 1, 8192, 128});
+  all.push_back({"seed002", 1, 32, 8, 1024, 128});
+  for (int64_t b : {1, 8, 64})
+    for (int64_t t : {1024, 8192, 32768})
+      if (!(b == 64 && t == 32768)) all.push_back({"llama8b", b, 32, 8, t, 128});
+  std::regex re;
+  try {
+    re = std::regex(regex);
+  } catch (const std::regex_error& e) {
+    throw InputError(fmt::format("--shapes '{}': not a valid regular expression ({})", regex, e.what()));
+  }
+  std::vector<BenchShape> out;
+  for (const BenchShape& s : all)
+    if (std::regex_search(s.name, re)) out.push_back(s);
+  if (out.empty()) throw InputError(fmt::format("--shapes '{}' matches none of seed000, seed002, llama8b", regex));
+  return out;
+}
+
+BenchStorage bench_storage(const Scheme& k, const Scheme& v, bool fbgemm) {
+  if (k.bits != v.bits)
+    throw InputError(fmt::format("K {} / V {}: the decode kernels read K and V of the same bit width", to_string(k),
+                                 to_string(v)));
+  BenchStorage st;
+  st.name = to_string(k) == to_string(v) ? to_string(k) : to_string(k) + "/" + to_string(v);
+  if (fbgemm) st.name += ":fbgemm";
+  st.format = fbgemm ? KvFormat::kInt4Fbgemm : k.bits == 8 ? KvFormat::kInt8 : KvFormat::kInt4;
+  st.k = k, st.v = v;
+  return st;
+}
+
+std::vector<BenchStorage> parse_bench_storages(const std::string& list) {
+  std::vector<BenchStorage> out;
+  std::stringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    if (item == "bf16" || item == "fp16") {
+      out.push_back({item, item == "bf16" ? KvFormat::kBf16 : KvFormat::kFp16, std::nullopt, std::nullopt});
+      continue;
+    }
+    const size_t colon = item.find(':');
+    const bool fbgemm = colon != std::string::npos;
+    if (fbgemm && item.substr(colon + 1) != "fbgemm")
+      throw InputError(fmt::format("--schemes '{}': the only layout suffix is ':fbgemm'", item));
+    const Scheme s = parse_scheme(item.substr(0, colon));
+    out.push_back(bench_storage(s, s, fbgemm));
+  }
+  if (out.empty()) throw InputError(fmt::format("--schemes '{}': no storage given", list));
+  return out;
+}
+
+namespace {
+
+// Pseudo-random bf16 in about [-4, 4] (never all zeros, so scales are normal numbers).
+DeviceBuffer<uint8_t> random_bf16(int64_t elements, uint32_t seed) {
+  DeviceBuffer<uint8_t> out(static_cast<size_t>(2 * elements));
+  std::vector<uint16_t> bits(static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(elements, 1), 1 << 22)));
+  uint32_t state = seed;
+  for (uint16_t& b : bits) {
+    state = state * 1664525u + 1013904223u;
+    b = fp32_to_bf16_bits((static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 8.0f);
+  }
+  for (int64_t off = 0; off < elements; off += static_cast<int64_t>(bits.size())) {
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(bits.size()), elements - off);
+    KVQ_CUDA_CHECK(cudaMemcpy(out.data() + 2 * off, bits.data(), n * 2, cudaMemcpyHostToDevice));
+  }
+  return out;
+}
+
+const QuantizeVariant& fastest_quantizer(const Scheme& s, int64_t head_dim, CodeLayout layout) {
+  for (const char* name : {"quantize-groupthread", "quantize-rowwarp"})
+    for (const QuantizeVariant& v : quantize_variants())
+      if (v.name == name && v.accepts(s, head_dim, layout, InputDtype::kBf16)) return v;
+  return incumbent_quantize_variant();
+}
+
+}  // namespace
+
+BenchCaches::BenchCaches(const BenchShape& sh, const BenchStorage& st, const DeviceInfo& dev) {
+  const KvShape kv{sh.batch, sh.kv_heads, sh.tokens, sh.head_dim};
+  const bool fbgemm = st.format == KvFormat::kInt4Fbgemm;
+  const CodeLayout layout = fbgemm ? CodeLayout::kFbgemm : CodeLayout::kPlanar;
+  auto cache_bytes = [&](const std::optional<Scheme>& s) {
+    if (!s) return 2 * kv.numel();
+    const QuantizedSizes q = quantized_sizes(*s, kv, layout);
+    return q.codes + q.scales + q.zeros;
+  };
+  const int64_t per_set = std::max<int64_t>(1, cache_bytes(st.k) + cache_bytes(st.v));
+  int64_t sets = std::max<int64_t>(1, (4 * dev.l2_bytes + per_set - 1) / per_set);
+  sets = std::min<int64_t>(sets, std::max<int64_t>(1, dev.global_bytes / 2 / per_set));
+  const DeviceBuffer<uint8_t> k_src = random_bf16(kv.numel(), 1), v_src = random_bf16(kv.numel(), 2);
+  for (int64_t s = 0; s < sets; ++s) {
+    if (!st.k) {  // raw caches: copies of the source (fp16 reads the same bits as fp16 numbers)
+      for (const DeviceBuffer<uint8_t>* src : {&k_src, &v_src}) {
+        raw_.emplace_back(src->size());
+        KVQ_CUDA_CHECK(cudaMemcpy(raw_.back().data(), src->data(), src->bytes(), cudaMemcpyDeviceToDevice));
+      }
+      k_.push_back(raw_operand(raw_[raw_.size() - 2].data(), kv.heads, kv.tokens, sh.head_dim, false));
+      v_.push_back(raw_operand(raw_.back().data(), kv.heads, kv.tokens, sh.head_dim, false));
+      continue;
+    }
+    for (int which = 0; which < 2; ++which) {
+      const Scheme& scheme = which == 0 ? *st.k : *st.v;
+      const DeviceKv input = DeviceKv::bnsh((which == 0 ? k_src : v_src).data(), InputDtype::kBf16, kv);
+      quantized_.push_back(std::make_unique<QuantizeWorkspace>(input, scheme, layout));
+      const QuantizeParams& qp = quantized_.back()->params();
+      fastest_quantizer(scheme, sh.head_dim, layout).launch(qp, nullptr);
+      quantized_.back()->check_flags(which == 0 ? "K" : "V", nullptr);
+      const KvOperand op = quantized_operand(scheme, kv.batch, kv.heads, kv.tokens, sh.head_dim, fbgemm, qp.codes,
+                                             qp.scales, scheme.asymmetric ? qp.zeros : nullptr);
+      (which == 0 ? k_ : v_).push_back(op);
+    }
+  }
+}
+
+}  // namespace kvq

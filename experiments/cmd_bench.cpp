@@ -1,0 +1,179 @@
+// kvq bench: every decode variant on the DESIGN.md shapes, for each K/V storage, timed with
+// CUDA-graph replays over rotating caches (>= 4x L2), beside the read and copy bandwidth of the
+// same process and the peers (cuDNN, FlashAttention-2) timed by experiments/bench_peers.py in the
+// same device run. One CSV schema for kvq and peers; a ratio-to-cuDNN table printed last.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "experiments/bench_shapes.hpp"
+#include "experiments/commands.hpp"
+#include "experiments/csv_table.hpp"
+#include "experiments/decode_run.hpp"
+#include "experiments/gpu_run_info.hpp"
+#include "experiments/results_writer.hpp"
+#include "quant/errors.hpp"
+
+namespace kvq {
+namespace {
+
+struct BenchArgs {
+  std::string csv = "results/bench/decode.csv", peers, variant = ".", schemes = kBenchStorages, shapes = ".";
+  int reps = 50, calls_per_graph = 8;
+};
+
+const char* kColumns =
+    "shape,B,HQ,HKV,T,D,kernel,k_scheme,v_scheme,splits,heads_per_cta,median_us,p10_us,p90_us,reps,calls_per_graph,"
+    "input_sets,bytes,GBps,pct_of_read,read_GBps,copy_GBps,vs_cudnn,gpu,driver,cuda,commit";
+
+struct Row {
+  Row(const BenchShape& sh, std::string kernel_name, std::string storage_name)
+      : shape(sh.name), kernel(std::move(kernel_name)), storage(std::move(storage_name)), B(sh.batch),
+        HQ(sh.q_heads), HKV(sh.kv_heads), T(sh.tokens), D(sh.head_dim) {}
+  std::string shape, kernel, storage;
+  int64_t B, HQ, HKV, T, D;
+  int splits = 0, heads_per_cta = 0, sets = 1;
+  GpuTiming t;
+  int64_t bytes = 0;
+};
+
+// Peer medians by (shape, B, T, peer) from bench_peers.py's CSV (same schema).
+std::map<std::tuple<std::string, int64_t, int64_t, std::string>, double> read_peers(const CsvTable& t) {
+  std::map<std::tuple<std::string, int64_t, int64_t, std::string>, double> out;
+  for (size_t r = 0; r < t.rows(); ++r)
+    out[{t.at(r, t.column("shape")), static_cast<int64_t>(t.number(r, t.column("B"))),
+         static_cast<int64_t>(t.number(r, t.column("T"))), t.at(r, t.column("kernel"))}] =
+        t.number(r, t.column("median_us"));
+  return out;
+}
+
+int run_bench(const BenchArgs& a) {
+  const DeviceInfo dev = device_info();
+  const nlohmann::json info = gpu_run_info(dev);
+  const std::vector<const DecodeVariant*> variants = find_decode_variants(a.variant);
+  if (variants.empty()) throw InputError(fmt::format("--variant '{}' matches no decode variant (see kvq variants)", a.variant));
+  const std::vector<BenchStorage> storages = parse_bench_storages(a.schemes);
+  const std::vector<BenchShape> shapes = bench_shapes(a.shapes);
+  std::optional<CsvTable> peers_table;
+  if (!a.peers.empty()) peers_table = CsvTable::read(a.peers);
+  const auto peers = peers_table ? read_peers(*peers_table) : decltype(read_peers(*peers_table)){};
+
+  const double copy_gbps = copy_bandwidth_gbps(size_t(2) << 30), read_gbps = read_bandwidth_gbps(size_t(2) << 30);
+  fmt::print("{} ({} SMs, L2 {} MiB), driver {}, CUDA {}, commit {}\n", dev.name, dev.sm_count, dev.l2_bytes >> 20,
+             info["driver"].get<std::string>(), dev.driver_string(), kvq_commit());
+  fmt::print("read-only bandwidth {:.0f} GB/s; device-to-device copy {:.0f} GB/s (read + write); {} calls per graph\n\n",
+             read_gbps, copy_gbps, a.calls_per_graph);
+  std::filesystem::create_directories(std::filesystem::path(a.csv).parent_path().empty()
+                                          ? std::filesystem::path(".")
+                                          : std::filesystem::path(a.csv).parent_path());
+  std::ofstream csv(a.csv);
+  if (!csv) throw InputError(fmt::format("cannot write '{}'", a.csv));
+  csv << kColumns << "\n";
+  auto emit = [&](const Row& r, const std::string& k_scheme, const std::string& v_scheme) {
+    const double gbps = static_cast<double>(r.bytes) / (r.t.median_us * 1e3);
+    const auto cudnn = peers.find({r.shape, r.B, r.T, "cudnn"});
+    const std::string ratio = cudnn == peers.end() ? "" : fmt::format("{:.3f}", r.t.median_us / cudnn->second);
+    fmt::print("{:<8} {:>4} {:>3} {:>3} {:>6} {:<17} {:<28} {:>4} {:>2} {:>9.2f} {:>9.2f} {:>9.2f} {:>6.0f} {:>5.1f}% {:>6}\n",
+               r.shape, r.B, r.HQ, r.HKV, r.T, r.kernel, r.storage, r.splits, r.heads_per_cta, r.t.median_us,
+               r.t.p10_us, r.t.p90_us, gbps, 100 * gbps / read_gbps, ratio);
+    std::fflush(stdout);
+    csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{},{},{},{},{:.1f},{:.2f},{:.1f},{:.1f},{},{},{},{},{}\n",
+                       r.shape, r.B, r.HQ, r.HKV, r.T, r.D, r.kernel, k_scheme, v_scheme, r.splits, r.heads_per_cta,
+                       r.t.median_us, r.t.p10_us, r.t.p90_us, r.t.reps, a.calls_per_graph, r.sets, r.bytes, gbps,
+                       100 * gbps / read_gbps, read_gbps, copy_gbps, ratio, csv_quoted(dev.name),
+                       info["driver"].get<std::string>(), dev.runtime_string(), kvq_commit());
+  };
+  fmt::print("{:<8} {:>4} {:>3} {:>3} {:>6} {:<17} {:<28} {:>4} {:>2} {:>9} {:>9} {:>9} {:>6} {:>6} {:>6}\n", "shape", "B",
+             "Hq", "Hkv", "T", "kernel", "K/V storage", "spl", "hc", "median us", "p10 us", "p90 us", "GB/s", "%read",
+             "/cuDNN");
+  // best[(shape, B, T)][storage] = fastest variant's median
+  std::map<std::tuple<std::string, int64_t, int64_t>, std::map<std::string, double>> best;
+  for (const BenchShape& sh : shapes) {
+    for (const char* peer : {"cudnn", "flash2"}) {
+      const auto it = peers.find({sh.name, sh.batch, sh.tokens, peer});
+      if (it == peers.end()) continue;
+      const size_t r = [&] {
+        for (size_t i = 0; i < peers_table->rows(); ++i)
+          if (peers_table->at(i, peers_table->column("shape")) == sh.name &&
+              peers_table->number(i, peers_table->column("B")) == sh.batch &&
+              peers_table->number(i, peers_table->column("T")) == sh.tokens &&
+              peers_table->at(i, peers_table->column("kernel")) == peer)
+            return i;
+        return size_t{0};
+      }();
+      Row row(sh, peer, "bf16 (peer)");
+      row.t = {it->second, peers_table->number(r, peers_table->column("p10_us")),
+               peers_table->number(r, peers_table->column("p90_us")),
+               static_cast<int>(peers_table->number(r, peers_table->column("reps")))};
+      row.sets = static_cast<int>(peers_table->number(r, peers_table->column("input_sets")));
+      row.bytes = static_cast<int64_t>(peers_table->number(r, peers_table->column("bytes")));
+      emit(row, "bf16", "bf16");
+      best[{sh.name, sh.batch, sh.tokens}][peer] = it->second;
+    }
+    for (const BenchStorage& st : storages) {
+      BenchCaches caches(sh, st, dev);
+      for (const DecodeVariant* v : variants) {
+        DecodeRun run({sh.batch, sh.q_heads, sh.kv_heads, sh.tokens, sh.head_dim},
+                      std::vector<float>(sh.batch * sh.q_heads * sh.head_dim, 0.5f), {}, false);
+        std::vector<DecodeParams> planned;
+        for (int s = 0; s < caches.sets(); ++s) {
+          run.set_cache(st.format, caches.k(s), caches.v(s));
+          planned.push_back(run.plan(*v, dev.sm_count));
+        }
+        run.run(planned[0]);  // errors surface here, outside the capture
+        Row row(sh, v->name, st.name);
+        row.splits = planned[0].splits, row.heads_per_cta = planned[0].heads_per_cta, row.sets = caches.sets();
+        row.t = time_graph_replays([&](cudaStream_t s, int set) { launch_decode(planned[set], s); }, caches.sets(),
+                                   a.reps, 5, a.calls_per_graph);
+        row.bytes = decode_bytes_moved(planned[0], st.k ? &*st.k : nullptr, st.v ? &*st.v : nullptr, nullptr);
+        emit(row, st.k ? to_string(*st.k) : "bf16", st.v ? to_string(*st.v) : "bf16");
+        double& b = best[{sh.name, sh.batch, sh.tokens}][st.name];
+        b = b == 0 ? row.t.median_us : std::min(b, row.t.median_us);
+      }
+    }
+  }
+  // The ratio table: fastest variant per storage / cuDNN.
+  fmt::print("\nfastest variant / cuDNN bf16 (same run); cuDNN and FlashAttention-2 in us\n{:<8} {:>4} {:>6} {:>8} {:>8}",
+             "shape", "B", "T", "cudnn", "flash2");
+  for (const BenchStorage& st : storages) fmt::print(" {:>{}}", st.name, std::max<size_t>(8, st.name.size()));
+  fmt::print("\n");
+  for (const BenchShape& sh : shapes) {
+    const auto& m = best[{sh.name, sh.batch, sh.tokens}];
+    auto get = [&](const std::string& k) { const auto it = m.find(k); return it == m.end() ? 0.0 : it->second; };
+    fmt::print("{:<8} {:>4} {:>6} {:>8.1f} {:>8.1f}", sh.name, sh.batch, sh.tokens, get("cudnn"), get("flash2"));
+    for (const BenchStorage& st : storages) {
+      const double cudnn = get("cudnn"), mine = get(st.name);
+      const std::string cell = cudnn > 0 && mine > 0 ? fmt::format("{:.3f}", mine / cudnn) : fmt::format("{:.1f}us", mine);
+      fmt::print(" {:>{}}", cell, std::max<size_t>(8, st.name.size()));
+    }
+    fmt::print("\n");
+  }
+  fmt::print("wrote {}\n", a.csv);
+  return 0;
+}
+
+}  // namespace
+
+std::vector<Command> add_bench_command(CLI::App& parent) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* bench = parent.add_subcommand(
+      "bench", "Time every decode variant on the DESIGN.md shapes beside the peers (cuDNN, FlashAttention-2)");
+  bench->add_option("--csv", a->csv, "CSV of the timings (kvq and peer rows, one schema)")->capture_default_str();
+  bench->add_option("--peers", a->peers, "Peer timings from experiments/bench_peers.py in the same device run");
+  bench->add_option("--variant", a->variant, "Regex over decode variant names")->capture_default_str();
+  bench->add_option("--schemes", a->schemes, "K/V storages: bf16, fp16, a scheme, or scheme:fbgemm, comma-separated")
+      ->capture_default_str();
+  bench->add_option("--shapes", a->shapes, "Regex over shape names (seed000, seed002, llama8b)")->capture_default_str();
+  bench->add_option("--reps", a->reps, "Timed graph replays per case")->capture_default_str()->check(CLI::Range(30, 100000));
+  bench->add_option("--calls-per-graph", a->calls_per_graph, "Decode calls captured per graph")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  return {{bench, [a] { return run_bench(*a); }}};
+}
+
+}  // namespace kvq

@@ -1,0 +1,90 @@
+// GPU decode attention (Tq = 1) over a K/V cache stored raw (bf16 / fp16) or quantized (int8 /
+// int4 planar, int4 FBGEMM rows), dequantized inside the kernel with the codec's own decode().
+// One kernel template covers every format; split-K partials merge by LSE in a second kernel.
+// DESIGN.md "Attention" is the definition; reference/attention.hpp is the fp64 truth.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "quant/scheme.hpp"
+
+namespace kvq {
+
+// How K and V are stored. K and V share the storage kind; their schemes may differ otherwise.
+enum class KvFormat { kBf16, kFp16, kInt8, kInt4, kInt4Fbgemm };
+const char* to_string(KvFormat f);
+
+// Where one chunk's scale (and zero point) lives.
+enum class ParamMode : int { kNone, kTensor, kToken, kHead, kGroup, kInlineRow };
+
+// One of K or V on the device. Row (b, h, t) starts at data + b*stride_b + h*stride_h + t*stride_t
+// (bytes), so BNSH, BSNH and FBGEMM's [B, T, H] rows are all strides.
+struct KvOperand {
+  const uint8_t* data = nullptr;
+  int64_t stride_b = 0, stride_h = 0, stride_t = 0;  // bytes
+  const void* scales = nullptr;  // planar params in group order (quant/groups.hpp)
+  const void* zeros = nullptr;   // asymmetric only
+  ParamMode mode = ParamMode::kNone;
+  bool asymmetric = false;
+  bool fp32_params = false;  // scale dtype fp32 (else fp16)
+  int group = 0;             // elements per group along D (kGroup, kInlineRow)
+  int inline_bytes = 0;      // kInlineRow: 4 x groups per row, before the codes
+};
+
+inline constexpr int kMaxSplits = 128;
+inline constexpr int kDecodeChunk = 8;  // elements of one row a lane dequantizes at once
+
+struct DecodeParams {
+  int64_t batch = 0, q_heads = 0, kv_heads = 0, tokens = 0;  // B, Hq, Hkv, T (cache capacity)
+  int head_dim = 0;                                         // D in {8, 64, 128, 256}
+  KvFormat format = KvFormat::kBf16;
+  KvOperand k, v;
+  const uint16_t* q = nullptr;        // bf16 [B, Hq, D]
+  const int32_t* seq_lens = nullptr;  // [B] in [0, T]; nullptr: all T
+  const float* alibi_slopes = nullptr;  // [Hq]; nullptr: no ALiBi
+  float softmax_scale = 0.0f;
+  uint16_t* out = nullptr;  // bf16 [B, Hq, D]
+  float* lse = nullptr;     // [B, Hq], natural log; -inf for an empty key set
+  // Launch shape: filled by plan_decode() unless forced.
+  int splits = 0;         // key splits per (b, KV head); 1 = single pass
+  int heads_per_cta = 0;  // query heads sharing one CTA's K/V reads: 1, 2, 4 or 8
+  float* partial_o = nullptr;    // [splits, B, Hq, D] when splits > 1
+  float* partial_lse = nullptr;  // [splits, B, Hq]
+};
+
+// The operand of a quantized tensor in the layouts gpu/quantize.hpp writes: planar codes BNSH
+// [B, H, T, D*bits/8] with params in group order, or FBGEMM rows [B, T, H, D/2 + 4n].
+// Throws SchemeError for schemes the decode kernels do not read (chan-tN; groups not a multiple
+// of 8 elements).
+KvOperand quantized_operand(const Scheme& s, int64_t batch, int64_t heads, int64_t tokens, int head_dim,
+                            bool fbgemm_rows, const uint8_t* codes, const void* scales, const void* zeros);
+// Raw bf16/fp16 K or V, BNSH or BSNH.
+KvOperand raw_operand(const void* data, int64_t heads, int64_t tokens, int head_dim, bool bsnh);
+// D = 8 (small test models such as the bundled one), 64, 128, 256.
+bool decode_head_dim_supported(int head_dim);
+// Why `s` cannot be read by a decode kernel, or "" when it can.
+std::string decode_unsupported_reason(const Scheme& s, int head_dim, bool fbgemm_rows);
+
+// Chooses heads_per_cta (the power of two >= Hq/Hkv, at most `max_heads_per_cta`) and, when
+// p.splits == 0, the split count: enough CTAs for `waves` full waves of the device, each split
+// at least 256 keys. Returns p with both set.
+DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta = 8, double waves = 2.0);
+
+// Floats of partial_o and partial_lse needed for p.splits.
+int64_t partial_o_floats(const DecodeParams& p);
+int64_t partial_lse_floats(const DecodeParams& p);
+
+// Throws InputError for a malformed problem (dims, D, Hq % Hkv, missing buffers).
+void check_decode_params(const DecodeParams& p);
+
+// Enqueues the decode kernel (and the split merge when splits > 1). p must be planned.
+void launch_decode(const DecodeParams& p, cudaStream_t stream);
+
+// Bytes the kernel must read and write: K/V codes and params of the live tokens, Q, O and LSE.
+int64_t decode_bytes_moved(const DecodeParams& p, const Scheme* k_scheme, const Scheme* v_scheme,
+                           const int32_t* host_seq_lens);
+
+}  // namespace kvq

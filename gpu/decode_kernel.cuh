@@ -1,0 +1,382 @@
+// The decode kernel template, instantiated per storage format in decode_<format>.cu.
+//
+// CTA = (b, KV head, key split, block of HB query heads of that KV head): the HB heads share every
+// K/V byte the CTA reads (GQA). Four warps take interleaved tiles of TILE keys. In a tile each row
+// (token) is read by L = D/8 lanes, 8 elements per lane, R = 32/L rows per step:
+//   1. K and V chunks of the whole tile are loaded first (many bytes in flight per warp);
+//   2. QK: each lane dots its 8 dequantized K elements with its 8 elements of every query head, and
+//      a reduce-scatter over the L lanes leaves one head's score per lane (HB-1 + log2(L/HB)
+//      shuffles instead of HB*log2(L));
+//   3. online softmax over the tile (one key per lane), probabilities to shared memory;
+//   4. PV: acc[head][8] += p * V chunk, in the same lane mapping as QK.
+// Warps merge by (max, sum) in shared memory; with one split the CTA writes bf16 O and LSE,
+// otherwise fp32 partials that decode_launch.cu merges. Dequantization is the codec's decode(),
+// so the kernel reads exactly the values the CPU reference is given. Everything is in a fixed
+// order: reruns are bitwise identical.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "gpu/cuda_check.hpp"
+#include "gpu/decode.hpp"
+#include "quant/codec.hpp"
+
+namespace kvq::detail {
+
+inline constexpr int kDecodeWarps = 4;
+inline constexpr int kDecodeThreads = 32 * kDecodeWarps;
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// The raw bytes of one 8-element chunk: 16 B (bf16/fp16), 8 B (int8), 4 B (int4).
+template <KvFormat F> struct ChunkBits { using type = uint32_t; };
+template <> struct ChunkBits<KvFormat::kBf16> { using type = uint4; };
+template <> struct ChunkBits<KvFormat::kFp16> { using type = uint4; };
+template <> struct ChunkBits<KvFormat::kInt8> { using type = uint2; };
+
+template <KvFormat F>
+KVQ_HD constexpr int chunk_registers() {
+  return sizeof(typename ChunkBits<F>::type) / 4;
+}
+template <KvFormat F>
+KVQ_HD constexpr bool is_quantized() {
+  return F == KvFormat::kInt8 || F == KvFormat::kInt4 || F == KvFormat::kInt4Fbgemm;
+}
+
+// Steps (of R rows) per tile: the K and V chunks of a tile and their scales and zero points take
+// at most 64 registers, and a tile has at most 32 keys (one per lane in the softmax).
+template <KvFormat F, int D>
+KVQ_HD constexpr int tile_steps() {
+  constexpr int rows_per_step = 32 / (D / kDecodeChunk);
+  constexpr int by_registers = 64 / (2 * chunk_registers<F>() + (is_quantized<F>() ? 4 : 0));
+  constexpr int by_lanes = 32 / rows_per_step;
+  return by_registers < by_lanes ? by_registers : by_lanes;
+}
+
+__device__ __forceinline__ float load_param(const void* base, int64_t index, bool fp32) {
+  return fp32 ? __ldg(static_cast<const float*>(base) + index)
+              : fp16_bits_to_fp32(__ldg(static_cast<const uint16_t*>(base) + index));
+}
+
+struct ChunkParams {
+  float scale = 0.0f, zero = 0.0f;
+};
+
+// The scale and zero point of chunk c of row (b, h, t); `row` is the row's first byte.
+__device__ __forceinline__ ChunkParams chunk_params(const KvOperand& op, const DecodeParams& p, const uint8_t* row,
+                                                    int64_t b, int64_t h, int64_t t, int c) {
+  ChunkParams out;
+  int64_t index = 0;
+  switch (op.mode) {
+    case ParamMode::kNone: return out;
+    case ParamMode::kInlineRow: {
+      const int g = c * kDecodeChunk / op.group;
+      out.scale = fp16_bits_to_fp32(__ldg(reinterpret_cast<const uint16_t*>(row + 4 * g)));
+      out.zero = fp16_bits_to_fp32(__ldg(reinterpret_cast<const uint16_t*>(row + 4 * g + 2)));
+      return out;
+    }
+    case ParamMode::kTensor: index = 0; break;
+    case ParamMode::kToken: index = b * p.tokens + t; break;
+    case ParamMode::kHead: index = (b * p.kv_heads + h) * p.tokens + t; break;
+    case ParamMode::kGroup:
+      index = ((b * p.kv_heads + h) * p.tokens + t) * (p.head_dim / op.group) + c * kDecodeChunk / op.group;
+      break;
+  }
+  out.scale = load_param(op.scales, index, op.fp32_params);
+  out.zero = op.asymmetric ? load_param(op.zeros, index, op.fp32_params) : 0.0f;
+  return out;
+}
+
+template <KvFormat F>
+__device__ __forceinline__ typename ChunkBits<F>::type load_chunk(const KvOperand& op, const uint8_t* row, int c) {
+  using Bits = typename ChunkBits<F>::type;
+  return __ldg(reinterpret_cast<const Bits*>(row + op.inline_bytes) + c);
+}
+
+// The codec's decode of one code, as the CPU dequantizer does it.
+__device__ __forceinline__ float decode_code(int q, const ChunkParams& cp, bool asymmetric) {
+  return asymmetric ? decode_asymmetric(q, cp.scale, cp.zero) : decode_symmetric(q, cp.scale);
+}
+
+template <KvFormat F>
+__device__ __forceinline__ void dequantize_chunk(const typename ChunkBits<F>::type& bits, const ChunkParams& cp,
+                                                 bool asymmetric, float (&x)[kDecodeChunk]) {
+  if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp16) {
+    const uint32_t w[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint16_t lo = static_cast<uint16_t>(w[i] & 0xffffu), hi = static_cast<uint16_t>(w[i] >> 16);
+      x[2 * i] = F == KvFormat::kBf16 ? bf16_bits_to_fp32(lo) : fp16_bits_to_fp32(lo);
+      x[2 * i + 1] = F == KvFormat::kBf16 ? bf16_bits_to_fp32(hi) : fp16_bits_to_fp32(hi);
+    }
+  } else if constexpr (F == KvFormat::kInt8) {
+    const uint32_t w[2] = {bits.x, bits.y};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint8_t byte = static_cast<uint8_t>(w[i / 4] >> (8 * (i % 4)));
+      x[i] = decode_code(byte_to_code(byte, asymmetric), cp, asymmetric);
+    }
+  } else {  // int4: element 2j in the low nibble of byte j
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint8_t nibble = static_cast<uint8_t>((bits >> (4 * i)) & 0xfu);
+      x[i] = decode_code(nibble_to_code(nibble, asymmetric), cp, asymmetric);
+    }
+  }
+}
+
+// Sums v[0..HB) over the L lanes of a row; returns one head's total and sets `head` to it.
+template <int HB, int L>
+__device__ __forceinline__ float reduce_scatter(float (&v)[HB], int lane, int& head) {
+  head = 0;
+  int offset = L / 2;
+#pragma unroll
+  for (int n = HB; n > 1; n /= 2, offset /= 2) {
+    const bool upper = (lane & offset) != 0;
+#pragma unroll
+    for (int j = 0; j < n / 2; ++j) {
+      const float send = upper ? v[j] : v[j + n / 2];
+      const float keep = upper ? v[j + n / 2] : v[j];
+      v[j] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+    }
+    if (upper) head += n / 2;
+  }
+#pragma unroll
+  for (; offset >= 1; offset /= 2) v[0] += __shfl_xor_sync(0xffffffffu, v[0], offset);
+  return v[0];
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// a[i] for a runtime i without spilling the array to local memory.
+template <int N>
+__device__ __forceinline__ float slope_of(const float (&a)[N], int i) {
+  float r = a[0];
+#pragma unroll
+  for (int j = 1; j < N; ++j) r = j == i ? a[j] : r;
+  return r;
+}
+
+__device__ __forceinline__ float exp_natural(float x) { return exp2f(x * kLog2e); }
+
+template <KvFormat F, int D, int HB>
+__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeParams p) {
+  constexpr int L = D / kDecodeChunk;  // lanes per row
+  constexpr int R = 32 / L;            // rows per step
+  constexpr int STEPS = tile_steps<F, D>();
+  constexpr int TILE = R * STEPS;  // keys per warp tile
+  using Bits = typename ChunkBits<F>::type;
+
+  __shared__ float s_p[kDecodeWarps][HB][TILE];
+  __shared__ float s_acc[kDecodeWarps][HB][D];
+  __shared__ float s_m[kDecodeWarps][HB], s_l[kDecodeWarps][HB];
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int c = lane % L, rg = lane / L;
+  const int64_t group_size = p.q_heads / p.kv_heads;
+  const int64_t head_blocks = (group_size + HB - 1) / HB;
+  int64_t cta = blockIdx.x;
+  const int64_t hb = cta % head_blocks;
+  cta /= head_blocks;
+  const int split = static_cast<int>(cta % p.splits);
+  cta /= p.splits;
+  const int64_t hk = cta % p.kv_heads, b = cta / p.kv_heads;
+
+  const int64_t len = p.seq_lens ? p.seq_lens[b] : p.tokens;
+  const int64_t per_split = (len + p.splits - 1) / p.splits;
+  const int64_t t_begin = split * per_split;
+  const int64_t t_end = t_begin + per_split < len ? t_begin + per_split : len;
+
+  float q[HB][kDecodeChunk], slope[HB];
+  bool head_ok[HB];
+#pragma unroll
+  for (int i = 0; i < HB; ++i) {
+    const int64_t in_group = hb * HB + i;
+    head_ok[i] = in_group < group_size;
+    const int64_t h = hk * group_size + (head_ok[i] ? in_group : 0);
+    const uint4 bits = __ldg(reinterpret_cast<const uint4*>(p.q + (b * p.q_heads + h) * D) + c);
+    const uint32_t w[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      q[i][2 * j] = head_ok[i] ? bf16_bits_to_fp32(static_cast<uint16_t>(w[j] & 0xffffu)) : 0.0f;
+      q[i][2 * j + 1] = head_ok[i] ? bf16_bits_to_fp32(static_cast<uint16_t>(w[j] >> 16)) : 0.0f;
+    }
+    slope[i] = p.alibi_slopes && head_ok[i] ? p.alibi_slopes[h] : 0.0f;
+  }
+
+  float m[HB], l[HB], acc[HB][kDecodeChunk];
+#pragma unroll
+  for (int i = 0; i < HB; ++i) {
+    m[i] = -INFINITY, l[i] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kDecodeChunk; ++e) acc[i][e] = 0.0f;
+  }
+
+  const uint8_t* k_head = p.k.data + b * p.k.stride_b + hk * p.k.stride_h;
+  const uint8_t* v_head = p.v.data + b * p.v.stride_b + hk * p.v.stride_h;
+  for (int64_t t0 = t_begin + warp * TILE; t0 < t_end; t0 += kDecodeWarps * TILE) {
+    Bits kb[STEPS], vb[STEPS];
+    ChunkParams kp[STEPS], vp[STEPS];
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s) {
+      const int64_t t = t0 + s * R + rg;
+      kb[s] = Bits{}, vb[s] = Bits{};
+      if (t < t_end) {  // rows past the split (or the sequence: padding, maybe NaN) are never read
+        const uint8_t* krow = k_head + t * p.k.stride_t;
+        const uint8_t* vrow = v_head + t * p.v.stride_t;
+        kb[s] = load_chunk<F>(p.k, krow, c);
+        vb[s] = load_chunk<F>(p.v, vrow, c);
+        if constexpr (is_quantized<F>()) {
+          kp[s] = chunk_params(p.k, p, krow, b, hk, t, c);
+          vp[s] = chunk_params(p.v, p, vrow, b, hk, t, c);
+        }
+      }
+    }
+    // QK: one score per (row, head) into shared memory.
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s) {
+      float k[kDecodeChunk], dot[HB];
+      dequantize_chunk<F>(kb[s], kp[s], p.k.asymmetric, k);
+#pragma unroll
+      for (int i = 0; i < HB; ++i) {
+        float d = q[i][0] * k[0];
+#pragma unroll
+        for (int e = 1; e < kDecodeChunk; ++e) d = __fmaf_rn(q[i][e], k[e], d);
+        dot[i] = d;
+      }
+      int head = 0;
+      const float total = reduce_scatter<HB, L>(dot, lane, head);
+      if ((lane % (L / HB)) == 0) {
+        const int64_t t = t0 + s * R + rg;
+        const float score = total * p.softmax_scale - slope_of(slope, head) * static_cast<float>(len - 1 - t);
+        s_p[warp][head][s * R + rg] = t < t_end ? score : -INFINITY;
+      }
+    }
+    __syncwarp();
+    // Online softmax over the tile: key `lane`.
+#pragma unroll
+    for (int i = 0; i < HB; ++i) {
+      const float x = lane < TILE ? s_p[warp][i][lane] : -INFINITY;
+      const float m_new = fmaxf(m[i], warp_max(x));
+      const float alpha = m_new == -INFINITY ? 1.0f : exp_natural(m[i] - m_new);
+      const float prob = x == -INFINITY ? 0.0f : exp_natural(x - m_new);
+      l[i] = l[i] * alpha + prob;
+#pragma unroll
+      for (int e = 0; e < kDecodeChunk; ++e) acc[i][e] *= alpha;
+      m[i] = m_new;
+      if (lane < TILE) s_p[warp][i][lane] = prob;
+    }
+    __syncwarp();
+    // PV in the QK lane mapping.
+#pragma unroll
+    for (int s = 0; s < STEPS; ++s) {
+      float v[kDecodeChunk];
+      dequantize_chunk<F>(vb[s], vp[s], p.v.asymmetric, v);
+#pragma unroll
+      for (int i = 0; i < HB; ++i) {
+        const float prob = s_p[warp][i][s * R + rg];
+#pragma unroll
+        for (int e = 0; e < kDecodeChunk; ++e) acc[i][e] = __fmaf_rn(prob, v[e], acc[i][e]);
+      }
+    }
+    __syncwarp();
+  }
+
+  // Warp totals: l over all lanes, acc over the R row groups.
+#pragma unroll
+  for (int i = 0; i < HB; ++i) {
+    l[i] = warp_sum(l[i]);
+#pragma unroll
+    for (int o = L; o < 32; o *= 2)
+#pragma unroll
+      for (int e = 0; e < kDecodeChunk; ++e) acc[i][e] += __shfl_xor_sync(0xffffffffu, acc[i][e], o);
+    if (rg == 0)
+#pragma unroll
+      for (int e = 0; e < kDecodeChunk; ++e) s_acc[warp][i][c * kDecodeChunk + e] = acc[i][e];
+    if (lane == 0) s_m[warp][i] = m[i], s_l[warp][i] = l[i];
+  }
+  __syncthreads();
+
+  // Merge the warps: thread per (head, d).
+  for (int idx = threadIdx.x; idx < HB * D; idx += kDecodeThreads) {
+    const int i = idx / D, d = idx % D;
+    const int64_t in_group = hb * HB + i;
+    if (in_group >= group_size) continue;
+    const int64_t h = hk * group_size + in_group;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, s_m[w][i]);
+    float o = 0.0f, lse = -INFINITY;
+    if (mx != -INFINITY) {
+      float sum = 0.0f, num = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) {
+        const float f = exp_natural(s_m[w][i] - mx);  // 0 for a warp that saw no key
+        sum = __fmaf_rn(s_l[w][i], f, sum);
+        num = __fmaf_rn(s_acc[w][i][d], f, num);
+      }
+      o = num / sum;
+      lse = mx + logf(sum);
+    }
+    if (p.splits == 1) {
+      p.out[(b * p.q_heads + h) * D + d] = fp32_to_bf16_bits(o);
+      if (d == 0) p.lse[b * p.q_heads + h] = lse;
+    } else {
+      p.partial_o[((split * p.batch + b) * p.q_heads + h) * D + d] = o;
+      if (d == 0) p.partial_lse[(split * p.batch + b) * p.q_heads + h] = lse;
+    }
+  }
+}
+
+// Launch (and occupancy) of one format's kernels, dispatched over D and HB.
+template <KvFormat F>
+struct DecodeFormatKernels {
+  static const void* kernel(int head_dim, int heads_per_cta);
+  static void launch(const DecodeParams& p, cudaStream_t stream);
+};
+
+template <KvFormat F, int D>
+const void* kernel_for_heads(int heads_per_cta) {
+  switch (heads_per_cta) {
+    case 1: return reinterpret_cast<const void*>(&decode_kernel<F, D, 1>);
+    case 2: return reinterpret_cast<const void*>(&decode_kernel<F, D, 2>);
+    case 4: return reinterpret_cast<const void*>(&decode_kernel<F, D, 4>);
+    case 8: return reinterpret_cast<const void*>(&decode_kernel<F, D, 8>);
+  }
+  return nullptr;
+}
+
+template <KvFormat F>
+const void* DecodeFormatKernels<F>::kernel(int head_dim, int heads_per_cta) {
+  switch (head_dim) {
+    case 8: return heads_per_cta == 1 ? reinterpret_cast<const void*>(&decode_kernel<F, 8, 1>) : nullptr;
+    case 64: return kernel_for_heads<F, 64>(heads_per_cta);
+    case 128: return kernel_for_heads<F, 128>(heads_per_cta);
+    case 256: return kernel_for_heads<F, 256>(heads_per_cta);
+  }
+  return nullptr;
+}
+
+template <KvFormat F>
+void DecodeFormatKernels<F>::launch(const DecodeParams& p, cudaStream_t stream) {
+  const void* fn = kernel(p.head_dim, p.heads_per_cta);
+  if (!fn) throw CudaError("decode: no kernel for this head_dim / heads_per_cta");
+  const int64_t head_blocks = (p.q_heads / p.kv_heads + p.heads_per_cta - 1) / p.heads_per_cta;
+  const int64_t ctas = p.batch * p.kv_heads * p.splits * head_blocks;
+  if (ctas == 0) return;
+  void* args[] = {const_cast<DecodeParams*>(&p)};
+  KVQ_CUDA_CHECK(cudaLaunchKernel(fn, dim3(static_cast<unsigned>(ctas)), dim3(kDecodeThreads), args, 0, stream));
+}
+
+}  // namespace kvq::detail

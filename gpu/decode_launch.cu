@@ -1,0 +1,215 @@
+// Host side of the decode kernels: operands for each storage, the launch plan (heads per CTA,
+// split count), the split-K merge kernel and the dispatch to the per-format instantiations.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "gpu/decode_kernel.cuh"
+#include "quant/errors.hpp"
+#include "quant/fbgemm_layout.hpp"
+#include "quant/groups.hpp"
+
+namespace kvq {
+namespace detail {
+
+extern template struct DecodeFormatKernels<KvFormat::kBf16>;
+extern template struct DecodeFormatKernels<KvFormat::kFp16>;
+extern template struct DecodeFormatKernels<KvFormat::kInt8>;
+extern template struct DecodeFormatKernels<KvFormat::kInt4>;
+extern template struct DecodeFormatKernels<KvFormat::kInt4Fbgemm>;
+
+// One CTA per (b, query head), one thread per d: O = sum_s exp(LSE_s - LSE) O_s over the splits
+// that saw keys, in split order (DESIGN.md's merge; reference/attention.cpp merge_partials).
+__global__ void merge_splits_kernel(const DecodeParams p) {
+  const int64_t bh = blockIdx.x;
+  const int64_t stride = p.batch * p.q_heads;
+  float mx = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, p.partial_lse[s * stride + bh]);
+  float lse = -INFINITY, sum = 0.0f;
+  if (mx != -INFINITY) {
+    for (int s = 0; s < p.splits; ++s) sum += exp_natural(p.partial_lse[s * stride + bh] - mx);
+    lse = mx + logf(sum);
+  }
+  for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
+    float o = 0.0f;
+    if (mx != -INFINITY)
+      for (int s = 0; s < p.splits; ++s) {
+        const float w = exp_natural(p.partial_lse[s * stride + bh] - lse);
+        o = __fmaf_rn(w, p.partial_o[(s * stride + bh) * p.head_dim + d], o);
+      }
+    p.out[bh * p.head_dim + d] = fp32_to_bf16_bits(o);
+  }
+  if (threadIdx.x == 0) p.lse[bh] = lse;
+}
+
+const void* kernel_of(const DecodeParams& p) {
+  switch (p.format) {
+    case KvFormat::kBf16: return DecodeFormatKernels<KvFormat::kBf16>::kernel(p.head_dim, p.heads_per_cta);
+    case KvFormat::kFp16: return DecodeFormatKernels<KvFormat::kFp16>::kernel(p.head_dim, p.heads_per_cta);
+    case KvFormat::kInt8: return DecodeFormatKernels<KvFormat::kInt8>::kernel(p.head_dim, p.heads_per_cta);
+    case KvFormat::kInt4: return DecodeFormatKernels<KvFormat::kInt4>::kernel(p.head_dim, p.heads_per_cta);
+    case KvFormat::kInt4Fbgemm:
+      return DecodeFormatKernels<KvFormat::kInt4Fbgemm>::kernel(p.head_dim, p.heads_per_cta);
+  }
+  return nullptr;
+}
+
+}  // namespace detail
+
+bool decode_head_dim_supported(int head_dim) {
+  return head_dim == 8 || head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+const char* to_string(KvFormat f) {
+  switch (f) {
+    case KvFormat::kBf16: return "bf16";
+    case KvFormat::kFp16: return "fp16";
+    case KvFormat::kInt8: return "int8";
+    case KvFormat::kInt4: return "int4";
+    case KvFormat::kInt4Fbgemm: return "int4-fbgemm";
+  }
+  return "?";
+}
+
+std::string decode_unsupported_reason(const Scheme& s, int head_dim, bool fbgemm_rows) {
+  if (!decode_head_dim_supported(head_dim))
+    return fmt::format("head_dim {} (decode kernels take 8, 64, 128 or 256)", head_dim);
+  if (s.granularity == Granularity::kChannel)
+    return fmt::format("{}: per-channel groups change along the keys; no decode kernel reads them yet", to_string(s));
+  if (s.granularity == Granularity::kGroup && s.group % kDecodeChunk != 0)
+    return fmt::format("{}: groups of {} elements (decode kernels need a multiple of {})", to_string(s), s.group,
+                       kDecodeChunk);
+  if (fbgemm_rows) {
+    try {
+      fbgemm_groups_per_row(s, head_dim);
+    } catch (const SchemeError& e) {
+      return e.what();
+    }
+  }
+  return "";
+}
+
+KvOperand quantized_operand(const Scheme& s, int64_t batch, int64_t heads, int64_t tokens, int head_dim,
+                            bool fbgemm_rows, const uint8_t* codes, const void* scales, const void* zeros) {
+  const std::string why = decode_unsupported_reason(s, head_dim, fbgemm_rows);
+  if (!why.empty()) throw SchemeError(why);
+  KvOperand op;
+  op.data = codes;
+  op.asymmetric = s.asymmetric;
+  op.fp32_params = s.scale_dtype == ScaleDtype::kFp32;
+  op.group = s.granularity == Granularity::kGroup ? s.group : head_dim;
+  if (fbgemm_rows) {
+    const int64_t row = fbgemm_row_bytes(s, head_dim);
+    op.mode = ParamMode::kInlineRow;
+    op.inline_bytes = 4 * fbgemm_groups_per_row(s, head_dim);
+    op.stride_t = heads * row, op.stride_h = row, op.stride_b = tokens * heads * row;
+    return op;
+  }
+  const int64_t row = code_bytes_per_row(s, head_dim);
+  op.stride_t = row, op.stride_h = tokens * row, op.stride_b = heads * tokens * row;
+  op.scales = scales;
+  op.zeros = zeros;
+  switch (s.granularity) {
+    case Granularity::kTensor: op.mode = ParamMode::kTensor; break;
+    case Granularity::kToken: op.mode = ParamMode::kToken; break;
+    case Granularity::kHead: op.mode = ParamMode::kHead; break;
+    case Granularity::kGroup: op.mode = ParamMode::kGroup; break;
+    case Granularity::kChannel: break;  // rejected above
+  }
+  (void)batch;
+  return op;
+}
+
+KvOperand raw_operand(const void* data, int64_t heads, int64_t tokens, int head_dim, bool bsnh) {
+  KvOperand op;
+  op.data = static_cast<const uint8_t*>(data);
+  const int64_t row = 2 * head_dim;
+  if (bsnh) op.stride_t = heads * row, op.stride_h = row;
+  else op.stride_t = row, op.stride_h = tokens * row;
+  op.stride_b = heads * tokens * row;
+  return op;
+}
+
+void check_decode_params(const DecodeParams& p) {
+  if (p.batch < 0 || p.q_heads <= 0 || p.kv_heads <= 0 || p.tokens < 0)
+    throw InputError(fmt::format("decode: B={} Hq={} Hkv={} T={}: need B >= 0, T >= 0, heads > 0", p.batch, p.q_heads,
+                                 p.kv_heads, p.tokens));
+  if (p.q_heads % p.kv_heads != 0)
+    throw InputError(fmt::format("decode: Hq={} is not a multiple of Hkv={}", p.q_heads, p.kv_heads));
+  if (!decode_head_dim_supported(p.head_dim))
+    throw InputError(fmt::format("decode: head_dim {} (expected 8, 64, 128 or 256)", p.head_dim));
+  if (p.heads_per_cta > p.head_dim / kDecodeChunk)
+    throw InputError(fmt::format("decode: heads_per_cta {} exceeds the {} lanes of a head_dim {} row",
+                                 p.heads_per_cta, p.head_dim / kDecodeChunk, p.head_dim));
+  if (p.batch > 0 && (!p.q || !p.out || !p.lse || (p.tokens > 0 && (!p.k.data || !p.v.data))))
+    throw InputError("decode: Q, K, V, O and LSE buffers are required");
+  if (p.splits < 1 || p.splits > kMaxSplits)
+    throw InputError(fmt::format("decode: {} splits (expected 1..{})", p.splits, kMaxSplits));
+  if (p.heads_per_cta != 1 && p.heads_per_cta != 2 && p.heads_per_cta != 4 && p.heads_per_cta != 8)
+    throw InputError(fmt::format("decode: heads_per_cta {} (expected 1, 2, 4 or 8)", p.heads_per_cta));
+  if (p.splits > 1 && (!p.partial_o || !p.partial_lse)) throw InputError("decode: split-K needs partial buffers");
+}
+
+DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, double waves) {
+  const int64_t group = p.q_heads / std::max<int64_t>(p.kv_heads, 1);
+  int hpc = 1;  // a row's lanes reduce-scatter one head each: at most D/8 heads
+  while (hpc < group && hpc < max_heads_per_cta && hpc < p.head_dim / kDecodeChunk) hpc *= 2;
+  p.heads_per_cta = hpc;
+  if (p.splits == 0) {
+    int per_sm = 1;
+    if (const void* fn = detail::kernel_of(p))
+      KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, detail::kDecodeThreads, 0));
+    const int64_t base = p.batch * p.kv_heads * ((group + hpc - 1) / hpc);
+    const double wanted = waves * sm_count * std::max(per_sm, 1);
+    int64_t splits = base > 0 ? static_cast<int64_t>(std::ceil(wanted / static_cast<double>(base))) : 1;
+    splits = std::min<int64_t>(splits, std::max<int64_t>(1, p.tokens / 256));
+    p.splits = static_cast<int>(std::clamp<int64_t>(splits, 1, kMaxSplits));
+  }
+  return p;
+}
+
+int64_t partial_o_floats(const DecodeParams& p) { return p.splits > 1 ? p.splits * p.batch * p.q_heads * p.head_dim : 0; }
+int64_t partial_lse_floats(const DecodeParams& p) { return p.splits > 1 ? p.splits * p.batch * p.q_heads : 0; }
+
+void launch_decode(const DecodeParams& p, cudaStream_t stream) {
+  check_decode_params(p);
+  if (p.batch == 0) return;
+  switch (p.format) {
+    case KvFormat::kBf16: detail::DecodeFormatKernels<KvFormat::kBf16>::launch(p, stream); break;
+    case KvFormat::kFp16: detail::DecodeFormatKernels<KvFormat::kFp16>::launch(p, stream); break;
+    case KvFormat::kInt8: detail::DecodeFormatKernels<KvFormat::kInt8>::launch(p, stream); break;
+    case KvFormat::kInt4: detail::DecodeFormatKernels<KvFormat::kInt4>::launch(p, stream); break;
+    case KvFormat::kInt4Fbgemm: detail::DecodeFormatKernels<KvFormat::kInt4Fbgemm>::launch(p, stream); break;
+  }
+  KVQ_CHECK_LAUNCH();
+  if (p.splits > 1) {
+    const int threads = std::min(p.head_dim, 128);
+    detail::merge_splits_kernel<<<static_cast<unsigned>(p.batch * p.q_heads), threads, 0, stream>>>(p);
+    KVQ_CHECK_LAUNCH();
+  }
+}
+
+int64_t decode_bytes_moved(const DecodeParams& p, const Scheme* k_scheme, const Scheme* v_scheme,
+                           const int32_t* host_seq_lens) {
+  int64_t live = 0;
+  for (int64_t b = 0; b < p.batch; ++b) live += host_seq_lens ? host_seq_lens[b] : p.tokens;
+  auto per_token_head = [&](const Scheme* s) -> double {  // bytes per (token, KV head)
+    if (!s) return 2.0 * p.head_dim;
+    const double param_bytes = (s->scale_dtype == ScaleDtype::kFp16 ? 2.0 : 4.0) * (s->asymmetric ? 2 : 1);
+    double groups = 0;
+    switch (s->granularity) {
+      case Granularity::kTensor: groups = 0; break;
+      case Granularity::kToken: groups = 1.0 / static_cast<double>(p.kv_heads); break;
+      case Granularity::kHead: groups = 1; break;
+      case Granularity::kGroup: groups = static_cast<double>(p.head_dim / s->group); break;
+      case Granularity::kChannel: groups = 0; break;
+    }
+    return static_cast<double>(code_bytes_per_row(*s, p.head_dim)) + groups * param_bytes;
+  };
+  const double kv = static_cast<double>(live * p.kv_heads) * (per_token_head(k_scheme) + per_token_head(v_scheme));
+  const int64_t q_o = 2 * 2 * p.batch * p.q_heads * p.head_dim + 4 * p.batch * p.q_heads;
+  return static_cast<int64_t>(kv) + q_o;
+}
+
+}  // namespace kvq
