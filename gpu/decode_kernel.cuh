@@ -1,18 +1,21 @@
 // The decode kernel template, instantiated per storage format in decode_<format>.cu.
 //
 // CTA = (b, KV head, key split, block of HB query heads of that KV head): the HB heads share every
-// K/V byte the CTA reads (GQA). Four warps take interleaved tiles of TILE keys. In a tile each row
-// (token) is read by L = D/8 lanes, 8 elements per lane, R = 32/L rows per step:
-//   1. K and V chunks of the whole tile are loaded first (many bytes in flight per warp);
-//   2. QK: each lane dots its 8 dequantized K elements with its 8 elements of every query head, and
-//      a reduce-scatter over the L lanes leaves one head's score per lane (HB-1 + log2(L/HB)
-//      shuffles instead of HB*log2(L));
-//   3. online softmax over the tile (one key per lane), probabilities to shared memory;
-//   4. PV: acc[head][8] += p * V chunk, in the same lane mapping as QK.
-// Warps merge by (max, sum) in shared memory; with one split the CTA writes bf16 O and LSE,
-// otherwise fp32 partials that decode_launch.cu merges. Dequantization is the codec's decode(),
-// so the kernel reads exactly the values the CPU reference is given. Everything is in a fixed
-// order: reruns are bitwise identical.
+// K/V byte the CTA reads (GQA). The CTA walks its keys in chunks of kChunkKeys. Each row (token) is
+// read by L = D/8 lanes, 8 elements per lane, R = 32/L rows per warp step; warps take steps in turn,
+// U steps' loads in flight at once:
+//   1. QK: each lane dots its 8 dequantized K elements with its 8 elements of every query head; a
+//      reduce-scatter over the L lanes leaves one head's score per lane (HB-1 + log2(L/HB) shuffles
+//      instead of HB*log2(L)); scores go to shared memory;
+//   2. softmax statistics of the chunk (a warp per head): running max and sum, probabilities in
+//      place, the factor that rescales the accumulators;
+//   3. PV in the QK lane mapping: acc[head][8] += p * V chunk.
+// Q lives in registers only in phase 1 and the accumulators matter only in phase 3, which keeps
+// the register count (and so the occupancy) of the GQA case workable. Warps sum their accumulators
+// in shared memory at the end; with one split the CTA writes bf16 O and LSE, otherwise fp32
+// partials that decode_launch.cu merges. Dequantization is the codec's decode(), so the kernel
+// reads exactly the values the CPU reference is given. Everything runs in a fixed order: reruns
+// are bitwise identical.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,14 +48,17 @@ KVQ_HD constexpr bool is_quantized() {
   return F == KvFormat::kInt8 || F == KvFormat::kInt4 || F == KvFormat::kInt4Fbgemm;
 }
 
-// Steps (of R rows) per tile: the K and V chunks of a tile and their scales and zero points take
-// at most 64 registers, and a tile has at most 32 keys (one per lane in the softmax).
-template <KvFormat F, int D>
-KVQ_HD constexpr int tile_steps() {
-  constexpr int rows_per_step = 32 / (D / kDecodeChunk);
-  constexpr int by_registers = 64 / (2 * chunk_registers<F>() + (is_quantized<F>() ? 4 : 0));
-  constexpr int by_lanes = 32 / rows_per_step;
-  return by_registers < by_lanes ? by_registers : by_lanes;
+// Warp steps whose loads are in flight together: their chunks (and scales and zero points) take
+// about 32 registers.
+template <KvFormat F>
+KVQ_HD constexpr int steps_in_flight() {
+  return 32 / (chunk_registers<F>() + (is_quantized<F>() ? 2 : 0));
+}
+
+// Keys per softmax chunk: scores of the chunk and the warps' accumulators share 48 KB of shared memory.
+template <int D, int HB>
+KVQ_HD constexpr int chunk_keys() {
+  return D * HB >= 2048 ? 256 : 512;
 }
 
 __device__ __forceinline__ float load_param(const void* base, int64_t index, bool fp32) {
@@ -95,11 +101,6 @@ __device__ __forceinline__ typename ChunkBits<F>::type load_chunk(const KvOperan
   return __ldg(reinterpret_cast<const Bits*>(row + op.inline_bytes) + c);
 }
 
-// The codec's decode of one code, as the CPU dequantizer does it.
-__device__ __forceinline__ float decode_code(int q, const ChunkParams& cp, bool asymmetric) {
-  return asymmetric ? decode_asymmetric(q, cp.scale, cp.zero) : decode_symmetric(q, cp.scale);
-}
-
 template <KvFormat F>
 __device__ __forceinline__ void dequantize_chunk(const typename ChunkBits<F>::type& bits, const ChunkParams& cp,
                                                  bool asymmetric, float (&x)[kDecodeChunk]) {
@@ -112,17 +113,23 @@ __device__ __forceinline__ void dequantize_chunk(const typename ChunkBits<F>::ty
       x[2 * i + 1] = F == KvFormat::kBf16 ? bf16_bits_to_fp32(hi) : fp16_bits_to_fp32(hi);
     }
   } else if constexpr (F == KvFormat::kInt8) {
-    const uint32_t w[2] = {bits.x, bits.y};
+    // Codes become floats exactly through the exponent trick: 2^23 + u has u in its low bits.
+    // Symmetric codes are biased by 128 first (xor 0x80), so one PRMT and one FADD per code.
+    const uint32_t flip = asymmetric ? 0u : 0x80808080u;
+    const float bias = asymmetric ? 8388608.0f : 8388736.0f;
+    const uint32_t w[2] = {bits.x ^ flip, bits.y ^ flip};
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const uint8_t byte = static_cast<uint8_t>(w[i / 4] >> (8 * (i % 4)));
-      x[i] = decode_code(byte_to_code(byte, asymmetric), cp, asymmetric);
+      const float q = __uint_as_float(__byte_perm(w[i / 4], 0x4b000000u, 0x7540u + (i % 4))) - bias;
+      x[i] = asymmetric ? decode_asymmetric(q, cp.scale, cp.zero) : decode_symmetric(q, cp.scale);
     }
-  } else {  // int4: element 2j in the low nibble of byte j
+  } else {  // int4: element 2j in the low nibble of byte j; symmetric nibbles biased by 8
+    const uint32_t w = bits ^ (asymmetric ? 0u : 0x88888888u);
+    const float bias = asymmetric ? 8388608.0f : 8388616.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const uint8_t nibble = static_cast<uint8_t>((bits >> (4 * i)) & 0xfu);
-      x[i] = decode_code(nibble_to_code(nibble, asymmetric), cp, asymmetric);
+      const float q = __uint_as_float(0x4b000000u | ((w >> (4 * i)) & 0xfu)) - bias;
+      x[i] = asymmetric ? decode_asymmetric(q, cp.scale, cp.zero) : decode_symmetric(q, cp.scale);
     }
   }
 }
@@ -171,16 +178,16 @@ __device__ __forceinline__ float slope_of(const float (&a)[N], int i) {
 __device__ __forceinline__ float exp_natural(float x) { return exp2f(x * kLog2e); }
 
 template <KvFormat F, int D, int HB>
-__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kDecodeThreads, HB >= 8 ? 3 : 4) decode_kernel(const DecodeParams p) {
   constexpr int L = D / kDecodeChunk;  // lanes per row
-  constexpr int R = 32 / L;            // rows per step
-  constexpr int STEPS = tile_steps<F, D>();
-  constexpr int TILE = R * STEPS;  // keys per warp tile
+  constexpr int R = 32 / L;            // rows per warp step
+  constexpr int U = steps_in_flight<F>();
+  constexpr int kChunkKeys = chunk_keys<D, HB>();
   using Bits = typename ChunkBits<F>::type;
 
-  __shared__ float s_p[kDecodeWarps][HB][TILE];
-  __shared__ float s_acc[kDecodeWarps][HB][D];
-  __shared__ float s_m[kDecodeWarps][HB], s_l[kDecodeWarps][HB];
+  __shared__ float s_p[HB * kChunkKeys];             // the chunk's scores, then probabilities
+  __shared__ float s_acc[kDecodeWarps * HB * D];     // each warp's running P.V
+  __shared__ float s_m[HB], s_l[HB], s_alpha[HB];
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int c = lane % L, rg = lane / L;
@@ -198,136 +205,142 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
   const int64_t t_begin = split * per_split;
   const int64_t t_end = t_begin + per_split < len ? t_begin + per_split : len;
 
-  float q[HB][kDecodeChunk], slope[HB];
-  bool head_ok[HB];
-#pragma unroll
-  for (int i = 0; i < HB; ++i) {
-    const int64_t in_group = hb * HB + i;
-    head_ok[i] = in_group < group_size;
-    const int64_t h = hk * group_size + (head_ok[i] ? in_group : 0);
-    const uint4 bits = __ldg(reinterpret_cast<const uint4*>(p.q + (b * p.q_heads + h) * D) + c);
-    const uint32_t w[4] = {bits.x, bits.y, bits.z, bits.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      q[i][2 * j] = head_ok[i] ? bf16_bits_to_fp32(static_cast<uint16_t>(w[j] & 0xffffu)) : 0.0f;
-      q[i][2 * j + 1] = head_ok[i] ? bf16_bits_to_fp32(static_cast<uint16_t>(w[j] >> 16)) : 0.0f;
-    }
-    slope[i] = p.alibi_slopes && head_ok[i] ? p.alibi_slopes[h] : 0.0f;
-  }
-
-  float m[HB], l[HB], acc[HB][kDecodeChunk];
-#pragma unroll
-  for (int i = 0; i < HB; ++i) {
-    m[i] = -INFINITY, l[i] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < kDecodeChunk; ++e) acc[i][e] = 0.0f;
-  }
+  if (threadIdx.x < HB) s_m[threadIdx.x] = -INFINITY, s_l[threadIdx.x] = 0.0f;
+  for (int i = threadIdx.x; i < kDecodeWarps * HB * D; i += kDecodeThreads) s_acc[i] = 0.0f;
 
   const uint8_t* k_head = p.k.data + b * p.k.stride_b + hk * p.k.stride_h;
   const uint8_t* v_head = p.v.data + b * p.v.stride_b + hk * p.v.stride_h;
-  for (int64_t t0 = t_begin + warp * TILE; t0 < t_end; t0 += kDecodeWarps * TILE) {
-    Bits kb[STEPS], vb[STEPS];
-    ChunkParams kp[STEPS], vp[STEPS];
+  for (int64_t c0 = t_begin; c0 < t_end; c0 += kChunkKeys) {
+    const int n = static_cast<int>(t_end - c0 < kChunkKeys ? t_end - c0 : kChunkKeys);
+    {  // 1. QK
+      float q[HB][kDecodeChunk], slope[HB];
 #pragma unroll
-    for (int s = 0; s < STEPS; ++s) {
-      const int64_t t = t0 + s * R + rg;
-      kb[s] = Bits{}, vb[s] = Bits{};
-      if (t < t_end) {  // rows past the split (or the sequence: padding, maybe NaN) are never read
-        const uint8_t* krow = k_head + t * p.k.stride_t;
-        const uint8_t* vrow = v_head + t * p.v.stride_t;
-        kb[s] = load_chunk<F>(p.k, krow, c);
-        vb[s] = load_chunk<F>(p.v, vrow, c);
-        if constexpr (is_quantized<F>()) {
-          kp[s] = chunk_params(p.k, p, krow, b, hk, t, c);
-          vp[s] = chunk_params(p.v, p, vrow, b, hk, t, c);
+      for (int i = 0; i < HB; ++i) {
+        const int64_t in_group = hb * HB + i;
+        const bool ok = in_group < group_size;
+        const int64_t h = hk * group_size + (ok ? in_group : 0);
+        const uint4 bits = __ldg(reinterpret_cast<const uint4*>(p.q + (b * p.q_heads + h) * D) + c);
+        const uint32_t w[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          q[i][2 * j] = ok ? bf16_bits_to_fp32(static_cast<uint16_t>(w[j] & 0xffffu)) : 0.0f;
+          q[i][2 * j + 1] = ok ? bf16_bits_to_fp32(static_cast<uint16_t>(w[j] >> 16)) : 0.0f;
+        }
+        slope[i] = p.alibi_slopes && ok ? p.alibi_slopes[h] : 0.0f;
+      }
+      for (int j0 = 0; (j0 * kDecodeWarps + warp) * R < n; j0 += U) {
+        Bits kb[U];
+        ChunkParams kp[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int row = ((j0 + u) * kDecodeWarps + warp) * R + rg;
+          kb[u] = Bits{};
+          if (row < n) {  // rows past the chunk (or the sequence: padding, maybe NaN) are never read
+            const uint8_t* krow = k_head + (c0 + row) * p.k.stride_t;
+            kb[u] = load_chunk<F>(p.k, krow, c);
+            if constexpr (is_quantized<F>()) kp[u] = chunk_params(p.k, p, krow, b, hk, c0 + row, c);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int row = ((j0 + u) * kDecodeWarps + warp) * R + rg;
+          float k[kDecodeChunk], dot[HB];
+          dequantize_chunk<F>(kb[u], kp[u], p.k.asymmetric, k);
+#pragma unroll
+          for (int i = 0; i < HB; ++i) {
+            float d = q[i][0] * k[0];
+#pragma unroll
+            for (int e = 1; e < kDecodeChunk; ++e) d = __fmaf_rn(q[i][e], k[e], d);
+            dot[i] = d;
+          }
+          int head = 0;
+          const float total = reduce_scatter<HB, L>(dot, lane, head);
+          if (lane % (L / HB) == 0 && row < n)
+            s_p[head * kChunkKeys + row] =
+                total * p.softmax_scale - slope_of(slope, head) * static_cast<float>(len - 1 - (c0 + row));
         }
       }
     }
-    // QK: one score per (row, head) into shared memory.
-#pragma unroll
-    for (int s = 0; s < STEPS; ++s) {
-      float k[kDecodeChunk], dot[HB];
-      dequantize_chunk<F>(kb[s], kp[s], p.k.asymmetric, k);
-#pragma unroll
-      for (int i = 0; i < HB; ++i) {
-        float d = q[i][0] * k[0];
-#pragma unroll
-        for (int e = 1; e < kDecodeChunk; ++e) d = __fmaf_rn(q[i][e], k[e], d);
-        dot[i] = d;
+    __syncthreads();
+    // 2. Softmax statistics: a warp per head.
+    for (int i = warp; i < HB; i += kDecodeWarps) {
+      float* sc = s_p + i * kChunkKeys;
+      float mx = -INFINITY;
+      for (int j = lane; j < n; j += 32) mx = fmaxf(mx, sc[j]);
+      const float m_old = s_m[i], m_new = fmaxf(m_old, warp_max(mx));
+      float sum = 0.0f;
+      for (int j = lane; j < n; j += 32) {
+        const float prob = exp_natural(sc[j] - m_new);
+        sc[j] = prob;
+        sum += prob;
       }
-      int head = 0;
-      const float total = reduce_scatter<HB, L>(dot, lane, head);
-      if ((lane % (L / HB)) == 0) {
-        const int64_t t = t0 + s * R + rg;
-        const float score = total * p.softmax_scale - slope_of(slope, head) * static_cast<float>(len - 1 - t);
-        s_p[warp][head][s * R + rg] = t < t_end ? score : -INFINITY;
+      sum = warp_sum(sum);
+      if (lane == 0) {
+        const float alpha = m_old == -INFINITY ? 0.0f : exp_natural(m_old - m_new);
+        s_alpha[i] = alpha, s_m[i] = m_new, s_l[i] = s_l[i] * alpha + sum;
       }
     }
-    __syncwarp();
-    // Online softmax over the tile: key `lane`.
+    __syncthreads();
+    // 3. PV into chunk-local accumulators (not live during QK), added to the warp's running sum.
+    float acc[HB][kDecodeChunk];
+#pragma unroll
+    for (int i = 0; i < HB; ++i)
+#pragma unroll
+      for (int e = 0; e < kDecodeChunk; ++e) acc[i][e] = 0.0f;
+    for (int j0 = 0; (j0 * kDecodeWarps + warp) * R < n; j0 += U) {
+      Bits vb[U];
+      ChunkParams vp[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int row = ((j0 + u) * kDecodeWarps + warp) * R + rg;
+        vb[u] = Bits{};
+        if (row < n) {
+          const uint8_t* vrow = v_head + (c0 + row) * p.v.stride_t;
+          vb[u] = load_chunk<F>(p.v, vrow, c);
+          if constexpr (is_quantized<F>()) vp[u] = chunk_params(p.v, p, vrow, b, hk, c0 + row, c);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int row = ((j0 + u) * kDecodeWarps + warp) * R + rg;
+        if (row >= n) continue;
+        float v[kDecodeChunk];
+        dequantize_chunk<F>(vb[u], vp[u], p.v.asymmetric, v);
+#pragma unroll
+        for (int i = 0; i < HB; ++i) {
+          const float prob = s_p[i * kChunkKeys + row];
+#pragma unroll
+          for (int e = 0; e < kDecodeChunk; ++e) acc[i][e] = __fmaf_rn(prob, v[e], acc[i][e]);
+        }
+      }
+    }
 #pragma unroll
     for (int i = 0; i < HB; ++i) {
-      const float x = lane < TILE ? s_p[warp][i][lane] : -INFINITY;
-      const float m_new = fmaxf(m[i], warp_max(x));
-      const float alpha = m_new == -INFINITY ? 1.0f : exp_natural(m[i] - m_new);
-      const float prob = x == -INFINITY ? 0.0f : exp_natural(x - m_new);
-      l[i] = l[i] * alpha + prob;
 #pragma unroll
-      for (int e = 0; e < kDecodeChunk; ++e) acc[i][e] *= alpha;
-      m[i] = m_new;
-      if (lane < TILE) s_p[warp][i][lane] = prob;
-    }
-    __syncwarp();
-    // PV in the QK lane mapping.
+      for (int o = L; o < 32; o *= 2)
 #pragma unroll
-    for (int s = 0; s < STEPS; ++s) {
-      float v[kDecodeChunk];
-      dequantize_chunk<F>(vb[s], vp[s], p.v.asymmetric, v);
+        for (int e = 0; e < kDecodeChunk; ++e) acc[i][e] += __shfl_xor_sync(0xffffffffu, acc[i][e], o);
+      if (rg == 0) {
+        float* run = s_acc + (warp * HB + i) * D + c * kDecodeChunk;
 #pragma unroll
-      for (int i = 0; i < HB; ++i) {
-        const float prob = s_p[warp][i][s * R + rg];
-#pragma unroll
-        for (int e = 0; e < kDecodeChunk; ++e) acc[i][e] = __fmaf_rn(prob, v[e], acc[i][e]);
+        for (int e = 0; e < kDecodeChunk; ++e) run[e] = __fmaf_rn(run[e], s_alpha[i], acc[i][e]);
       }
     }
-    __syncwarp();
+    __syncthreads();  // the next chunk overwrites the probabilities
   }
 
-  // Warp totals: l over all lanes, acc over the R row groups.
-#pragma unroll
-  for (int i = 0; i < HB; ++i) {
-    l[i] = warp_sum(l[i]);
-#pragma unroll
-    for (int o = L; o < 32; o *= 2)
-#pragma unroll
-      for (int e = 0; e < kDecodeChunk; ++e) acc[i][e] += __shfl_xor_sync(0xffffffffu, acc[i][e], o);
-    if (rg == 0)
-#pragma unroll
-      for (int e = 0; e < kDecodeChunk; ++e) s_acc[warp][i][c * kDecodeChunk + e] = acc[i][e];
-    if (lane == 0) s_m[warp][i] = m[i], s_l[warp][i] = l[i];
-  }
-  __syncthreads();
-
-  // Merge the warps: thread per (head, d).
   for (int idx = threadIdx.x; idx < HB * D; idx += kDecodeThreads) {
     const int i = idx / D, d = idx % D;
     const int64_t in_group = hb * HB + i;
     if (in_group >= group_size) continue;
     const int64_t h = hk * group_size + in_group;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, s_m[w][i]);
     float o = 0.0f, lse = -INFINITY;
-    if (mx != -INFINITY) {
-      float sum = 0.0f, num = 0.0f;
+    if (s_m[i] != -INFINITY) {
+      float num = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) {
-        const float f = exp_natural(s_m[w][i] - mx);  // 0 for a warp that saw no key
-        sum = __fmaf_rn(s_l[w][i], f, sum);
-        num = __fmaf_rn(s_acc[w][i][d], f, num);
-      }
-      o = num / sum;
-      lse = mx + logf(sum);
+      for (int w = 0; w < kDecodeWarps; ++w) num += s_acc[(w * HB + i) * D + d];
+      o = num / s_l[i];
+      lse = s_m[i] + logf(s_l[i]);
     }
     if (p.splits == 1) {
       p.out[(b * p.q_heads + h) * D + d] = fp32_to_bf16_bits(o);

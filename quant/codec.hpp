@@ -135,7 +135,10 @@ KVQ_HD int encode_symmetric(float x, float scale, float inv_scale, int qmax) {
   return scale == 0.0f ? 0 : q;
 }
 
-KVQ_HD float decode_symmetric(int q, float scale) { return static_cast<float>(q) * scale; }
+// Decoding takes the code as a float (exact: |q| < 2^24) so that a kernel may convert codes its own
+// fast way; the arithmetic stays here.
+KVQ_HD float decode_symmetric(float q, float scale) { return q * scale; }
+KVQ_HD float decode_symmetric(int q, float scale) { return decode_symmetric(static_cast<float>(q), scale); }
 
 // ---- asymmetric ------------------------------------------------------------------------------
 KVQ_HD GroupParams asymmetric_params(float lo, float hi, const Scheme& s) {
@@ -157,8 +160,9 @@ KVQ_HD int encode_asymmetric(float x, float scale, float inv_scale, float zero, 
   return scale == 0.0f ? 0 : q;
 }
 
+KVQ_HD float decode_asymmetric(float q, float scale, float zero) { return fused_multiply_add(q, scale, zero); }
 KVQ_HD float decode_asymmetric(int q, float scale, float zero) {
-  return fused_multiply_add(static_cast<float>(q), scale, zero);
+  return decode_asymmetric(static_cast<float>(q), scale, zero);
 }
 
 // ---- scheme-level dispatch -------------------------------------------------------------------
