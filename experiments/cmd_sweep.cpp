@@ -11,6 +11,7 @@
 #include "experiments/recommend_print.hpp"
 #include "experiments/results_writer.hpp"
 #include "experiments/run_info.hpp"
+#include "experiments/sweep_latency.hpp"
 #include "experiments/synthetic_options.hpp"
 
 namespace kvq {
@@ -24,6 +25,8 @@ struct SweepArgs {
   std::string k_schemes, v_schemes, out_dir = "results/sweep";
   int64_t top_k = 8;
   double max_rel_l2 = 0.0;  // > 0: print recommendations within this budget
+  std::string latency_shape = "seed000:128";
+  bool no_latency = false;
 };
 
 // A progress line on stderr, only when it is a terminal.
@@ -68,6 +71,7 @@ int run(const SweepArgs& a) {
   }
   progress("");
   if (rows.empty()) throw InputError("sweep: nothing to do (give dumps or --synthetic)");
+  if (!a.no_latency) attach_decode_latency(rows, a.latency_shape);
   print_sweep_table(rows, stdout);
   for (const std::string& note : notes) fmt::print("{}\n", note);
 
@@ -114,6 +118,10 @@ Command add_sweep_command(CLI::App& parent) {
   cmd->add_option("--top-k", a->top_k, "k of the top-k attention overlap")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--max-rel-l2", a->max_rel_l2, "Also recommend the smallest schemes with out_rel_l2_mean within this budget")
       ->check(CLI::PositiveNumber);
+  cmd->add_flag("--no-latency", a->no_latency,
+                "Skip the latency columns a GPU adds (each pair's decode time with the default decode variant)");
+  cmd->add_option("--latency-shape", a->latency_shape, "Decode shape of the latency columns: NAME:B of a kvq bench shape")
+      ->capture_default_str();
   add_synthetic_options(*cmd, a->spec);
   return {cmd, [a] {
             if (a->dumps.empty() && !a->synthetic)  // relative to here when it can be: results stay portable

@@ -1,5 +1,7 @@
 #include "experiments/results_writer.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include <fstream>
@@ -38,7 +40,10 @@ void write_sweep_csv(const std::vector<SweepRow>& rows, const std::string& path)
   out << "source,layer,k_scheme,v_scheme,k_bits,k_granularity,k_asym,k_group_elems,v_bits,v_granularity,v_asym,"
          "v_group_elems,k_bytes_per_token_head,v_bytes_per_token_head,kv_bits_per_element,k_sqnr_db,k_max_abs,"
          "v_sqnr_db,v_max_abs,out_rel_l2_mean,out_rel_l2_max,out_max_abs,out_cosine_mean,out_cosine_min,attn_kl_mean,"
-         "attn_kl_max,attn_topk_overlap_mean,attn_topk_overlap_min\n";
+         "attn_kl_max,attn_topk_overlap_mean,attn_topk_overlap_min";
+  // Latency columns only when a GPU measured them (a CPU sweep's file keeps its schema).
+  const bool latency = std::any_of(rows.begin(), rows.end(), [](const SweepRow& r) { return r.latency.has_value(); });
+  out << (latency ? ",decode_variant,latency_shape,latency_us,latency_gbps\n" : "\n");
   for (const SweepRow& r : rows) {
     out << fmt::format("{},{},{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g}", csv_quoted(r.source),
                        r.layer, to_string(r.schemes.k), to_string(r.schemes.v),
@@ -48,12 +53,18 @@ void write_sweep_csv(const std::vector<SweepRow>& rows, const std::string& path)
     if (r.has_attention) {
       const OutputError& o = r.output;
       const ProbabilityError& p = r.probabilities;
-      out << fmt::format(",{:.9g},{:.9g},{:.9g},{:.12g},{:.12g},{:.9g},{:.9g},{:.9g},{:.9g}\n", o.rel_l2_mean,
+      out << fmt::format(",{:.9g},{:.9g},{:.9g},{:.12g},{:.12g},{:.9g},{:.9g},{:.9g},{:.9g}", o.rel_l2_mean,
                          o.rel_l2_max, o.max_abs, o.cosine_mean, o.cosine_min, p.kl_mean, p.kl_max,
                          p.topk_overlap_mean, p.topk_overlap_min);
     } else {
-      out << ",,,,,,,,,\n";
+      out << ",,,,,,,,,";
     }
+    if (latency && r.latency)
+      out << fmt::format(",{},{},{:.3f},{:.1f}", r.latency->variant, csv_quoted(r.latency->shape), r.latency->us,
+                         r.latency->gbps);
+    else if (latency)
+      out << ",,,,";
+    out << "\n";
   }
   finish(out, path);
 }

@@ -3,6 +3,7 @@
 // original K/V. Memory per token comes with every row.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,12 @@ std::vector<SchemePair> cross_pairs(const std::vector<Scheme>& k, const std::vec
 // (chan-t32, asymmetric) with per-token V.
 std::vector<SchemePair> default_pairs(int64_t head_dim);
 
+// GPU decode time of a scheme pair, measured at a reference decode shape (not the dump's).
+struct DecodeLatency {
+  std::string variant, shape;
+  double us = 0, gbps = 0;
+};
+
 struct SweepRow {
   std::string source;
   int layer = 0;
@@ -41,6 +48,7 @@ struct SweepRow {
   double k_bytes_per_token_head = 0, v_bytes_per_token_head = 0;
   double kv_bits_per_element = 0;  // K and V together
   int64_t k_group_elems = 0, v_group_elems = 0;  // elements per scale group
+  std::optional<DecodeLatency> latency;          // kvq sweep with a GPU (experiments/sweep_latency.hpp)
 };
 
 struct SweepOptions {

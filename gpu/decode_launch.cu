@@ -142,12 +142,12 @@ void check_decode_params(const DecodeParams& p) {
   if (p.heads_per_cta > p.head_dim / kDecodeChunk)
     throw InputError(fmt::format("decode: heads_per_cta {} exceeds the {} lanes of a head_dim {} row",
                                  p.heads_per_cta, p.head_dim / kDecodeChunk, p.head_dim));
-  if (p.batch > 0 && (!p.q || !p.out || !p.lse || (p.tokens > 0 && (!p.k.data || !p.v.data))))
-    throw InputError("decode: Q, K, V, O and LSE buffers are required");
   if (p.splits < 1 || p.splits > kMaxSplits)
     throw InputError(fmt::format("decode: {} splits (expected 1..{})", p.splits, kMaxSplits));
   if (p.heads_per_cta != 1 && p.heads_per_cta != 2 && p.heads_per_cta != 4 && p.heads_per_cta != 8)
     throw InputError(fmt::format("decode: heads_per_cta {} (expected 1, 2, 4 or 8)", p.heads_per_cta));
+  if (p.batch > 0 && (!p.q || !p.out || !p.lse || (p.tokens > 0 && (!p.k.data || !p.v.data))))
+    throw InputError("decode: Q, K, V, O and LSE buffers are required");
   if (p.splits > 1 && (!p.partial_o || !p.partial_lse)) throw InputError("decode: split-K needs partial buffers");
 }
 

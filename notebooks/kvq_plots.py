@@ -187,7 +187,8 @@ def plot_tradeoff(rows, out_dir):
     """Attention error vs latency (when the results have latency_us) or memory, Pareto front marked."""
     xcol = tradeoff_x_column(rows)
     has_latency = xcol == "latency_us"
-    pairs = rows.dropna(subset=["out_rel_l2_mean"]).groupby(["k_scheme", "v_scheme"])[[xcol, "out_rel_l2_mean"]].mean()
+    # pairs no decode kernel reads (e.g. per-channel K) have no latency: they are left out of this figure
+    pairs = rows.dropna(subset=["out_rel_l2_mean", xcol]).groupby(["k_scheme", "v_scheme"])[[xcol, "out_rel_l2_mean"]].mean()
     if pairs.empty:
         raise ValueError("no attention metrics in the results (the dumps had no decode queries)")
     pairs = pairs.reset_index()
@@ -200,7 +201,9 @@ def plot_tradeoff(rows, out_dir):
         label = pairs.k_scheme[i] if pairs.k_scheme[i] == pairs.v_scheme[i] else f"{pairs.k_scheme[i]} / {pairs.v_scheme[i]}"
         ax.annotate(label, (x[i], y[i]), textcoords="offset points", xytext=(5, 3), fontsize=8, color="tab:green")
     ax.set_yscale("log")
-    ax.set_xlabel("decode latency (us, GPU)" if has_latency else "bits per element, K and V averaged (incl. scales)")
+    shape = rows["latency_shape"].dropna().iloc[0] if has_latency and "latency_shape" in rows.columns else ""
+    ax.set_xlabel(f"decode latency at {shape} (us, GPU)" if has_latency
+                  else "bits per element, K and V averaged (incl. scales)")
     ax.set_ylabel("attention output rel-L2 vs fp64 reference\n(mean over heads and layers, log scale)")
     ax.set_title("Error vs latency" if has_latency else "Error vs memory (latency columns come with a GPU run)")
     ax.grid(True, which="both", alpha=0.3)

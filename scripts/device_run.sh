@@ -3,6 +3,8 @@
 # test suites, compute-sanitizer (memcheck, racecheck, initcheck, synccheck) on small shapes,
 # `kvq validate`, the quantize bandwidth benchmark, the decode peers (bench_peers.py) and `kvq bench`;
 # logs and CSV/JSON under $OUT; a short summary table last. Exits non-zero if any step fails.
+# KVQ_PHASE=check (build, tests, sanitizers, validate) or bench (build, benchmarks, sweep latency)
+# splits the work over two calls of a 10-minute device limit; the default runs both.
 # Narrower runs: KVQ_SHAPES, KVQ_SCHEMES, KVQ_DECODE_VARIANTS (passed to kvq bench), KVQ_BENCH_QUANTIZE=0,
 # KVQ_NCU=0, KVQ_SANITIZE=0, KVQ_VALIDATE_VARIANTS (regex for kvq validate).
 #
@@ -50,6 +52,8 @@ if [[ ! -x $kvq ]]; then
   exit 1
 fi
 
+phase=${KVQ_PHASE:-all}
+if [[ $phase != bench ]]; then
 step "GPU and CPU test suites (ctest, C++)" tests.log \
   ctest --test-dir "$build" --output-on-failure -j 4 -E "^python_"
 step "Hugging Face capture test (torch, transformers)" capture_hf.log python3 tests/python/run_hf_tests.py
@@ -58,8 +62,9 @@ sanitize() {  # every tool on the quick gate; any finding fails
   local tool
   for tool in memcheck racecheck initcheck synccheck; do
     echo "== compute-sanitizer --tool $tool"
-    timeout "${SANITIZER_TIMEOUT:-150}" compute-sanitizer --tool "$tool" --error-exitcode 1 --print-limit 20 \
-      "$kvq" validate --quick --report "/tmp/kvq-sanitize-$tool.json" || return 1
+    timeout "${SANITIZER_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 1 --print-limit 20 \
+      "$kvq" validate --quick --variant "${SANITIZE_VARIANTS:-quantize|decode-splitk\$|decode-cudacore}" \
+      --report "/tmp/kvq-sanitize-$tool.json" || return 1
   done
 }
 if [[ ${KVQ_SANITIZE:-1} == 1 ]]; then
@@ -68,6 +73,8 @@ fi
 
 step "kvq validate (every variant)" validate.log "$kvq" validate --report "$OUT/validate.json" \
   --variant "${KVQ_VALIDATE_VARIANTS:-.}"
+fi
+if [[ $phase != check ]]; then
 if [[ ${KVQ_BENCH_QUANTIZE:-1} == 1 ]]; then
   step "kvq bench-quantize" bench_quantize.log "$kvq" bench-quantize --csv "$OUT/quantize_bandwidth.csv"
 fi
@@ -77,21 +84,28 @@ step "peers: cuDNN and FlashAttention-2 (bench_peers.py)" peers.log \
 bench_args=(--shapes "${KVQ_SHAPES:-.}" --variant "${KVQ_DECODE_VARIANTS:-.}")
 [[ -n ${KVQ_SCHEMES:-} ]] && bench_args+=(--schemes "$KVQ_SCHEMES")
 step "kvq bench (decode)" bench.log "$kvq" bench --peers "$OUT/peers.csv" --csv "$OUT/decode.csv" "${bench_args[@]}"
+# The sweep on the bundled dump with each pair's decode latency (the trade-off plot's x axis).
+sweep_and_plot() {
+  "$kvq" sweep --out "$logs/sweep" && cp "$logs/sweep/sweep.csv" "$OUT/sweep.csv" &&
+  python3 notebooks/kvq_plots.py "$logs/sweep" --out "$logs/figures" &&
+  cp "$logs/figures/tradeoff.png" "$OUT/tradeoff.png"
+}
+step "kvq sweep with latency columns, trade-off plot" sweep.log sweep_and_plot
 if [[ ${KVQ_NCU:-1} == 1 ]]; then  # where the decode kernel's time goes: int8-head, seed000 B=128, default variant
-  step "ncu profile of decode-splitk (int8-head, seed000 B=128)" ncu.log ncu -k regex:decode_kernel -c 1 \
+  step "ncu profile of decode-splitk (int8-head, seed000 B=32)" ncu.log ncu -k regex:decode_kernel -c 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
     --section ComputeWorkloadAnalysis --section LaunchStats --section SourceCounters \
     "$kvq" bench --shapes seed000 --schemes int8-head --variant '^decode-splitk$' --reps 30 --csv /tmp/kvq-ncu.csv
 fi
+fi
 
 {
   echo "== $(head -n 2 "$OUT/gpu.txt" | tail -n 1)"
-  grep -E "^\[(OK|FAIL)\] +(quantize-[a-z]+:|decode-[a-z0-9-]+:|codec)|^\[TIME\]" "$logs/validate.log"
+  [[ -f $logs/validate.log ]] && grep -E "^\[(OK|FAIL)\] +(quantize-[a-z]+:|decode-[a-z0-9-]+:|codec)|^\[TIME\]" "$logs/validate.log"
   [[ -f $logs/sanitizers.log ]] && grep -E "SUMMARY" "$logs/sanitizers.log" | sed 's/^/compute-sanitizer: /'
   echo
   [[ -f $logs/bench_quantize.log ]] && sed -n '/device-to-device copy/,$p' "$logs/bench_quantize.log" && echo
-  grep -E "^read-only bandwidth" "$logs/bench.log"
-  sed -n '/fastest variant/,$p' "$logs/bench.log"
+  [[ -f $logs/bench.log ]] && grep -E "^read-only bandwidth" "$logs/bench.log" && sed -n '/fastest variant/,$p' "$logs/bench.log"
   echo
   printf '%s\n' "${summary[@]}"
 } > "$OUT/summary.txt"

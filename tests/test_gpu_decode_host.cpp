@@ -1,0 +1,78 @@
+// Host side of the decode kernels (no device needed): operands, input checks, the tolerance rule.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "experiments/validate_decode.hpp"
+#include "test_util.hpp"
+
+using namespace kvq;
+
+TEST_CASE("decode operands carry the layouts' strides and parameter modes") {
+  const KvOperand planar = quantized_operand(parse_scheme("int4-g32-asym"), 2, 3, 10, 128, false, nullptr, nullptr, nullptr);
+  CHECK(planar.mode == ParamMode::kGroup);
+  CHECK(planar.group == 32);
+  CHECK(planar.stride_t == 64);
+  CHECK(planar.stride_h == 640);
+  CHECK(planar.stride_b == 1920);
+  const KvOperand rows = quantized_operand(parse_scheme("int4-g32-asym"), 2, 3, 10, 128, true, nullptr, nullptr, nullptr);
+  CHECK(rows.mode == ParamMode::kInlineRow);
+  CHECK(rows.inline_bytes == 16);
+  CHECK(rows.stride_h == 80);
+  CHECK(rows.stride_t == 240);
+  const KvOperand bsnh = raw_operand(nullptr, 3, 10, 64, true);
+  CHECK(bsnh.stride_h == 128);
+  CHECK(bsnh.stride_t == 384);
+}
+
+TEST_CASE("schemes the decode kernels cannot read are refused with the reason") {
+  CHECK(decode_unsupported_reason(parse_scheme("int8-head"), 128, false).empty());
+  CHECK(decode_unsupported_reason(parse_scheme("int4-chan-t32-asym"), 128, false) ==
+        "int4-chan-t32-asym: per-channel groups change along the keys; no decode kernel reads them yet");
+  CHECK(decode_unsupported_reason(parse_scheme("int4-g2-asym"), 128, false) ==
+        "int4-g2-asym: groups of 2 elements (decode kernels need a multiple of 8)");
+  CHECK(decode_unsupported_reason(parse_scheme("int8-head"), 96, false) ==
+        "head_dim 96 (decode kernels take 8, 64, 128 or 256)");
+  CHECK(test::message_of<SchemeError>([] {
+          quantized_operand(parse_scheme("int8-chan-t32"), 1, 1, 1, 128, false, nullptr, nullptr, nullptr);
+        }) == "int8-chan-t32: per-channel groups change along the keys; no decode kernel reads them yet");
+}
+
+TEST_CASE("decode parameters are checked before a launch") {
+  DecodeParams p;
+  p.batch = 1, p.q_heads = 6, p.kv_heads = 4, p.tokens = 8, p.head_dim = 128, p.splits = 1, p.heads_per_cta = 1;
+  CHECK(test::message_of<InputError>([&] { check_decode_params(p); }) == "decode: Hq=6 is not a multiple of Hkv=4");
+  p.q_heads = 8, p.head_dim = 96;
+  CHECK(test::message_of<InputError>([&] { check_decode_params(p); }) ==
+        "decode: head_dim 96 (expected 8, 64, 128 or 256)");
+  p.head_dim = 8, p.heads_per_cta = 2;
+  CHECK(test::message_of<InputError>([&] { check_decode_params(p); }) ==
+        "decode: heads_per_cta 2 exceeds the 1 lanes of a head_dim 8 row");
+  p.head_dim = 128, p.heads_per_cta = 1, p.splits = 0;
+  CHECK(test::message_of<InputError>([&] { check_decode_params(p); }) == "decode: 0 splits (expected 1..128)");
+  p.splits = 1;
+  CHECK(test::message_of<InputError>([&] { check_decode_params(p); }) == "decode: Q, K, V, O and LSE buffers are required");
+}
+
+TEST_CASE("the tolerance rule passes mimic-sized errors and fails larger ones") {
+  const std::vector<double> ref = {0.5, -0.25, 1.0, 0.125}, ref_lse = {2.0};
+  std::vector<double> mimic = ref;
+  mimic[0] += 1e-3;  // the kernel's precision costs 1e-3 at most
+  const std::vector<double> mimic_lse = {2.0 + 1e-7};
+  std::vector<float> out(ref.begin(), ref.end());
+  out[0] += 1.5e-3f;
+  CHECK(check_tolerance(out, {2.0f}, ref, ref_lse, mimic, mimic_lse).ok);
+  out[2] += 0.05f;  // far beyond 2x the mimic's error plus bf16 noise at 1.0
+  const ToleranceCheck bad = check_tolerance(out, {2.0f}, ref, ref_lse, mimic, mimic_lse);
+  CHECK_FALSE(bad.ok);
+  CHECK(bad.max_err == doctest::Approx(0.05).epsilon(1e-3));
+  out[2] = NAN;
+  CHECK(check_tolerance(out, {2.0f}, ref, ref_lse, mimic, mimic_lse).detail.find("O[2] = nan") != std::string::npos);
+}
+
+TEST_CASE("an empty key set must give O = 0 and LSE = -inf exactly") {
+  const std::vector<double> zeros(4, 0.0), lse = {-INFINITY};
+  CHECK(check_tolerance(std::vector<float>(4, 0.0f), {-INFINITY}, zeros, lse, zeros, lse).ok);
+  CHECK_FALSE(check_tolerance(std::vector<float>(4, 0.0f), {0.0f}, zeros, lse, zeros, lse).ok);
+  CHECK_FALSE(check_tolerance({0.0f, 1e-3f, 0.0f, 0.0f}, {-INFINITY}, zeros, lse, zeros, lse).ok);
+}
