@@ -207,6 +207,7 @@ __global__ void __launch_bounds__(kDecodeThreads, HB >= 8 ? 3 : 4) decode_kernel
 
   if (threadIdx.x < HB) s_m[threadIdx.x] = -INFINITY, s_l[threadIdx.x] = 0.0f;
   for (int i = threadIdx.x; i < kDecodeWarps * HB * D; i += kDecodeThreads) s_acc[i] = 0.0f;
+  __syncthreads();  // also when there are no keys: the final merge reads these
 
   const uint8_t* k_head = p.k.data + b * p.k.stride_b + hk * p.k.stride_h;
   const uint8_t* v_head = p.v.data + b * p.v.stride_b + hk * p.v.stride_h;
@@ -275,6 +276,7 @@ __global__ void __launch_bounds__(kDecodeThreads, HB >= 8 ? 3 : 4) decode_kernel
         sum += prob;
       }
       sum = warp_sum(sum);
+      __syncwarp();  // every lane has read s_m[i] before lane 0 replaces it
       if (lane == 0) {
         const float alpha = m_old == -INFINITY ? 0.0f : exp_natural(m_old - m_new);
         s_alpha[i] = alpha, s_m[i] = m_new, s_l[i] = s_l[i] * alpha + sum;
