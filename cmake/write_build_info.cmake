@@ -1,13 +1,13 @@
 # Run at every build (cmake -P): writes build_info.hpp with the current git commit, touching the
 # file only when the commit changes so that nothing rebuilds needlessly.
-execute_process(COMMAND git describe --always --dirty --abbrev=12
-                WORKING_DIRECTORY ${SOURCE_DIR} OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE
-                ERROR_QUIET RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0 OR commit STREQUAL "")
-  # A copy without .git (e.g. a tree shipped to a GPU machine): the caller names the commit.
-  if(DEFINED ENV{KVQ_COMMIT} AND NOT "$ENV{KVQ_COMMIT}" STREQUAL "")
-    set(commit "$ENV{KVQ_COMMIT}")
-  else()
+# KVQ_COMMIT, when set, wins: a tree shipped to a GPU machine may carry a stale .git.
+if(DEFINED ENV{KVQ_COMMIT} AND NOT "$ENV{KVQ_COMMIT}" STREQUAL "")
+  set(commit "$ENV{KVQ_COMMIT}")
+else()
+  execute_process(COMMAND git describe --always --dirty --abbrev=12
+                  WORKING_DIRECTORY ${SOURCE_DIR} OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE
+                  ERROR_QUIET RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0 OR commit STREQUAL "")
     set(commit "unknown")
   endif()
 endif()
