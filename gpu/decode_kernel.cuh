@@ -134,6 +134,31 @@ __device__ __forceinline__ void dequantize_chunk(const typename ChunkBits<F>::ty
   }
 }
 
+// The row (within a chunk) that row group `rg` of `warp` reads at warp step j: warps take steps in turn.
+template <int R>
+__device__ __forceinline__ int step_row(int j, int warp, int rg) {
+  return (j * kDecodeWarps + warp) * R + rg;
+}
+
+// Chunk c of the rows of U warp steps from j0 in the chunk of keys at c0: their bits and (quantized
+// formats) scales and zero points. Rows at or past n (past the chunk, or the sequence: padding,
+// maybe NaN) are never read; their bits are zero.
+template <KvFormat F, int R, int U>
+__device__ __forceinline__ void load_steps(const KvOperand& op, const DecodeParams& p, const uint8_t* head, int64_t b,
+                                           int64_t hk, int64_t c0, int n, int j0, int warp, int rg, int c,
+                                           typename ChunkBits<F>::type (&bits)[U], ChunkParams (&params)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int row = step_row<R>(j0 + u, warp, rg);
+    bits[u] = typename ChunkBits<F>::type{};
+    if (row < n) {
+      const uint8_t* start = head + (c0 + row) * op.stride_t;
+      bits[u] = load_chunk<F>(op, start, c);
+      if constexpr (is_quantized<F>()) params[u] = chunk_params(op, p, start, b, hk, c0 + row, c);
+    }
+  }
+}
+
 // Sums v[0..HB) over the L lanes of a row; returns one head's total and sets `head` to it.
 template <int HB, int L>
 __device__ __forceinline__ float reduce_scatter(float (&v)[HB], int lane, int& head) {
@@ -229,22 +254,13 @@ __global__ void __launch_bounds__(kDecodeThreads, HB >= 8 ? 3 : 4) decode_kernel
         }
         slope[i] = p.alibi_slopes && ok ? p.alibi_slopes[h] : 0.0f;
       }
-      for (int j0 = 0; (j0 * kDecodeWarps + warp) * R < n; j0 += U) {
+      for (int j0 = 0; step_row<R>(j0, warp, 0) < n; j0 += U) {
         Bits kb[U];
         ChunkParams kp[U];
+        load_steps<F, R, U>(p.k, p, k_head, b, hk, c0, n, j0, warp, rg, c, kb, kp);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          const int row = ((j0 + u) * kDecodeWarps + warp) * R + rg;
-          kb[u] = Bits{};
-          if (row < n) {  // rows past the chunk (or the sequence: padding, maybe NaN) are never read
-            const uint8_t* krow = k_head + (c0 + row) * p.k.stride_t;
-            kb[u] = load_chunk<F>(p.k, krow, c);
-            if constexpr (is_quantized<F>()) kp[u] = chunk_params(p.k, p, krow, b, hk, c0 + row, c);
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int row = ((j0 + u) * kDecodeWarps + warp) * R + rg;
+          const int row = step_row<R>(j0 + u, warp, rg);
           float k[kDecodeChunk], dot[HB];
           dequantize_chunk<F>(kb[u], kp[u], p.k.asymmetric, k);
 #pragma unroll
@@ -289,22 +305,13 @@ __global__ void __launch_bounds__(kDecodeThreads, HB >= 8 ? 3 : 4) decode_kernel
     for (int i = 0; i < HB; ++i)
 #pragma unroll
       for (int e = 0; e < kDecodeChunk; ++e) acc[i][e] = 0.0f;
-    for (int j0 = 0; (j0 * kDecodeWarps + warp) * R < n; j0 += U) {
+    for (int j0 = 0; step_row<R>(j0, warp, 0) < n; j0 += U) {
       Bits vb[U];
       ChunkParams vp[U];
+      load_steps<F, R, U>(p.v, p, v_head, b, hk, c0, n, j0, warp, rg, c, vb, vp);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int row = ((j0 + u) * kDecodeWarps + warp) * R + rg;
-        vb[u] = Bits{};
-        if (row < n) {
-          const uint8_t* vrow = v_head + (c0 + row) * p.v.stride_t;
-          vb[u] = load_chunk<F>(p.v, vrow, c);
-          if constexpr (is_quantized<F>()) vp[u] = chunk_params(p.v, p, vrow, b, hk, c0 + row, c);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int row = ((j0 + u) * kDecodeWarps + warp) * R + rg;
+        const int row = step_row<R>(j0 + u, warp, rg);
         if (row >= n) continue;
         float v[kDecodeChunk];
         dequantize_chunk<F>(vb[u], vp[u], p.v.asymmetric, v);

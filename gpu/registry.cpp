@@ -99,8 +99,9 @@ DecodeParams DecodeVariant::plan(const DecodeParams& p, int sm_count, int forced
 const std::vector<DecodeVariant>& decode_variants() {
   static const std::vector<DecodeVariant> variants = {
       {"decode-cudacore",
-       "one pass: CTA per (b, KV head, block of <= 8 query heads sharing its K/V reads), 4 warps on interleaved tiles; "
-       "8 elements per lane dequantized by the codec, reduce-scatter QK, online softmax, warps merged in shared memory",
+       "one pass: CTA per (b, KV head, block of <= 8 query heads sharing its K/V reads), 4 warps taking row steps in "
+       "turn; keys in chunks: QK (8 elements per lane dequantized by the codec, reduce-scatter over the row's lanes), "
+       "softmax statistics in shared memory, PV; warps summed in shared memory",
        kDecodeSupports, true, false, 8},
       {"decode-splitk",
        "decode-cudacore with the keys split so the grid fills the device (splits from B, Hkv, T and the SM count); "
