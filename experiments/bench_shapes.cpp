@@ -6,27 +6,22 @@
 #include <regex>
 #include <sstream>
 
+#include "experiments/decode_run.hpp"
 #include "gpu/registry.hpp"
 #include "quant/errors.hpp"
 
 namespace kvq {
 
-std::vector<BenchShape> bench_shapes(const std::string& regex) {
-  std::vector<BenchShape> all;
-  for (int64_t b : {32, 64, 128, 256, 512}) all.push_back({"seed000", b, 8, 1, 8192, 128});
-  all.push_back({"seed002", 1, 32, 8, 1024, 128});
-  for (int64_t b : {1, 8, 64})
-    for (int64_t t : {1024, 8192, 32768})
-      if (!(b == 64 && t == 32768)) all.push_back({"llama8b", b, 32, 8, t, 128});
+std::vector<DecodeShape> bench_shapes(const std::string& regex) {
   std::regex re;
   try {
     re = std::regex(regex);
   } catch (const std::regex_error& e) {
     throw InputError(fmt::format("--shapes '{}': not a valid regular expression ({})", regex, e.what()));
   }
-  std::vector<BenchShape> out;
-  for (const BenchShape& s : all)
-    if (std::regex_search(s.name, re)) out.push_back(s);
+  std::vector<DecodeShape> out;
+  for (const DecodeShape& s : design_decode_shapes())
+    if (std::regex_search(s.group, re)) out.push_back(s);
   if (out.empty()) throw InputError(fmt::format("--shapes '{}' matches none of seed000, seed002, llama8b", regex));
   return out;
 }
@@ -64,9 +59,6 @@ std::vector<BenchStorage> parse_bench_storages(const std::string& list) {
   return out;
 }
 
-namespace {
-
-// Pseudo-random bf16 in about [-4, 4] (never all zeros, so scales are normal numbers).
 DeviceBuffer<uint8_t> random_bf16(int64_t elements, uint32_t seed) {
   DeviceBuffer<uint8_t> out(static_cast<size_t>(2 * elements));
   std::vector<uint16_t> bits(static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(elements, 1), 1 << 22)));
@@ -82,6 +74,8 @@ DeviceBuffer<uint8_t> random_bf16(int64_t elements, uint32_t seed) {
   return out;
 }
 
+namespace {
+
 const QuantizeVariant& fastest_quantizer(const Scheme& s, int64_t head_dim, CodeLayout layout) {
   for (const char* name : {"quantize-groupthread", "quantize-rowwarp"})
     for (const QuantizeVariant& v : quantize_variants())
@@ -91,7 +85,7 @@ const QuantizeVariant& fastest_quantizer(const Scheme& s, int64_t head_dim, Code
 
 }  // namespace
 
-BenchCaches::BenchCaches(const BenchShape& sh, const BenchStorage& st, const DeviceInfo& dev) {
+BenchCaches::BenchCaches(const DecodeShape& sh, const BenchStorage& st, const DeviceInfo& dev) {
   const KvShape kv{sh.batch, sh.kv_heads, sh.tokens, sh.head_dim};
   const bool fbgemm = st.format == KvFormat::kInt4Fbgemm;
   const CodeLayout layout = fbgemm ? CodeLayout::kFbgemm : CodeLayout::kPlanar;
@@ -126,6 +120,23 @@ BenchCaches::BenchCaches(const BenchShape& sh, const BenchStorage& st, const Dev
       (which == 0 ? k_ : v_).push_back(op);
     }
   }
+}
+
+DecodeTiming time_decode(const DecodeVariant& variant, const DecodeShape& sh, const BenchStorage& st,
+                         const BenchCaches& caches, const DeviceInfo& dev, int reps, int calls_per_graph) {
+  DecodeRun run(sh, std::vector<float>(sh.batch * sh.q_heads * sh.head_dim, 0.5f), {}, false);
+  std::vector<DecodeParams> planned;
+  for (int s = 0; s < caches.sets(); ++s) {
+    run.set_cache(st.format, caches.k(s), caches.v(s));
+    planned.push_back(run.plan(variant, dev.sm_count));
+  }
+  run.run(planned[0]);  // errors surface here, outside the capture
+  DecodeTiming out;
+  out.planned = planned[0];
+  out.time = time_graph_replays([&](cudaStream_t s, int set) { launch_decode(planned[set], s); }, caches.sets(), reps,
+                                5, calls_per_graph);
+  out.bytes = decode_bytes_moved(planned[0], st.k ? &*st.k : nullptr, st.v ? &*st.v : nullptr, nullptr);
+  return out;
 }
 
 }  // namespace kvq

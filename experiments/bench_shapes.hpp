@@ -1,5 +1,5 @@
 // What kvq bench (and the sweep's latency columns) time: the DESIGN.md decode shapes, the K/V
-// storages, and rotating sets of device caches filled by the GPU quantizer.
+// storages, rotating sets of device caches filled by the GPU quantizer, and the timing itself.
 #pragma once
 
 #include <memory>
@@ -7,21 +7,17 @@
 #include <string>
 #include <vector>
 
+#include "experiments/decode_shapes.hpp"
 #include "gpu/decode.hpp"
 #include "gpu/device.hpp"
 #include "gpu/quantize.hpp"
+#include "gpu/registry.hpp"
+#include "gpu/timing.hpp"
 
 namespace kvq {
 
-struct BenchShape {
-  std::string name;
-  int64_t batch, q_heads, kv_heads, tokens;
-  int head_dim;
-};
-
-// seed000 T=8192 Hq=8 Hkv=1 D=128 B in {32..512}; seed002 B=1 T=1024 Hq=32 Hkv=8; llama8b Hq=32
-// Hkv=8 D=128, B in {1, 8, 64} x T in {1K, 8K, 32K} (without B=64 T=32K); names matching `regex`.
-std::vector<BenchShape> bench_shapes(const std::string& regex = ".");
+// The DESIGN.md decode shapes (experiments/decode_shapes.hpp) whose group matches `regex`.
+std::vector<DecodeShape> bench_shapes(const std::string& regex = ".");
 
 // A K/V storage: bf16 / fp16, or a scheme (the same for K and V) in the planar or FBGEMM layout.
 struct BenchStorage {
@@ -38,11 +34,15 @@ inline constexpr const char* kBenchStorages =
 std::vector<BenchStorage> parse_bench_storages(const std::string& list);
 BenchStorage bench_storage(const Scheme& k, const Scheme& v, bool fbgemm);
 
+// `elements` pseudo-random bf16 values in about [-4, 4] on the device (never all zeros, so scales
+// are normal numbers); the same `seed`, the same bytes.
+DeviceBuffer<uint8_t> random_bf16(int64_t elements, uint32_t seed);
+
 // Caches of one shape and storage, as many as make >= 4x L2 (at most half the device memory),
 // each quantized on the GPU from the same pseudo-random bf16 K/V.
 class BenchCaches {
  public:
-  BenchCaches(const BenchShape& shape, const BenchStorage& storage, const DeviceInfo& dev);
+  BenchCaches(const DecodeShape& shape, const BenchStorage& storage, const DeviceInfo& dev);
   int sets() const { return static_cast<int>(k_.size()); }
   const KvOperand& k(int set) const { return k_[set]; }
   const KvOperand& v(int set) const { return v_[set]; }
@@ -52,5 +52,15 @@ class BenchCaches {
   std::vector<std::unique_ptr<QuantizeWorkspace>> quantized_;  // quantized caches
   std::vector<KvOperand> k_, v_;
 };
+
+struct DecodeTiming {
+  DecodeParams planned;  // the launch shape of set 0 (every set gets the same)
+  GpuTiming time;
+  int64_t bytes = 0;  // decode_bytes_moved
+};
+
+// Times `variant` over the rotating `caches` (graph replays, `calls_per_graph` calls per graph).
+DecodeTiming time_decode(const DecodeVariant& variant, const DecodeShape& shape, const BenchStorage& storage,
+                         const BenchCaches& caches, const DeviceInfo& dev, int reps, int calls_per_graph);
 
 }  // namespace kvq

@@ -14,7 +14,6 @@
 #include "experiments/bench_shapes.hpp"
 #include "experiments/commands.hpp"
 #include "experiments/csv_table.hpp"
-#include "experiments/decode_run.hpp"
 #include "experiments/gpu_run_info.hpp"
 #include "experiments/results_writer.hpp"
 #include "quant/errors.hpp"
@@ -32,8 +31,8 @@ const char* kColumns =
     "input_sets,bytes,GBps,pct_of_read,read_GBps,copy_GBps,vs_cudnn,gpu,driver,cuda,commit";
 
 struct Row {
-  Row(const BenchShape& sh, std::string kernel_name, std::string storage_name)
-      : shape(sh.name), kernel(std::move(kernel_name)), storage(std::move(storage_name)), B(sh.batch),
+  Row(const DecodeShape& sh, std::string kernel_name, std::string storage_name)
+      : shape(sh.group), kernel(std::move(kernel_name)), storage(std::move(storage_name)), B(sh.batch),
         HQ(sh.q_heads), HKV(sh.kv_heads), T(sh.tokens), D(sh.head_dim) {}
   std::string shape, kernel, storage;
   int64_t B, HQ, HKV, T, D;
@@ -42,13 +41,14 @@ struct Row {
   int64_t bytes = 0;
 };
 
-// Peer medians by (shape, B, T, peer) from bench_peers.py's CSV (same schema).
-std::map<std::tuple<std::string, int64_t, int64_t, std::string>, double> read_peers(const CsvTable& t) {
-  std::map<std::tuple<std::string, int64_t, int64_t, std::string>, double> out;
+using PeerKey = std::tuple<std::string, int64_t, int64_t, std::string>;  // shape, B, T, peer
+
+// Rows of bench_peers.py's CSV (same schema) by (shape, B, T, peer).
+std::map<PeerKey, size_t> index_peers(const CsvTable& t) {
+  std::map<PeerKey, size_t> out;
   for (size_t r = 0; r < t.rows(); ++r)
     out[{t.at(r, t.column("shape")), static_cast<int64_t>(t.number(r, t.column("B"))),
-         static_cast<int64_t>(t.number(r, t.column("T"))), t.at(r, t.column("kernel"))}] =
-        t.number(r, t.column("median_us"));
+         static_cast<int64_t>(t.number(r, t.column("T"))), t.at(r, t.column("kernel"))}] = r;
   return out;
 }
 
@@ -58,10 +58,11 @@ int run_bench(const BenchArgs& a) {
   const std::vector<const DecodeVariant*> variants = find_decode_variants(a.variant);
   if (variants.empty()) throw InputError(fmt::format("--variant '{}' matches no decode variant (see kvq variants)", a.variant));
   const std::vector<BenchStorage> storages = parse_bench_storages(a.schemes);
-  const std::vector<BenchShape> shapes = bench_shapes(a.shapes);
+  const std::vector<DecodeShape> shapes = bench_shapes(a.shapes);
   std::optional<CsvTable> peers_table;
   if (!a.peers.empty()) peers_table = CsvTable::read(a.peers);
-  const auto peers = peers_table ? read_peers(*peers_table) : decltype(read_peers(*peers_table)){};
+  const std::map<PeerKey, size_t> peers = peers_table ? index_peers(*peers_table) : std::map<PeerKey, size_t>{};
+  auto peer_number = [&](size_t row, const char* column) { return peers_table->number(row, peers_table->column(column)); };
 
   const double copy_gbps = copy_bandwidth_gbps(size_t(2) << 30), read_gbps = read_bandwidth_gbps(size_t(2) << 30);
   fmt::print("{} ({} SMs, L2 {} MiB), driver {}, CUDA {}, commit {}\n", dev.name, dev.sm_count, dev.l2_bytes >> 20,
@@ -77,7 +78,8 @@ int run_bench(const BenchArgs& a) {
   auto emit = [&](const Row& r, const std::string& k_scheme, const std::string& v_scheme) {
     const double gbps = static_cast<double>(r.bytes) / (r.t.median_us * 1e3);
     const auto cudnn = peers.find({r.shape, r.B, r.T, "cudnn"});
-    const std::string ratio = cudnn == peers.end() ? "" : fmt::format("{:.3f}", r.t.median_us / cudnn->second);
+    const std::string ratio =
+        cudnn == peers.end() ? "" : fmt::format("{:.3f}", r.t.median_us / peer_number(cudnn->second, "median_us"));
     fmt::print("{:<8} {:>4} {:>3} {:>3} {:>6} {:<17} {:<28} {:>4} {:>2} {:>9.2f} {:>9.2f} {:>9.2f} {:>6.0f} {:>5.1f}% {:>6}\n",
                r.shape, r.B, r.HQ, r.HKV, r.T, r.kernel, r.storage, r.splits, r.heads_per_cta, r.t.median_us,
                r.t.p10_us, r.t.p90_us, gbps, 100 * gbps / read_gbps, ratio);
@@ -93,46 +95,29 @@ int run_bench(const BenchArgs& a) {
              "/cuDNN");
   // best[(shape, B, T)][storage] = fastest variant's median
   std::map<std::tuple<std::string, int64_t, int64_t>, std::map<std::string, double>> best;
-  for (const BenchShape& sh : shapes) {
+  for (const DecodeShape& sh : shapes) {
     for (const char* peer : {"cudnn", "flash2"}) {
-      const auto it = peers.find({sh.name, sh.batch, sh.tokens, peer});
+      const auto it = peers.find({sh.group, sh.batch, sh.tokens, peer});
       if (it == peers.end()) continue;
-      const size_t r = [&] {
-        for (size_t i = 0; i < peers_table->rows(); ++i)
-          if (peers_table->at(i, peers_table->column("shape")) == sh.name &&
-              peers_table->number(i, peers_table->column("B")) == sh.batch &&
-              peers_table->number(i, peers_table->column("T")) == sh.tokens &&
-              peers_table->at(i, peers_table->column("kernel")) == peer)
-            return i;
-        return size_t{0};
-      }();
+      const size_t r = it->second;
       Row row(sh, peer, "bf16 (peer)");
-      row.t = {it->second, peers_table->number(r, peers_table->column("p10_us")),
-               peers_table->number(r, peers_table->column("p90_us")),
-               static_cast<int>(peers_table->number(r, peers_table->column("reps")))};
-      row.sets = static_cast<int>(peers_table->number(r, peers_table->column("input_sets")));
-      row.bytes = static_cast<int64_t>(peers_table->number(r, peers_table->column("bytes")));
+      row.t = {peer_number(r, "median_us"), peer_number(r, "p10_us"), peer_number(r, "p90_us"),
+               static_cast<int>(peer_number(r, "reps"))};
+      row.sets = static_cast<int>(peer_number(r, "input_sets"));
+      row.bytes = static_cast<int64_t>(peer_number(r, "bytes"));
       emit(row, "bf16", "bf16");
-      best[{sh.name, sh.batch, sh.tokens}][peer] = it->second;
+      best[{sh.group, sh.batch, sh.tokens}][peer] = row.t.median_us;
     }
     for (const BenchStorage& st : storages) {
       BenchCaches caches(sh, st, dev);
       for (const DecodeVariant* v : variants) {
-        DecodeRun run({sh.batch, sh.q_heads, sh.kv_heads, sh.tokens, sh.head_dim},
-                      std::vector<float>(sh.batch * sh.q_heads * sh.head_dim, 0.5f), {}, false);
-        std::vector<DecodeParams> planned;
-        for (int s = 0; s < caches.sets(); ++s) {
-          run.set_cache(st.format, caches.k(s), caches.v(s));
-          planned.push_back(run.plan(*v, dev.sm_count));
-        }
-        run.run(planned[0]);  // errors surface here, outside the capture
+        const DecodeTiming timed = time_decode(*v, sh, st, caches, dev, a.reps, a.calls_per_graph);
         Row row(sh, v->name, st.name);
-        row.splits = planned[0].splits, row.heads_per_cta = planned[0].heads_per_cta, row.sets = caches.sets();
-        row.t = time_graph_replays([&](cudaStream_t s, int set) { launch_decode(planned[set], s); }, caches.sets(),
-                                   a.reps, 5, a.calls_per_graph);
-        row.bytes = decode_bytes_moved(planned[0], st.k ? &*st.k : nullptr, st.v ? &*st.v : nullptr, nullptr);
+        row.splits = timed.planned.splits, row.heads_per_cta = timed.planned.heads_per_cta, row.sets = caches.sets();
+        row.t = timed.time;
+        row.bytes = timed.bytes;
         emit(row, st.k ? to_string(*st.k) : "bf16", st.v ? to_string(*st.v) : "bf16");
-        double& b = best[{sh.name, sh.batch, sh.tokens}][st.name];
+        double& b = best[{sh.group, sh.batch, sh.tokens}][st.name];
         b = b == 0 ? row.t.median_us : std::min(b, row.t.median_us);
       }
     }
@@ -142,10 +127,10 @@ int run_bench(const BenchArgs& a) {
              "shape", "B", "T", "cudnn", "flash2");
   for (const BenchStorage& st : storages) fmt::print(" {:>{}}", st.name, std::max<size_t>(8, st.name.size()));
   fmt::print("\n");
-  for (const BenchShape& sh : shapes) {
-    const auto& m = best[{sh.name, sh.batch, sh.tokens}];
+  for (const DecodeShape& sh : shapes) {
+    const auto& m = best[{sh.group, sh.batch, sh.tokens}];
     auto get = [&](const std::string& k) { const auto it = m.find(k); return it == m.end() ? 0.0 : it->second; };
-    fmt::print("{:<8} {:>4} {:>6} {:>8.1f} {:>8.1f}", sh.name, sh.batch, sh.tokens, get("cudnn"), get("flash2"));
+    fmt::print("{:<8} {:>4} {:>6} {:>8.1f} {:>8.1f}", sh.group, sh.batch, sh.tokens, get("cudnn"), get("flash2"));
     for (const BenchStorage& st : storages) {
       const double cudnn = get("cudnn"), mine = get(st.name);
       const std::string cell = cudnn > 0 && mine > 0 ? fmt::format("{:.3f}", mine / cudnn) : fmt::format("{:.1f}us", mine);

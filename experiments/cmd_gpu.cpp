@@ -5,6 +5,7 @@
 #include <fstream>
 #include <memory>
 
+#include "experiments/bench_shapes.hpp"
 #include "experiments/commands.hpp"
 #include "experiments/gpu_run_info.hpp"
 #include "experiments/results_writer.hpp"
@@ -28,21 +29,11 @@ int run_variants() {
   return 0;
 }
 
-// A bf16 tensor of normal values on the device, with its workspace for one scheme and layout.
+// A pseudo-random bf16 tensor on the device, with its workspace for one scheme and layout.
 struct TimedCase {
   DeviceBuffer<uint8_t> input;
   std::unique_ptr<QuantizeWorkspace> ws;
-  TimedCase(const KvShape& shape, const Scheme& s, CodeLayout layout) : input(shape.numel() * 2) {
-    std::vector<uint16_t> bits(static_cast<size_t>(std::min<int64_t>(shape.numel(), 1 << 22)));
-    uint32_t state = 12345;
-    for (uint16_t& b : bits) {  // cheap pseudo-random bf16 in about [-4, 4]: never zeros (DESIGN: real-ish data)
-      state = state * 1664525u + 1013904223u;
-      b = fp32_to_bf16_bits((static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 8.0f);
-    }
-    for (int64_t off = 0; off < shape.numel(); off += static_cast<int64_t>(bits.size())) {
-      const int64_t n = std::min<int64_t>(static_cast<int64_t>(bits.size()), shape.numel() - off);
-      KVQ_CUDA_CHECK(cudaMemcpy(input.data() + 2 * off, bits.data(), n * 2, cudaMemcpyHostToDevice));
-    }
+  TimedCase(const KvShape& shape, const Scheme& s, CodeLayout layout) : input(random_bf16(shape.numel(), 12345)) {
     ws = std::make_unique<QuantizeWorkspace>(DeviceKv::bnsh(input.data(), InputDtype::kBf16, shape), s, layout);
   }
   GpuTiming time(const QuantizeVariant& v, int reps) {

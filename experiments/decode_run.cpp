@@ -15,7 +15,7 @@ DecodeRun::DecodeRun(const DecodeShape& shape, const std::vector<float>& q, cons
   for (size_t i = 0; i < q.size(); ++i) bits[i] = fp32_to_bf16_bits(q[i]);
   q_.upload(bits);
   base_.batch = shape.batch, base_.q_heads = shape.q_heads, base_.kv_heads = shape.kv_heads;
-  base_.tokens = shape.tokens, base_.head_dim = shape.head_dim;
+  base_.tokens = shape.tokens, base_.head_dim = static_cast<int>(shape.head_dim);
   base_.q = q_.data(), base_.out = out_.data(), base_.lse = lse_.data();
   base_.seq_lens = seq_lens.empty() ? nullptr : seq_lens_.data();
   base_.softmax_scale = static_cast<float>(softmax_scale > 0 ? softmax_scale

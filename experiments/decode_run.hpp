@@ -6,16 +6,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "experiments/decode_shapes.hpp"
 #include "gpu/device.hpp"
 #include "gpu/registry.hpp"
-#include "gpu/timing.hpp"
 
 namespace kvq {
-
-struct DecodeShape {
-  int64_t batch = 0, q_heads = 0, kv_heads = 0, tokens = 0;
-  int head_dim = 0;
-};
 
 class DecodeRun {
  public:

@@ -3,14 +3,13 @@
 #include <map>
 
 #include "experiments/bench_shapes.hpp"
-#include "experiments/decode_run.hpp"
 #include "experiments/sweep_latency.hpp"
 #include "quant/errors.hpp"
 
 namespace kvq {
 namespace {
 
-BenchShape parse_shape(const std::string& spec) {
+DecodeShape parse_shape(const std::string& spec) {
   const size_t colon = spec.find(':');
   const std::string name = spec.substr(0, colon);
   int64_t batch = -1;
@@ -18,8 +17,8 @@ BenchShape parse_shape(const std::string& spec) {
     batch = colon == std::string::npos ? -1 : std::stoll(spec.substr(colon + 1));
   } catch (const std::exception&) {
   }
-  for (const BenchShape& s : bench_shapes("."))
-    if (s.name == name && (batch < 0 || s.batch == batch)) return s;
+  for (const DecodeShape& s : design_decode_shapes())
+    if (s.group == name && (batch < 0 || s.batch == batch)) return s;
   throw InputError(fmt::format("--latency-shape '{}': expected NAME:B of a bench shape, e.g. seed000:128 or llama8b:8",
                                spec));
 }
@@ -27,11 +26,11 @@ BenchShape parse_shape(const std::string& spec) {
 }  // namespace
 
 void attach_decode_latency(std::vector<SweepRow>& rows, const std::string& spec) {
-  const BenchShape shape = parse_shape(spec);
+  const DecodeShape shape = parse_shape(spec);
   if (!cuda_device_available()) return;
   const DeviceInfo dev = device_info();
   const DecodeVariant& variant = default_decode_variant();
-  const std::string where = fmt::format("{} B={} Hq={} Hkv={} T={} D={}", shape.name, shape.batch, shape.q_heads,
+  const std::string where = fmt::format("{} B={} Hq={} Hkv={} T={} D={}", shape.group, shape.batch, shape.q_heads,
                                         shape.kv_heads, shape.tokens, shape.head_dim);
   std::map<std::string, std::optional<DecodeLatency>> measured;  // by "K/V" scheme names
   for (SweepRow& row : rows) {
@@ -43,20 +42,10 @@ void attach_decode_latency(std::vector<SweepRow>& rows, const std::string& spec)
                         why_v = decode_unsupported_reason(row.schemes.v, shape.head_dim, false);
       if (why_k.empty() && why_v.empty() && row.schemes.k.bits == row.schemes.v.bits) {
         const BenchStorage st = bench_storage(row.schemes.k, row.schemes.v, false);
-        BenchCaches caches(shape, st, dev);
-        DecodeRun run({shape.batch, shape.q_heads, shape.kv_heads, shape.tokens, shape.head_dim},
-                      std::vector<float>(shape.batch * shape.q_heads * shape.head_dim, 0.5f), {}, false);
-        std::vector<DecodeParams> planned;
-        for (int s = 0; s < caches.sets(); ++s) {
-          run.set_cache(st.format, caches.k(s), caches.v(s));
-          planned.push_back(run.plan(variant, dev.sm_count));
-        }
-        run.run(planned[0]);
-        const GpuTiming t = time_graph_replays([&](cudaStream_t s, int set) { launch_decode(planned[set], s); },
-                                               caches.sets(), 50, 5, 8);
-        const double bytes = static_cast<double>(decode_bytes_moved(planned[0], &row.schemes.k, &row.schemes.v, nullptr));
-        lat = DecodeLatency{variant.name, where, t.median_us, bytes / (t.median_us * 1e3)};
-        fmt::print("latency {} on {}: {:.1f} us\n", key, where, t.median_us);
+        const DecodeTiming t = time_decode(variant, shape, st, BenchCaches(shape, st, dev), dev, 50, 8);
+        lat = DecodeLatency{variant.name, where, t.time.median_us,
+                            static_cast<double>(t.bytes) / (t.time.median_us * 1e3)};
+        fmt::print("latency {} on {}: {:.1f} us\n", key, where, t.time.median_us);
       } else {
         fmt::print("latency {}: no decode kernel ({})\n", key,
                    !why_k.empty() ? why_k : !why_v.empty() ? why_v : "K and V of different bit widths");

@@ -230,7 +230,7 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
                                                 const std::function<void(const CaseResult&)>& report) {
   Gate g{v, device_info().sm_count, report, {}};
   const int64_t T = opt.quick ? 70 : 300;
-  const DecodeShape gqa{3, 8, 2, T, 128};
+  const DecodeShape gqa{"", 3, 8, 2, T, 128};
   const std::vector<int32_t> lens = {static_cast<int32_t>(T), 0, static_cast<int32_t>(T / 2 + 27)};
   // Every storage kind, varlen with an empty sequence, NaN / garbage in the padding.
   const std::vector<Storage> storages = {
@@ -248,25 +248,25 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
   // Head dims, head-group sizes (MHA, MQA, groups that are not a power of two, groups over 8), ALiBi.
   for (const char* k : {"bf16", "int8-head", "int4-g32-asym"}) {
     const Storage st = std::string(k) == "bf16" ? raw(KvFormat::kBf16) : quantized(k, k);
-    for (int d : {64, 256}) g.run({"head_dim", {2, 4, 2, T, d}, {}, false, st});
-    g.run({"MHA", {2, 4, 4, T, 128}, {}, false, st});
-    g.run({"MQA", {2, 8, 1, T, 128}, {}, false, st});
-    g.run({"group of 6, ALiBi", {2, 12, 2, T, 128}, {static_cast<int32_t>(T - 1), 5}, true, st});
-    g.run({"group of 16", {1, 16, 1, T, 64}, {}, false, st});
+    for (int d : {64, 256}) g.run({"head_dim", {"", 2, 4, 2, T, d}, {}, false, st});
+    g.run({"MHA", {"", 2, 4, 4, T, 128}, {}, false, st});
+    g.run({"MQA", {"", 2, 8, 1, T, 128}, {}, false, st});
+    g.run({"group of 6, ALiBi", {"", 2, 12, 2, T, 128}, {static_cast<int32_t>(T - 1), 5}, true, st});
+    g.run({"group of 16", {"", 1, 16, 1, T, 64}, {}, false, st});
   }
   // Split-K: forced split counts agree with the single pass (both within the rule).
   if (v.split_k)
     for (int splits : {1, 2, 3, 7, 64, kMaxSplits}) {
-      const Case c{fmt::format("forced {} splits", splits), {2, 8, 2, 1000, 128}, {1000, 333}, false,
+      const Case c{fmt::format("forced {} splits", splits), {"", 2, 8, 2, 1000, 128}, {1000, 333}, false,
                    quantized("int8-head", "int8-head"), splits};
       g.run(c);
     }
   // Hostile shapes: one key, keys not a tile multiple, no keys at all, no batch.
-  for (const Case& c : {Case{"one key", {1, 4, 1, 1, 128}, {}, false, raw(KvFormat::kBf16)},
-                        Case{"33 keys", {2, 4, 2, 33, 128}, {}, false, quantized("int4-g32-asym", "int4-g32-asym")},
-                        Case{"no keys", {2, 4, 2, 16, 128}, {0, 0}, false, quantized("int8-head", "int8-head")},
-                        Case{"T = 0", {1, 4, 2, 0, 128}, {}, false, raw(KvFormat::kBf16)},
-                        Case{"B = 0", {0, 4, 2, 16, 128}, {}, false, raw(KvFormat::kBf16)}})
+  for (const Case& c : {Case{"one key", {"", 1, 4, 1, 1, 128}, {}, false, raw(KvFormat::kBf16)},
+                        Case{"33 keys", {"", 2, 4, 2, 33, 128}, {}, false, quantized("int4-g32-asym", "int4-g32-asym")},
+                        Case{"no keys", {"", 2, 4, 2, 16, 128}, {0, 0}, false, quantized("int8-head", "int8-head")},
+                        Case{"T = 0", {"", 1, 4, 2, 0, 128}, {}, false, raw(KvFormat::kBf16)},
+                        Case{"B = 0", {"", 0, 4, 2, 16, 128}, {}, false, raw(KvFormat::kBf16)}})
     g.run(c);
   // The bundled real capture (D = 8): the query of positions 0, 17, 100 and the last one, each
   // against its prefix (varlen over one sequence), every layer.
@@ -290,7 +290,7 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
         }
         seq.push_back(static_cast<int32_t>(pos + 1));
       }
-      const DecodeShape s{nb, layer.q_shape.heads, kv.heads, kv.tokens, static_cast<int>(kv.head_dim)};
+      const DecodeShape s{"", nb, layer.q_shape.heads, kv.heads, kv.tokens, kv.head_dim};
       for (const Storage& st : {raw(KvFormat::kBf16), quantized("int8-head", "int8-head"),
                                 quantized("int4-head-asym", "int4-head-asym")})
         g.run({"bundled dump layer " + std::to_string(layer.layer), s, seq, layer.alibi, st}, k, vv, q,
@@ -299,7 +299,7 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
   }
   // Reruns: bitwise identical outputs.
   {
-    const Case c{"reruns", {4, 8, 2, opt.quick ? 64 : 2048, 128}, {}, false, quantized("int4-g32-asym", "int4-g32-asym")};
+    const Case c{"reruns", {"", 4, 8, 2, opt.quick ? 64 : 2048, 128}, {}, false, quantized("int4-g32-asym", "int4-g32-asym")};
     const DecodeShape& s = c.shape;
     const int64_t kv_n = s.batch * s.kv_heads * s.tokens * s.head_dim;
     DeviceOperand dk = make_operand(c, random_normal(kv_n, 21, 128), c.storage.k);
