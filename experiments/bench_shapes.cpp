@@ -124,15 +124,20 @@ BenchCaches::BenchCaches(const DecodeShape& sh, const BenchStorage& st, const De
 
 DecodeTiming time_decode(const DecodeVariant& variant, const DecodeShape& sh, const BenchStorage& st,
                          const BenchCaches& caches, const DeviceInfo& dev, int reps, int calls_per_graph) {
-  DecodeRun run(sh, std::vector<float>(sh.batch * sh.q_heads * sh.head_dim, 0.5f), {}, false);
+  // Queries vary (a constant query gives every key the same score, and the softmax max never moves).
+  std::vector<float> q(static_cast<size_t>(sh.batch * sh.q_heads * sh.head_dim));
+  uint32_t state = 12345u;
+  for (float& x : q) x = static_cast<float>((state = state * 1664525u + 1013904223u) >> 8) / 8388608.0f - 1.0f;
+  DecodeRun run(sh, q, {}, false);
   std::vector<DecodeParams> planned;
   for (int s = 0; s < caches.sets(); ++s) {
     run.set_cache(st.format, caches.k(s), caches.v(s));
     planned.push_back(run.plan(variant, dev.sm_count));
   }
-  run.run(planned[0]);  // errors surface here, outside the capture
   DecodeTiming out;
   out.planned = planned[0];
+  if (out.skipped = variant.unsupported_reason(planned[0]); !out.skipped.empty()) return out;
+  run.run(planned[0]);  // errors surface here, outside the capture
   out.time = time_graph_replays([&](cudaStream_t s, int set) { launch_decode(planned[set], s); }, caches.sets(), reps,
                                 5, calls_per_graph);
   out.bytes = decode_bytes_moved(planned[0], st.k ? &*st.k : nullptr, st.v ? &*st.v : nullptr, nullptr);

@@ -57,6 +57,7 @@ struct DecodeTiming {
   DecodeParams planned;  // the launch shape of set 0 (every set gets the same)
   GpuTiming time;
   int64_t bytes = 0;  // decode_bytes_moved
+  std::string skipped;  // why the variant cannot run this storage (then nothing was timed)
 };
 
 // Times `variant` over the rotating `caches` (graph replays, `calls_per_graph` calls per graph).

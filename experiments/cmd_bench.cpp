@@ -112,6 +112,11 @@ int run_bench(const BenchArgs& a) {
       BenchCaches caches(sh, st, dev);
       for (const DecodeVariant* v : variants) {
         const DecodeTiming timed = time_decode(*v, sh, st, caches, dev, a.reps, a.calls_per_graph);
+        if (!timed.skipped.empty()) {
+          fmt::print("{:<8} {:>4} {:>3} {:>3} {:>6} {:<17} {:<28} skipped: {}\n", sh.group, sh.batch, sh.q_heads,
+                     sh.kv_heads, sh.tokens, v->name, st.name, timed.skipped);
+          continue;
+        }
         Row row(sh, v->name, st.name);
         row.splits = timed.planned.splits, row.heads_per_cta = timed.planned.heads_per_cta, row.sets = caches.sets();
         row.t = timed.time;

@@ -95,19 +95,21 @@ int run_validate(const ValidateArgs& a) {
     failed_total += failed;
   }
   for (const DecodeVariant* v : decoders) {
-    int ok = 0, failed = 0;
+    int ok = 0, failed = 0, skipped = 0;
     int64_t values = 0;
     validate_decode_variant(*v, ValidateOptions{a.quick, a.reruns, a.dump}, [&](const CaseResult& r) {
-      (r.ok ? ok : failed)++;
+      (r.skipped ? skipped : r.ok ? ok : failed)++;
       values += r.values;
       cases.push_back(to_json(r));
       if (!r.ok || !a.quick)
-        fmt::print("{} {} {} {} {}: {}\n", r.ok ? "[OK]  " : "[FAIL]", r.variant, r.name, r.scheme, r.shape, r.detail);
+        fmt::print("{} {} {} {} {}: {}\n", r.skipped ? "[SKIP]" : r.ok ? "[OK]  " : "[FAIL]", r.variant, r.name,
+                   r.scheme, r.shape, r.detail);
       std::fflush(stdout);
     });
-    fmt::print("{} {}: {} cases, {} failed, {} outputs checked\n", failed ? "[FAIL]" : "[OK]  ", v->name, ok + failed,
-               failed, values);
-    summary.push_back({{"variant", v->name}, {"cases", ok + failed}, {"failed", failed}, {"values_checked", values}});
+    fmt::print("{} {}: {} cases, {} failed, {} skipped (unsupported), {} outputs checked\n", failed ? "[FAIL]" : "[OK]  ",
+               v->name, ok + failed, failed, skipped, values);
+    summary.push_back({{"variant", v->name}, {"cases", ok + failed}, {"failed", failed}, {"skipped", skipped},
+                       {"values_checked", values}});
     failed_total += failed;
   }
   std::filesystem::create_directories(std::filesystem::path(a.report).parent_path().empty()

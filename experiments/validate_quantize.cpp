@@ -250,7 +250,8 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
 
 nlohmann::json to_json(const CaseResult& r) {
   return {{"variant", r.variant}, {"case", r.name},   {"scheme", r.scheme}, {"dtype", r.dtype}, {"layout", r.layout},
-          {"shape", r.shape},     {"values", r.values}, {"ok", r.ok},       {"detail", r.detail}};
+          {"shape", r.shape},     {"values", r.values}, {"ok", r.ok},       {"skipped", r.skipped},
+          {"detail", r.detail}};
 }
 
 }  // namespace kvq

@@ -15,6 +15,7 @@ struct CaseResult {
   std::string variant, name, scheme, dtype, layout, shape, detail;
   int64_t values = 0;
   bool ok = false;
+  bool skipped = false;  // the variant does not support the case (detail says why); not a failure
 };
 
 struct ValidateOptions {

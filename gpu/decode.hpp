@@ -17,6 +17,10 @@ namespace kvq {
 enum class KvFormat { kBf16, kFp16, kInt8, kInt4, kInt4Fbgemm };
 const char* to_string(KvFormat f);
 
+// The kernel family: CUDA-core FMAs (decode_kernel.cuh, every storage and D = 8) or tensor-core MMAs
+// (decode_tc_kernel.cuh: QK and PV as mma.sync m16n8k16, 16 keys x 8 query heads per tile).
+enum class DecodeFamily { kCudaCore, kTensorCore };
+
 // Where one chunk's scale (and zero point) lives.
 enum class ParamMode : int { kNone, kTensor, kToken, kHead, kGroup, kInlineRow };
 
@@ -41,6 +45,7 @@ struct DecodeParams {
   int64_t batch = 0, q_heads = 0, kv_heads = 0, tokens = 0;  // B, Hq, Hkv, T (cache capacity)
   int head_dim = 0;                                         // D in {8, 64, 128, 256}
   KvFormat format = KvFormat::kBf16;
+  DecodeFamily family = DecodeFamily::kCudaCore;
   KvOperand k, v;
   const uint16_t* q = nullptr;        // bf16 [B, Hq, D]
   const int32_t* seq_lens = nullptr;  // [B] in [0, T]; nullptr: all T
@@ -67,6 +72,13 @@ KvOperand raw_operand(const void* data, int64_t heads, int64_t tokens, int head_
 bool decode_head_dim_supported(int head_dim);
 // Why `s` cannot be read by a decode kernel, or "" when it can.
 std::string decode_unsupported_reason(const Scheme& s, int head_dim, bool fbgemm_rows);
+
+// Why the tensor-core family cannot run `p` (head_dim, scale groups, alignment), or "" when it can.
+std::string tensor_core_unsupported_reason(const DecodeParams& p);
+
+// The precision-mimic profile (reference/attention.hpp) that describes the arithmetic of the
+// kernel `p` runs: the gate derives its tolerance from it.
+const char* decode_precision_profile(const DecodeParams& p);
 
 // Chooses heads_per_cta (the power of two >= Hq/Hkv, at most `max_heads_per_cta`) and, when
 // p.splits == 0, the split count: enough CTAs for `waves` full waves of the device, each split

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "gpu/decode_kernel.cuh"
+#include "gpu/decode_tc_kernel.cuh"
 #include "quant/errors.hpp"
 #include "quant/fbgemm_layout.hpp"
 #include "quant/groups.hpp"
@@ -18,6 +19,11 @@ extern template struct DecodeFormatKernels<KvFormat::kFp16>;
 extern template struct DecodeFormatKernels<KvFormat::kInt8>;
 extern template struct DecodeFormatKernels<KvFormat::kInt4>;
 extern template struct DecodeFormatKernels<KvFormat::kInt4Fbgemm>;
+extern template struct DecodeTcKernels<KvFormat::kBf16>;
+extern template struct DecodeTcKernels<KvFormat::kFp16>;
+extern template struct DecodeTcKernels<KvFormat::kInt8>;
+extern template struct DecodeTcKernels<KvFormat::kInt4>;
+extern template struct DecodeTcKernels<KvFormat::kInt4Fbgemm>;
 
 // One CTA per (b, query head), one thread per d: O = sum_s exp(LSE_s - LSE) O_s over the splits
 // that saw keys, in split order (DESIGN.md's merge; reference/attention.cpp merge_partials).
@@ -41,6 +47,49 @@ __global__ void merge_splits_kernel(const DecodeParams p) {
     p.out[bh * p.head_dim + d] = fp32_to_bf16_bits(o);
   }
   if (threadIdx.x == 0) p.lse[bh] = lse;
+}
+
+const void* kernel_of(const DecodeParams& p);
+
+// The tensor-core kernel of p's format and head_dim, and its dynamic shared memory.
+std::pair<const void*, int> tc_kernel_of(const DecodeParams& p) {
+  switch (p.format) {
+    case KvFormat::kBf16: return {DecodeTcKernels<KvFormat::kBf16>::kernel(p.head_dim), DecodeTcKernels<KvFormat::kBf16>::smem_bytes(p)};
+    case KvFormat::kFp16: return {DecodeTcKernels<KvFormat::kFp16>::kernel(p.head_dim), DecodeTcKernels<KvFormat::kFp16>::smem_bytes(p)};
+    case KvFormat::kInt8: return {DecodeTcKernels<KvFormat::kInt8>::kernel(p.head_dim), DecodeTcKernels<KvFormat::kInt8>::smem_bytes(p)};
+    case KvFormat::kInt4: return {DecodeTcKernels<KvFormat::kInt4>::kernel(p.head_dim), DecodeTcKernels<KvFormat::kInt4>::smem_bytes(p)};
+    case KvFormat::kInt4Fbgemm:
+      return {DecodeTcKernels<KvFormat::kInt4Fbgemm>::kernel(p.head_dim), DecodeTcKernels<KvFormat::kInt4Fbgemm>::smem_bytes(p)};
+  }
+  return {nullptr, 0};
+}
+
+// Resident CTAs per SM of the kernel p runs (1 if unknown).
+int ctas_per_sm(const DecodeParams& p) {
+  int per_sm = 1;
+  if (p.family == DecodeFamily::kTensorCore) {
+    const auto [fn, smem] = tc_kernel_of(p);
+    int device = 0, optin = 0;
+    KVQ_CUDA_CHECK(cudaGetDevice(&device));
+    KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (fn) {
+      KVQ_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+      KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 128, static_cast<size_t>(smem)));
+    }
+  } else if (const void* fn = kernel_of(p)) {
+    KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kDecodeThreads, 0));
+  }
+  return std::max(per_sm, 1);
+}
+
+void launch_tc(const DecodeParams& p, cudaStream_t stream) {
+  switch (p.format) {
+    case KvFormat::kBf16: DecodeTcKernels<KvFormat::kBf16>::launch(p, stream); break;
+    case KvFormat::kFp16: DecodeTcKernels<KvFormat::kFp16>::launch(p, stream); break;
+    case KvFormat::kInt8: DecodeTcKernels<KvFormat::kInt8>::launch(p, stream); break;
+    case KvFormat::kInt4: DecodeTcKernels<KvFormat::kInt4>::launch(p, stream); break;
+    case KvFormat::kInt4Fbgemm: DecodeTcKernels<KvFormat::kInt4Fbgemm>::launch(p, stream); break;
+  }
 }
 
 const void* kernel_of(const DecodeParams& p) {
@@ -88,6 +137,30 @@ std::string decode_unsupported_reason(const Scheme& s, int head_dim, bool fbgemm
     }
   }
   return "";
+}
+
+std::string tensor_core_unsupported_reason(const DecodeParams& p) {
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
+    return fmt::format("head_dim {}: tensor-core kernels take 64, 128 or 256 (the CUDA-core variants take 8)", p.head_dim);
+  const bool quantized = p.format == KvFormat::kInt8 || p.format == KvFormat::kInt4 || p.format == KvFormat::kInt4Fbgemm;
+  if (quantized && p.k.group % 16 != 0)
+    return fmt::format("K scale groups of {} elements: tensor-core kernels need a multiple of 16 (whole k-slices)", p.k.group);
+  if (quantized && p.v.group % 32 != 0)
+    return fmt::format("V scale groups of {} elements: tensor-core kernels need a multiple of 32 (whole m-tile pairs)",
+                       p.v.group);
+  for (const auto& [name, op] : {std::pair{"K", &p.k}, std::pair{"V", &p.v}}) {
+    const bool aligned = reinterpret_cast<uintptr_t>(op->data) % 4 == 0 && op->stride_b % 4 == 0 &&
+                         op->stride_h % 4 == 0 && op->stride_t % 4 == 0 &&
+                         reinterpret_cast<uintptr_t>(op->scales) % 4 == 0 && reinterpret_cast<uintptr_t>(op->zeros) % 4 == 0;
+    if (!aligned) return fmt::format("{} rows or parameters are not 4-byte aligned (tensor-core kernels copy words)", name);
+  }
+  return "";
+}
+
+const char* decode_precision_profile(const DecodeParams& p) {
+  if (p.family == DecodeFamily::kCudaCore) return "fp32-obf16";   // fp32 throughout, O rounded to bf16
+  if (p.format == KvFormat::kBf16) return "fp32-pbf16-obf16";     // bf16 MMA: Q and K exact, P rounded
+  return "fp32-qfp16-pfp16-obf16";                                 // fp16 MMA: Q (2^e-scaled) and P' rounded
 }
 
 KvOperand quantized_operand(const Scheme& s, int64_t batch, int64_t heads, int64_t tokens, int head_dim,
@@ -155,13 +228,12 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
   const int64_t group = p.q_heads / std::max<int64_t>(p.kv_heads, 1);
   int hpc = 1;  // a row's lanes reduce-scatter one head each: at most D/8 heads
   while (hpc < group && hpc < max_heads_per_cta && hpc < p.head_dim / kDecodeChunk) hpc *= 2;
+  if (p.family == DecodeFamily::kTensorCore) hpc = 8;  // the MMA's N: padded heads cost nothing that matters
   p.heads_per_cta = hpc;
   if (p.splits == 0) {
-    int per_sm = 1;
-    if (const void* fn = detail::kernel_of(p))
-      KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, detail::kDecodeThreads, 0));
+    const int per_sm = detail::ctas_per_sm(p);
     const int64_t base = p.batch * p.kv_heads * ((group + hpc - 1) / hpc);
-    const double wanted = waves * sm_count * std::max(per_sm, 1);
+    const double wanted = waves * sm_count * per_sm;
     int64_t splits = base > 0 ? static_cast<int64_t>(std::ceil(wanted / static_cast<double>(base))) : 1;
     splits = std::min<int64_t>(splits, std::max<int64_t>(1, p.tokens / 256));
     p.splits = static_cast<int>(std::clamp<int64_t>(splits, 1, kMaxSplits));
@@ -175,7 +247,11 @@ int64_t partial_lse_floats(const DecodeParams& p) { return p.splits > 1 ? p.spli
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   check_decode_params(p);
   if (p.batch == 0) return;
-  switch (p.format) {
+  if (p.family == DecodeFamily::kTensorCore) {
+    const std::string why = tensor_core_unsupported_reason(p);
+    if (!why.empty()) throw InputError("decode (tensor cores): " + why);
+    detail::launch_tc(p, stream);
+  } else switch (p.format) {
     case KvFormat::kBf16: detail::DecodeFormatKernels<KvFormat::kBf16>::launch(p, stream); break;
     case KvFormat::kFp16: detail::DecodeFormatKernels<KvFormat::kFp16>::launch(p, stream); break;
     case KvFormat::kInt8: detail::DecodeFormatKernels<KvFormat::kInt8>::launch(p, stream); break;

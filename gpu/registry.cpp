@@ -92,8 +92,14 @@ std::vector<const QuantizeVariant*> find_quantize_variants(const std::string& re
 
 DecodeParams DecodeVariant::plan(const DecodeParams& p, int sm_count, int forced_splits) const {
   DecodeParams q = p;
+  q.family = family;
   q.splits = split_k ? forced_splits : 1;
   return plan_decode(q, sm_count, max_heads_per_cta);
+}
+
+std::string DecodeVariant::unsupported_reason(const DecodeParams& p) const {
+  if (family == DecodeFamily::kTensorCore) return tensor_core_unsupported_reason(p);
+  return decode_head_dim_supported(p.head_dim) ? "" : fmt::format("head_dim {}", p.head_dim);
 }
 
 const std::vector<DecodeVariant>& decode_variants() {
@@ -114,6 +120,15 @@ const std::vector<DecodeVariant>& decode_variants() {
        "decode-splitk with one query head per CTA, as in the INT8 split-K design (every head reads its K/V; L2 serves "
        "the repeats)",
        kDecodeSupports, false, true, 1},
+      {"decode-tc",
+       "tensor cores: mma.sync m16n8k16 with 16 keys x the 8 query heads of a KV head per tile (QK and PV); codes "
+       "converted exactly to fp16 in registers (bf16 storage: bf16 MMA), scales applied after QK and folded into P for "
+       "PV; each warp streams its own key steps through a 3-4 stage cp.async ring; keys split so the grid fills the "
+       "device, warps then splits merged by LSE",
+       "Tq=1; MHA/GQA/MQA; ALiBi; per-sequence lengths; D in {64,128,256} (D=8: the CUDA-core variants); K/V bf16 or "
+       "fp16 (BNSH or BSNH), int8 and int4 planar (tensor/token/head/gG, sym/asym, fp16/fp32 scales) and int4 FBGEMM "
+       "rows; K groups a multiple of 16, V groups a multiple of 32",
+       false, true, 8, DecodeFamily::kTensorCore},
   };
   return variants;
 }

@@ -33,6 +33,9 @@ struct DecodeVariant {
   bool incumbent = false;
   bool split_k = false;        // false: one pass, one CTA per (b, KV head, head block)
   int max_heads_per_cta = 8;   // query heads sharing a CTA's K/V reads
+  DecodeFamily family = DecodeFamily::kCudaCore;
+  // Why this variant cannot run `p` (a storage or head_dim its kernels do not read), or "".
+  std::string unsupported_reason(const DecodeParams& p) const;
   // The launch shape for `p` on a device with `sm_count` SMs; forced_splits > 0 overrides the
   // heuristic (split-K variants only).
   DecodeParams plan(const DecodeParams& p, int sm_count, int forced_splits = 0) const;

@@ -72,6 +72,16 @@ KVQ_HD uint16_t fp32_to_bf16_bits(float f) {
 KVQ_HD float bf16_bits_to_fp32(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
 
 KVQ_HD float round_to_fp16(float x) { return fp16_bits_to_fp32(fp32_to_fp16_bits(x)); }
+
+// The power of two e that tensor-core kernels scale a query head by before rounding it to fp16:
+// max|q| * 2^e lands in [2^14, 2^15), far from fp16 overflow and from its subnormals. `amax` is
+// finite and >= 0; e is clamped to [-100, 100] so 2^e and 2^-e stay normal fp32 numbers.
+KVQ_HD int fp16_operand_exponent(float amax) {
+  if (!(amax > 0.0f)) return 0;
+  const int biased = static_cast<int>((float_bits(amax) >> 23) & 0xffu);
+  const int e = 14 - (biased == 0 ? -127 : biased - 127);
+  return e < -100 ? -100 : e > 100 ? 100 : e;
+}
 KVQ_HD float round_to_bf16(float x) { return bf16_bits_to_fp32(fp32_to_bf16_bits(x)); }
 
 }  // namespace kvq

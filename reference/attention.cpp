@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "quant/float_formats.hpp"
+
 namespace kvq {
 
 double AttentionProblem::scale() const {
@@ -74,7 +76,14 @@ void attend_kv_head(const AttentionProblem& p, const PrecisionProfile& prof, Key
   RowMatrix<Acc> q(rows, d);  // (query head, query row) x D
   for (int64_t r = 0; r < rows; ++r) {
     const float* src = p.q + (((b * p.q_heads) + kvh * group + r / tq) * tq + r % tq) * d;
-    for (int64_t i = 0; i < d; ++i) q(r, i) = static_cast<Acc>(src[i]);
+    if (prof.q_before_qk == RoundTo::kFp16) {
+      float amax = 0.0f;
+      for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::fabs(src[i]));
+      const int e = fp16_operand_exponent(amax);
+      for (int64_t i = 0; i < d; ++i) q(r, i) = static_cast<Acc>(std::ldexp(round_to_fp16(std::ldexp(src[i], e)), -e));
+    } else {
+      for (int64_t i = 0; i < d; ++i) q(r, i) = round_as(static_cast<Acc>(src[i]), prof.q_before_qk);
+    }
   }
   RowMatrix<Acc> s(rows, n), kv_block;
   for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
@@ -197,12 +206,14 @@ PrecisionProfile PrecisionProfile::parse(const std::string& name) {
     const std::string part = name.substr(start, dash == std::string::npos ? std::string::npos : dash - start);
     if (first && (part == "fp32" || part == "fp64")) {
       prof.fp32 = part == "fp32";
+    } else if (!first && part.size() > 1 && part[0] == 'q') {
+      prof.q_before_qk = round_name(part, 1);
     } else if (!first && part.size() > 1 && part[0] == 'p') {
       prof.p_before_pv = round_name(part, 1);
     } else if (!first && part.size() > 1 && part[0] == 'o') {
       prof.output = round_name(part, 1);
     } else {
-      throw InputError(fmt::format("precision profile '{}': expected fp64 or fp32[-p<bf16|fp16>][-o<bf16|fp16>]", name));
+      throw InputError(fmt::format("precision profile '{}': expected fp64 or fp32[-q<bf16|fp16>][-p<bf16|fp16>][-o<bf16|fp16>]", name));
     }
     first = false;
     if (dash == std::string::npos) break;
@@ -212,9 +223,11 @@ PrecisionProfile PrecisionProfile::parse(const std::string& name) {
 }
 
 std::string PrecisionProfile::name() const {
-  if (!fp32 && p_before_pv == RoundTo::kNone && output == RoundTo::kNone) return "fp64";
+  if (!fp32 && q_before_qk == RoundTo::kNone && p_before_pv == RoundTo::kNone && output == RoundTo::kNone)
+    return "fp64";
   auto dt = [](RoundTo r) { return r == RoundTo::kBf16 ? "bf16" : "fp16"; };
   std::string s = fp32 ? "fp32" : "fp64";
+  if (q_before_qk != RoundTo::kNone) s += std::string("-q") + dt(q_before_qk);
   if (p_before_pv != RoundTo::kNone) s += std::string("-p") + dt(p_before_pv);
   if (output != RoundTo::kNone) s += std::string("-o") + dt(output);
   return s;

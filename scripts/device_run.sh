@@ -63,7 +63,7 @@ sanitize() {  # every tool on the quick gate; any finding fails
   for tool in memcheck racecheck initcheck synccheck; do
     echo "== compute-sanitizer --tool $tool"
     timeout "${SANITIZER_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 1 --print-limit 20 \
-      "$kvq" validate --quick --variant "${SANITIZE_VARIANTS:-quantize|decode-splitk\$|decode-cudacore}" \
+      "$kvq" validate --quick --variant "${SANITIZE_VARIANTS:-quantize|decode-splitk\$|decode-cudacore|decode-tc}" \
       --report "/tmp/kvq-sanitize-$tool.json" || return 1
   done
 }
@@ -91,11 +91,15 @@ sweep_and_plot() {
   cp "$logs/figures/tradeoff.png" "$OUT/tradeoff.png"
 }
 step "kvq sweep with latency columns, trade-off plot" sweep.log sweep_and_plot
-if [[ ${KVQ_NCU:-1} == 1 ]]; then  # where the decode kernel's time goes: int8-head, seed000 B=128, default variant
-  step "ncu profile of decode-splitk (int8-head, seed000 B=32)" ncu.log ncu -k regex:decode_kernel -c 1 \
-    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
-    --section ComputeWorkloadAnalysis --section LaunchStats --section SourceCounters \
-    "$kvq" bench --shapes seed000 --schemes int8-head --variant '^decode-splitk$' --reps 30 --csv /tmp/kvq-ncu.csv
+if [[ ${KVQ_NCU:-1} == 1 ]]; then  # where the decode kernels' time goes: seed000 B=128, CUDA-core int8 and tensor-core int4
+  ncu_decode() {  # ncu_decode KERNEL_REGEX SCHEME VARIANT
+    ncu -k "regex:$1" -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section WarpStateStats --section ComputeWorkloadAnalysis --section LaunchStats --section SourceCounters \
+      "$kvq" bench --shapes seed000 --schemes "$2" --variant "$3" --reps 30 --csv /tmp/kvq-ncu.csv
+  }
+  step "ncu profile of decode-splitk (int8-head, seed000)" ncu.log ncu_decode '^decode_kernel' int8-head '^decode-splitk$'
+  step "ncu profile of decode-tc (int4-head-asym FBGEMM rows, seed000)" ncu_tc.log \
+    ncu_decode decode_tc_kernel int4-head-asym:fbgemm '^decode-tc$'
 fi
 fi
 

@@ -90,3 +90,18 @@ TEST_CASE("fp32 to bf16 matches round-to-nearest-even") {
     REQUIRE_MESSAGE(float_bits(got) == float_bits(want), "x = " << x);
   }
 }
+
+TEST_CASE("fp16 operand exponent: max|q| * 2^e lands in [2^14, 2^15), clamped to [-100, 100]") {
+  CHECK(fp16_operand_exponent(1.0f) == 14);
+  CHECK(fp16_operand_exponent(3.0f) == 13);
+  CHECK(fp16_operand_exponent(65504.0f) == -1);
+  CHECK(fp16_operand_exponent(std::ldexp(1.0f, -14)) == 28);
+  CHECK(fp16_operand_exponent(0.0f) == 0);
+  CHECK(fp16_operand_exponent(1e-40f) == 100);  // subnormal: clamped
+  CHECK(fp16_operand_exponent(3e38f) == -100);
+  for (float x : {1e-3f, 0.7f, 1.0f, 5.5f, 1234.5f, 65504.0f}) {
+    const float scaled = std::ldexp(x, fp16_operand_exponent(x));
+    CHECK(scaled >= 16384.0f);
+    CHECK(scaled < 32768.0f);
+  }
+}

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "experiments/validate_decode.hpp"
+#include "reference/attention.hpp"
 #include "test_util.hpp"
 
 using namespace kvq;
@@ -36,6 +37,37 @@ TEST_CASE("schemes the decode kernels cannot read are refused with the reason") 
   CHECK(test::message_of<SchemeError>([] {
           quantized_operand(parse_scheme("int8-chan-t32"), 1, 1, 1, 128, false, nullptr, nullptr, nullptr);
         }) == "int8-chan-t32: per-channel groups change along the keys; no decode kernel reads them yet");
+}
+
+TEST_CASE("the tensor-core family names what it cannot read, and its precision profile") {
+  DecodeParams p;
+  p.batch = 1, p.q_heads = 8, p.kv_heads = 1, p.tokens = 64, p.head_dim = 128;
+  p.format = KvFormat::kInt4;
+  p.k = quantized_operand(parse_scheme("int4-g16-asym"), 1, 1, 64, 128, false, nullptr, nullptr, nullptr);
+  p.v = quantized_operand(parse_scheme("int4-g32"), 1, 1, 64, 128, false, nullptr, nullptr, nullptr);
+  CHECK(tensor_core_unsupported_reason(p).empty());
+  p.v = quantized_operand(parse_scheme("int4-g16"), 1, 1, 64, 128, false, nullptr, nullptr, nullptr);
+  CHECK(tensor_core_unsupported_reason(p) ==
+        "V scale groups of 16 elements: tensor-core kernels need a multiple of 32 (whole m-tile pairs)");
+  p.k = quantized_operand(parse_scheme("int4-g8"), 1, 1, 64, 128, false, nullptr, nullptr, nullptr);
+  CHECK(tensor_core_unsupported_reason(p) ==
+        "K scale groups of 8 elements: tensor-core kernels need a multiple of 16 (whole k-slices)");
+  p.k = p.v = quantized_operand(parse_scheme("int8-head"), 1, 1, 64, 128, false, nullptr, nullptr, nullptr);
+  p.format = KvFormat::kInt8;
+  p.k.data = reinterpret_cast<const uint8_t*>(uintptr_t{2});
+  CHECK(tensor_core_unsupported_reason(p) ==
+        "K rows or parameters are not 4-byte aligned (tensor-core kernels copy words)");
+  p.head_dim = 8;
+  CHECK(tensor_core_unsupported_reason(p) ==
+        "head_dim 8: tensor-core kernels take 64, 128 or 256 (the CUDA-core variants take 8)");
+  p.family = DecodeFamily::kTensorCore;
+  CHECK(std::string(decode_precision_profile(p)) == "fp32-qfp16-pfp16-obf16");
+  p.format = KvFormat::kBf16;
+  CHECK(std::string(decode_precision_profile(p)) == "fp32-pbf16-obf16");
+  p.family = DecodeFamily::kCudaCore;
+  CHECK(std::string(decode_precision_profile(p)) == "fp32-obf16");
+  for (const DecodeVariant& v : decode_variants())  // every profile parses
+    CHECK_NOTHROW(PrecisionProfile::parse(decode_precision_profile(v.plan(p, 132, 1))));
 }
 
 TEST_CASE("decode parameters are checked before a launch") {

@@ -1,0 +1,230 @@
+// Per-storage pieces of the tensor-core decode kernel: copying a step of K or V rows (and their
+// scales) into shared memory, and turning stored codes into MMA fragments.
+//
+// Fragment mapping (m16n8k16, lane = 4g + c):
+//  - QK (keys in M, heads in N, D is the reduction): a lane reads 4 consecutive elements
+//    d = 16j + 4c + {0..3} of keys g and g+8 for k-slice j. D may be permuted freely as long as Q
+//    follows, so the 4 elements fill k positions {2c, 2c+1, 2c+8, 2c+9} in whatever order the
+//    conversion produces them (kQPerm).
+//  - PV (D in M, keys the reduction, heads in N): m-tiles 2i and 2i+1 take d = 32i + 4g + {0..3}
+//    (rows g and g+8 of each), keys 2c, 2c+1, 2c+8, 2c+9 of the 16-key k-step: a lane reads 4
+//    consecutive elements of each of its 4 keys and pairs equal d across two keys.
+// Codes become fp16 exactly: a code byte or nibble ORed into the mantissa of 1024.0 (0x6400) is
+// 1024 + u, one fp16 subtraction (or fma for a nibble in bits 4..7) leaves the signed code.
+// Scales and zero points are applied around the products (decode_tc_kernel.cuh), never here.
+#pragma once
+
+#include "gpu/decode_tc_traits.cuh"
+
+namespace kvq::detail {
+
+// One of K or V for the CTA's (b, KV head): where its rows and parameters are.
+struct TcSource {
+  const uint8_t* rows = nullptr;  // row t at rows + t * stride_t (inline params first, then codes)
+  int64_t stride_t = 0;
+  bool vec16 = false;      // 16-byte copies (aligned rows without inline params)
+  int inline_words = 0;    // FBGEMM rows: one (scale, shift) word per group before the codes
+  int groups = 1;          // scale groups per row
+  ParamMode mode = ParamMode::kNone;
+  bool asymmetric = false, fp32_params = false;
+  const uint8_t* scales = nullptr;  // planar parameters
+  const uint8_t* zeros = nullptr;
+  int64_t first_param = 0;  // element index of (t = 0, group 0)
+  int64_t param_bytes = 0;  // size of the whole scale (or zero) array
+  float tensor_scale = 1.0f, tensor_zero = 0.0f;
+  int zero_words = 0;  // planar asymmetric: the zero points' words follow the scales' in a stage
+};
+
+// The words of row (b, h) rows and params of `op` for this CTA.
+template <int D>
+__device__ __forceinline__ TcSource tc_source(const KvOperand& op, const DecodeParams& p, int64_t b, int64_t h,
+                                              int row_words, int step_tokens) {
+  TcSource s;
+  s.rows = op.data + b * op.stride_b + h * op.stride_h;
+  s.stride_t = op.stride_t;
+  s.mode = op.mode;
+  s.asymmetric = op.asymmetric, s.fp32_params = op.fp32_params;
+  s.groups = op.group > 0 ? D / op.group : 1;
+  s.inline_words = op.inline_bytes / 4;
+  s.vec16 = s.inline_words == 0 && row_words % 4 == 0 && (reinterpret_cast<uintptr_t>(s.rows) % 16 == 0) &&
+            op.stride_t % 16 == 0;
+  const int pbytes = op.fp32_params ? 4 : 2;
+  s.zero_words = (step_tokens * s.groups * pbytes + 3) / 4 + 1;  // tc_param_words' `one`
+  switch (op.mode) {
+    case ParamMode::kTensor:
+      s.tensor_scale = op.fp32_params ? __ldg(static_cast<const float*>(op.scales))
+                                      : __half2float(__ushort_as_half(__ldg(static_cast<const uint16_t*>(op.scales))));
+      if (op.asymmetric)
+        s.tensor_zero = op.fp32_params ? __ldg(static_cast<const float*>(op.zeros))
+                                       : __half2float(__ushort_as_half(__ldg(static_cast<const uint16_t*>(op.zeros))));
+      break;
+    case ParamMode::kToken:
+      s.first_param = b * p.tokens, s.param_bytes = p.batch * p.tokens * pbytes;
+      break;
+    case ParamMode::kHead:
+    case ParamMode::kGroup:
+      s.first_param = (b * p.kv_heads + h) * p.tokens * s.groups;
+      s.param_bytes = p.batch * p.kv_heads * p.tokens * s.groups * pbytes;
+      break;
+    default: break;
+  }
+  s.scales = static_cast<const uint8_t*>(op.scales), s.zeros = static_cast<const uint8_t*>(op.zeros);
+  return s;
+}
+
+// Copies `count` parameters from element `first` of `array` as whole 4-byte words (the span may
+// start mid-word; the consumer adds the offset). The array's last word may be half outside it
+// (fp16): that one is read with a plain load.
+__device__ __forceinline__ void copy_param_span(uint32_t* dst, const uint8_t* array, int64_t first, int count, int pbytes,
+                                                int64_t array_bytes, int lane) {
+  const int64_t w0 = first * pbytes / 4, w1 = ((first + count) * pbytes + 3) / 4;
+  for (int64_t w = w0 + lane; w < w1; w += 32) {
+    uint32_t* d = dst + (w - w0);
+    if (w * 4 + 4 <= array_bytes) cp_async4(smem_address(d), array + w * 4, true);
+    else *d = __ldg(reinterpret_cast<const uint16_t*>(array + w * 4));
+  }
+}
+
+// One step of rows [t0, t0 + n) into a stage: codes into `codes` (row stride kStride words, rows
+// n.. zero-filled so that masked keys multiply finite values), parameters into `params`.
+template <int kRowWords, int kStride, int kStepTokens>
+__device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, const TcSource& s, int64_t t0, int n,
+                                          int lane, uint32_t words_magic) {
+  if (s.vec16) {
+    constexpr int kChunks = kRowWords / 4;
+    for (int i = lane; i < kStepTokens * kChunks; i += 32) {
+      const int r = i / kChunks, ch = i % kChunks;
+      const bool ok = r < n;
+      cp_async16(smem_address(codes + r * kStride + ch * 4), s.rows + (ok ? (t0 + r) * s.stride_t + ch * 16 : 0), ok);
+    }
+  } else {  // 4-byte copies: FBGEMM rows (params inline) or rows not 16-byte aligned
+    const int words = s.inline_words + kRowWords;
+    for (int i = lane; i < kStepTokens * words; i += 32) {
+      const int r = static_cast<int>((static_cast<uint64_t>(i) * words_magic) >> 24), w = i - r * words;  // i / words
+      const bool ok = r < n;
+      uint32_t* dst = w < s.inline_words ? params + r * s.inline_words + w : codes + r * kStride + (w - s.inline_words);
+      cp_async4(smem_address(dst), s.rows + (ok ? (t0 + r) * s.stride_t + w * 4 : 0), ok);
+    }
+  }
+  if (s.mode == ParamMode::kToken || s.mode == ParamMode::kHead || s.mode == ParamMode::kGroup) {
+    const int pbytes = s.fp32_params ? 4 : 2;
+    const int64_t first = s.first_param + t0 * s.groups;
+    copy_param_span(params, s.scales, first, n * s.groups, pbytes, s.param_bytes, lane);
+    if (s.asymmetric) copy_param_span(params + s.zero_words, s.zeros, first, n * s.groups, pbytes, s.param_bytes, lane);
+  }
+}
+
+// Scale and zero point of row r, group g of a stage's parameters (0 for rows past the step, whose
+// stage words are stale). `span_offset`: span_offset(s, t0) of the step.
+struct RowParams {
+  float scale, zero;
+};
+__device__ __forceinline__ int span_offset(const TcSource& s, int64_t t0) {
+  const int pbytes = s.fp32_params ? 4 : 2;
+  return static_cast<int>(((s.first_param + t0 * s.groups) * pbytes) % 4) / pbytes;
+}
+__device__ __forceinline__ float param_at(const uint32_t* words, int index, bool fp32) {
+  return fp32 ? __uint_as_float(words[index])
+              : __half2float(__ushort_as_half(reinterpret_cast<const uint16_t*>(words)[index]));
+}
+__device__ __forceinline__ RowParams row_params(const TcSource& s, const uint32_t* params, int offset, int r, int g,
+                                                int n) {
+  if (s.mode == ParamMode::kTensor) return {s.tensor_scale, s.tensor_zero};
+  if (r >= n) return {0.0f, 0.0f};
+  if (s.mode == ParamMode::kInlineRow) {
+    const uint32_t w = params[r * s.inline_words + g];
+    return {__half2float(__ushort_as_half(static_cast<uint16_t>(w & 0xffffu))),
+            __half2float(__ushort_as_half(static_cast<uint16_t>(w >> 16)))};
+  }
+  const int index = offset + r * s.groups + g;
+  return {param_at(params, index, s.fp32_params),
+          s.asymmetric ? param_at(params + s.zero_words, index, s.fp32_params) : 0.0f};
+}
+
+// Which of the lane's 4 consecutive elements d + kQPerm[k] sits at k position {2c, 2c+1, 2c+8, 2c+9}[k]
+// of a QK k-slice (the order the int4 conversion produces nibbles in).
+template <KvFormat F>
+__device__ __forceinline__ int q_perm(int k) {
+  if constexpr (F == KvFormat::kInt4 || F == KvFormat::kInt4Fbgemm) return k == 1 ? 2 : k == 2 ? 1 : k;
+  return k;
+}
+
+inline constexpr uint32_t kFp16Magic = 0x64006400u;  // 1024.0 in both halves
+
+// Code pairs (1024 + u) -> signed codes: int8 sym codes were biased by 128 (xor), int4 sym by 8.
+__device__ __forceinline__ uint32_t int8_pair(uint32_t biased, bool sym) {
+  return hsub2(biased, sym ? 0x64806480u : kFp16Magic);  // 1152 or 1024
+}
+__device__ __forceinline__ uint32_t nibble_pair_low(uint32_t x, bool sym) {  // nibbles in bits 0..3
+  return hsub2((x & 0x000f000fu) | kFp16Magic, sym ? 0x64086408u : kFp16Magic);  // 1032 or 1024
+}
+__device__ __forceinline__ uint32_t nibble_pair_high(uint32_t x, bool sym) {  // nibbles in bits 4..7: 1024 + 16u
+  return hfma2((x & 0x00f000f0u) | kFp16Magic, 0x2c002c00u, sym ? 0xd480d480u : 0xd400d400u);  // /16 - 72 or - 64
+}
+
+// A fragment of k-slice j for keys `row` and row + 8 of a stage's K codes.
+template <KvFormat F, int kStride>
+__device__ __forceinline__ void k_fragment(const uint32_t* kc, int row, int j, int c, bool sym, uint32_t (&a)[4]) {
+  if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp16) {
+    const uint2 r0 = *reinterpret_cast<const uint2*>(kc + row * kStride + 8 * j + 2 * c);
+    const uint2 r1 = *reinterpret_cast<const uint2*>(kc + (row + 8) * kStride + 8 * j + 2 * c);
+    a[0] = r0.x, a[1] = r1.x, a[2] = r0.y, a[3] = r1.y;
+  } else if constexpr (F == KvFormat::kInt8) {
+    const uint32_t flip = sym ? 0x80808080u : 0u;
+    const uint32_t w0 = kc[row * kStride + 4 * j + c] ^ flip, w1 = kc[(row + 8) * kStride + 4 * j + c] ^ flip;
+    a[0] = int8_pair(__byte_perm(w0, 0x64646464u, 0x4140), sym);
+    a[1] = int8_pair(__byte_perm(w1, 0x64646464u, 0x4140), sym);
+    a[2] = int8_pair(__byte_perm(w0, 0x64646464u, 0x4342), sym);
+    a[3] = int8_pair(__byte_perm(w1, 0x64646464u, 0x4342), sym);
+  } else {  // int4: 4 nibbles (2 bytes) per key; [b0, 0, b1, 0] puts nibbles 0,2 low and 1,3 high
+    const uint32_t flip = sym ? 0x8888u : 0u;
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(kc);
+    const uint32_t x0 = __byte_perm(h[(row * kStride + 2 * j) * 2 + c] ^ flip, 0u, 0x4140);
+    const uint32_t x1 = __byte_perm(h[((row + 8) * kStride + 2 * j) * 2 + c] ^ flip, 0u, 0x4140);
+    a[0] = nibble_pair_low(x0, sym), a[1] = nibble_pair_low(x1, sym);
+    a[2] = nibble_pair_high(x0, sym), a[3] = nibble_pair_high(x1, sym);
+  }
+}
+
+// A fragments of PV m-tiles 2i (`lo`) and 2i + 1 (`hi`) for the k-step whose lane keys are
+// key0 = 16 mt + 2c, key0 + 1, key0 + 8, key0 + 9.
+template <KvFormat F, int kStride>
+__device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i, int g, bool sym, uint32_t (&lo)[4],
+                                            uint32_t (&hi)[4]) {
+  const int rows[4] = {key0, key0 + 1, key0 + 8, key0 + 9};
+  if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp16) {
+    uint2 w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = *reinterpret_cast<const uint2*>(vc + rows[k] * kStride + 16 * i + 2 * g);
+    // element e of keys (A, B): (A.e, B.e) -- low halves for even e, high halves for odd e
+    lo[0] = __byte_perm(w[0].x, w[1].x, 0x5410), lo[1] = __byte_perm(w[0].x, w[1].x, 0x7632);
+    lo[2] = __byte_perm(w[2].x, w[3].x, 0x5410), lo[3] = __byte_perm(w[2].x, w[3].x, 0x7632);
+    hi[0] = __byte_perm(w[0].y, w[1].y, 0x5410), hi[1] = __byte_perm(w[0].y, w[1].y, 0x7632);
+    hi[2] = __byte_perm(w[2].y, w[3].y, 0x5410), hi[3] = __byte_perm(w[2].y, w[3].y, 0x7632);
+  } else if constexpr (F == KvFormat::kInt8) {
+    const uint32_t flip = sym ? 0x80808080u : 0u;
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = vc[rows[k] * kStride + 8 * i + g] ^ flip;
+    auto pair = [&](uint32_t a, uint32_t b, int e) {  // (a.byte e, b.byte e) as 1024 + u
+      return int8_pair((__byte_perm(a, b, ((4 + e) << 8) | e) & 0x00ff00ffu) | kFp16Magic, sym);
+    };
+    lo[0] = pair(w[0], w[1], 0), lo[1] = pair(w[0], w[1], 1), lo[2] = pair(w[2], w[3], 0), lo[3] = pair(w[2], w[3], 1);
+    hi[0] = pair(w[0], w[1], 2), hi[1] = pair(w[0], w[1], 3), hi[2] = pair(w[2], w[3], 2), hi[3] = pair(w[2], w[3], 3);
+  } else {
+    const uint32_t flip = sym ? 0x8888u : 0u;
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(vc);
+    uint32_t x[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) x[k] = h[(rows[k] * kStride + 4 * i) * 2 + g] ^ flip;
+    // [A.b0, ., B.b0, .]: nibbles 0 (low) and 1 (high) of keys A, B; [A.b1, ., B.b1, .]: nibbles 2, 3
+    const uint32_t a01 = __byte_perm(x[0], x[1], 0x0400), a23 = __byte_perm(x[0], x[1], 0x0501);
+    const uint32_t b01 = __byte_perm(x[2], x[3], 0x0400), b23 = __byte_perm(x[2], x[3], 0x0501);
+    lo[0] = nibble_pair_low(a01, sym), lo[1] = nibble_pair_high(a01, sym);
+    lo[2] = nibble_pair_low(b01, sym), lo[3] = nibble_pair_high(b01, sym);
+    hi[0] = nibble_pair_low(a23, sym), hi[1] = nibble_pair_high(a23, sym);
+    hi[2] = nibble_pair_low(b23, sym), hi[3] = nibble_pair_high(b23, sym);
+  }
+}
+
+}  // namespace kvq::detail

@@ -1,0 +1,374 @@
+// The tensor-core decode kernel, instantiated per storage format in decode_tc_<format>.cu.
+//
+// CTA = (b, KV head, key split, block of 8 query heads): the heads are the N = 8 of every MMA and
+// share each K/V byte. Each of the 4 warps takes every 4th step of kStepTokens keys, streams its
+// steps through its own shared-memory ring (cp.async) and keeps its own online softmax; the warps
+// merge once at the end (as split-K does across CTAs).
+//   QK:  S^T[16 keys x 8 heads] += K[16 x 16 d] Q^T, K codes converted exactly to fp16 (bf16
+//        storage: bf16 values), Q as fp16 scaled by 2^e per head (or bf16) held in registers.
+//        Scales come after the product: S = s_row * acc + z_row * sum(q) per scale group.
+//   PV:  O^T[16 d x 8 heads] += V^T[16 d x 16 keys] P'^T with P' = p * s_row * 2^Ev rounded to
+//        fp16 (the row's V scale folded into the probability, 2^Ev keeping it near 1); the
+//        asymmetric zero point adds sum(p * z) per head. The QK result becomes the PV operand by
+//        an in-register transpose (movmatrix), never through shared memory.
+// Precision: fp32 logits, softmax and accumulation; Q and P' rounded to the MMA type. The gate's
+// mimic profile (decode_precision_profile) models exactly these roundings. Fixed order
+// everywhere: reruns are bitwise identical.
+#pragma once
+
+#include <cmath>
+
+#include "gpu/cuda_check.hpp"
+#include "gpu/decode_tc_fragments.cuh"
+#include "quant/float_formats.hpp"
+
+namespace kvq::detail {
+
+inline constexpr float kTcLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float quad_max(float x) {  // over the 8 lanes g of one c
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 4);
+  x += __shfl_xor_sync(0xffffffffu, x, 8);
+  return x + __shfl_xor_sync(0xffffffffu, x, 16);
+}
+
+// Q of the CTA's heads as MMA operands, per-head logit factors and sum(q) per K scale group.
+template <KvFormat F, int D>
+__device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b, int64_t hk, int64_t hb,
+                            int64_t group_size, int k_groups) {
+  using Tr = TcTraits<F, D>;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int i = warp; i < Tr::kHeads; i += Tr::kWarps) {
+    const int64_t in_group = hb * Tr::kHeads + i;
+    const bool ok = in_group < group_size;
+    const int64_t h = hk * group_size + in_group;
+    float amax = 0.0f;
+    for (int d = lane; d < D; d += 32)
+      amax = fmaxf(amax, ok ? fabsf(bf16_bits_to_fp32(p.q[(b * p.q_heads + h) * D + d])) : 0.0f);
+#pragma unroll
+    for (int o = 16; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const int e = Tr::kBf16Mma ? 0 : fp16_operand_exponent(amax);
+    for (int d = lane; d < D; d += 32) {
+      const uint16_t bits = ok ? p.q[(b * p.q_heads + h) * D + d] : uint16_t{0};
+      pro.q[i][d] = Tr::kBf16Mma ? bits : fp32_to_fp16_bits(ldexpf(bf16_bits_to_fp32(bits), e));
+    }
+    if (lane == 0) {
+      pro.factor[i] = ldexpf(p.softmax_scale * kTcLog2e, -e);
+      pro.slope[i] = ok && p.alibi_slopes ? p.alibi_slopes[h] * kTcLog2e : 0.0f;
+    }
+    __syncwarp();
+    if (lane < k_groups) {  // sequential sums: deterministic
+      const int g = D / k_groups;
+      float sum = 0.0f;
+      for (int d = lane * g; d < (lane + 1) * g; ++d)
+        sum += Tr::kBf16Mma ? bf16_bits_to_fp32(pro.q[i][d]) : fp16_bits_to_fp32(pro.q[i][d]);
+      pro.q_sum[lane][i] = sum;
+    }
+  }
+}
+
+template <KvFormat F, int D>
+__global__ void __launch_bounds__(TcTraits<F, D>::kThreads) decode_tc_kernel(const DecodeParams p) {
+  using Tr = TcTraits<F, D>;
+  constexpr int kST = Tr::kStepTokens, kS = Tr::kStages;
+  extern __shared__ uint4 tc_smem[];
+  TcPrologue<D>& pro = *reinterpret_cast<TcPrologue<D>*>(tc_smem);
+  uint32_t* stages = reinterpret_cast<uint32_t*>(tc_smem) + sizeof(TcPrologue<D>) / 4;
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
+  const int64_t group_size = p.q_heads / p.kv_heads;
+  const int64_t head_blocks = (group_size + Tr::kHeads - 1) / Tr::kHeads;
+  int64_t cta = blockIdx.x;
+  const int64_t hb = cta % head_blocks;
+  cta /= head_blocks;
+  const int split = static_cast<int>(cta % p.splits);
+  cta /= p.splits;
+  const int64_t hk = cta % p.kv_heads, b = cta / p.kv_heads;
+  const int64_t len = p.seq_lens ? p.seq_lens[b] : p.tokens;
+  const int64_t per_split = ((len + p.splits - 1) / p.splits + 15) / 16 * 16;
+  const int64_t t_begin = split * per_split;
+  const int64_t t_end = t_begin + per_split < len ? t_begin + per_split : len;
+
+  const TcStageLayout lay = tc_stage_layout<F, D>(p);
+  const TcSource ks = tc_source<D>(p.k, p, b, hk, Tr::kRowWords, kST);
+  const TcSource vs = tc_source<D>(p.v, p, b, hk, Tr::kRowWords, kST);
+  const int k_groups = Tr::kQuantized ? ks.groups : 1, v_groups = Tr::kQuantized ? vs.groups : 1;
+  const int k_slices_per_group = Tr::kSlices / k_groups, v_pairs_per_group = Tr::kSlices / 2 / v_groups;
+  tc_prologue<F, D>(pro, p, b, hk, hb, group_size, k_groups);
+  __syncthreads();
+
+  // This lane's Q operands (head g) and its two heads of the QK result (2c, 2c + 1).
+  uint32_t qf[Tr::kSlices][2];
+#pragma unroll
+  for (int j = 0; j < Tr::kSlices; ++j) {
+    const uint16_t* q = pro.q[g] + 16 * j + 4 * c;
+    qf[j][0] = q[q_perm<F>(0)] | static_cast<uint32_t>(q[q_perm<F>(1)]) << 16;
+    qf[j][1] = q[q_perm<F>(2)] | static_cast<uint32_t>(q[q_perm<F>(3)]) << 16;
+  }
+  const float factor[2] = {pro.factor[2 * c], pro.factor[2 * c + 1]};
+  const float slope[2] = {pro.slope[2 * c], pro.slope[2 * c + 1]};
+
+  // 2^Ev: the V scale of the split's first key brings P' = p * s * 2^Ev near 1.
+  float v_fold = 1.0f;
+  if (Tr::kQuantized && t_begin < t_end) {
+    RowParams first{vs.tensor_scale, 0.0f};
+    if (vs.mode == ParamMode::kInlineRow)
+      first.scale = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.rows + t_begin * vs.stride_t))));
+    else if (vs.mode != ParamMode::kTensor)
+      first.scale = vs.fp32_params ? __ldg(reinterpret_cast<const float*>(vs.scales) + vs.first_param + t_begin * vs.groups)
+                                   : __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.scales) +
+                                                                        vs.first_param + t_begin * vs.groups)));
+    if (first.scale > 0.0f) v_fold = ldexpf(1.0f, fp16_operand_exponent(first.scale) - 14);  // 2^-floor(log2 s)
+  }
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[Tr::kSlices][4];
+  float z_acc[Tr::kSlices / 2][2];
+#pragma unroll
+  for (int j = 0; j < Tr::kSlices; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < Tr::kSlices / 2; ++i) z_acc[i][0] = z_acc[i][1] = 0.0f;
+
+  // Steps of this warp: w, w + 4, ... of the split's keys.
+  const int64_t keys = t_end > t_begin ? t_end - t_begin : 0;
+  const int64_t all_steps = (keys + kST - 1) / kST;
+  const int my_steps = static_cast<int>(all_steps > warp ? (all_steps - warp + Tr::kWarps - 1) / Tr::kWarps : 0);
+  uint32_t* ring = stages + warp * kS * lay.stage_words;
+  const uint32_t k_magic = (1u << 24) / static_cast<uint32_t>(ks.inline_words + Tr::kRowWords) + 1;
+  const uint32_t v_magic = (1u << 24) / static_cast<uint32_t>(vs.inline_words + Tr::kRowWords) + 1;
+  auto step_start = [&](int s) { return t_begin + (static_cast<int64_t>(s) * Tr::kWarps + warp) * kST; };
+  auto issue = [&](int s) {
+    if (s < my_steps) {
+      uint32_t* st = ring + (s % kS) * lay.stage_words;
+      const int64_t t0 = step_start(s);
+      const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
+      copy_step<Tr::kRowWords, Tr::kKStride, kST>(st, st + lay.k_params, ks, t0, n, lane, k_magic);
+      copy_step<Tr::kRowWords, Tr::kVStride, kST>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0, n, lane, v_magic);
+    }
+    cp_async_commit();  // empty groups keep the count uniform
+  };
+#pragma unroll
+  for (int s = 0; s < kS - 1; ++s) issue(s);
+
+  for (int s = 0; s < my_steps; ++s) {
+    cp_async_wait<kS - 2>();
+    __syncwarp();
+    issue(s + kS - 1);  // into the stage consumed at step s - 1
+    const uint32_t* st = ring + (s % kS) * lay.stage_words;
+    const uint32_t* kc = st;
+    const uint32_t* vc = st + kST * Tr::kKStride;
+    const int64_t t0 = step_start(s);
+    const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
+    const int k_off = span_offset(ks, t0), v_off = span_offset(vs, t0);
+
+    // ---- QK: scores of keys (16 mt + g, + 8) x heads (2c, 2c + 1), log2 domain
+    float sc[Tr::kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+      const int r0 = 16 * mt + g, r1 = r0 + 8;
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int j = 0; j < Tr::kSlices; ++j) {
+        uint32_t a[4];
+        k_fragment<F, Tr::kKStride>(kc, r0, j, c, !ks.asymmetric, a);
+        mma_16816<Tr::kBf16Mma>(acc, a, qf[j][0], qf[j][1]);
+        if constexpr (Tr::kQuantized) {
+          if ((j + 1) % k_slices_per_group == 0) {  // the group's product is complete: scale it
+            const int grp = j / k_slices_per_group;
+            const RowParams p0 = row_params(ks, st + lay.k_params, k_off, r0, grp, n);
+            const RowParams p1 = row_params(ks, st + lay.k_params, k_off, r1, grp, n);
+            const float qs0 = ks.asymmetric ? pro.q_sum[grp][2 * c] : 0.0f;
+            const float qs1 = ks.asymmetric ? pro.q_sum[grp][2 * c + 1] : 0.0f;
+            total[0] += acc[0] * p0.scale + p0.zero * qs0, total[1] += acc[1] * p0.scale + p0.zero * qs1;
+            total[2] += acc[2] * p1.scale + p1.zero * qs0, total[3] += acc[3] * p1.scale + p1.zero * qs1;
+            acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+          }
+        }
+      }
+      if constexpr (!Tr::kQuantized)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) total[e] = acc[e];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e < 2 ? r0 : r1;
+        const float dist = static_cast<float>(len - 1 - (t0 + r));
+        sc[mt][e] = r < n ? total[e] * factor[e % 2] - slope[e % 2] * dist : -INFINITY;
+      }
+    }
+
+    // ---- online softmax over the step (per head: lanes with the same c hold it)
+    float alpha[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTiles; ++mt) mx = fmaxf(mx, fmaxf(sc[mt][hh], sc[mt][hh + 2]));
+      const float m_new = fmaxf(m[hh], quad_max(mx));
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[hh] = exp2f(m[hh] - m_use);  // 0 for the first keys, 1 while the max holds
+      m[hh] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+        sc[mt][hh] = exp2f(sc[mt][hh] - m_use), sc[mt][hh + 2] = exp2f(sc[mt][hh + 2] - m_use);
+        sum += sc[mt][hh] + sc[mt][hh + 2];
+      }
+      l[hh] = l[hh] * alpha[hh] + sum;
+    }
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+      for (int j = 0; j < Tr::kSlices; ++j) o[j][0] *= alpha[0], o[j][1] *= alpha[1], o[j][2] *= alpha[0], o[j][3] *= alpha[1];
+#pragma unroll
+      for (int i = 0; i < Tr::kSlices / 2; ++i) z_acc[i][0] *= alpha[0], z_acc[i][1] *= alpha[1];
+    }
+
+    // ---- PV, one k-step of 16 keys per m-tile of the QK result
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+      const int r0 = 16 * mt + g, r1 = r0 + 8;
+      uint32_t b0 = 0, b1 = 0;
+      float z0 = 0.0f, z1 = 0.0f;  // the group's zero points of keys r0, r1
+#pragma unroll
+      for (int i = 0; i < Tr::kSlices / 2; ++i) {
+        if constexpr (Tr::kQuantized) {
+          if (i % v_pairs_per_group == 0) {  // P' of this V scale group
+            const int grp = i / v_pairs_per_group;
+            const RowParams p0 = row_params(vs, st + lay.v_params, v_off, r0, grp, n);
+            const RowParams p1 = row_params(vs, st + lay.v_params, v_off, r1, grp, n);
+            const float f0 = p0.scale * v_fold, f1 = p1.scale * v_fold;
+            b0 = transpose_8x8(pack_rounded<false>(sc[mt][0] * f0, sc[mt][1] * f0));
+            b1 = transpose_8x8(pack_rounded<false>(sc[mt][2] * f1, sc[mt][3] * f1));
+            z0 = p0.zero, z1 = p1.zero;
+          }
+          if (vs.asymmetric) {  // sum(p z) per m-tile pair, i.e. per d
+            z_acc[i][0] += sc[mt][0] * z0 + sc[mt][2] * z1;
+            z_acc[i][1] += sc[mt][1] * z0 + sc[mt][3] * z1;
+          }
+        } else if (i == 0) {
+          b0 = transpose_8x8(pack_rounded<Tr::kBf16Mma>(sc[mt][0], sc[mt][1]));
+          b1 = transpose_8x8(pack_rounded<Tr::kBf16Mma>(sc[mt][2], sc[mt][3]));
+        }
+        uint32_t lo[4], hi[4];
+        v_fragments<F, Tr::kVStride>(vc, 16 * mt + 2 * c, i, g, !vs.asymmetric, lo, hi);
+        mma_16816<Tr::kBf16Mma>(o[2 * i], lo, b0, b1);
+        mma_16816<Tr::kBf16Mma>(o[2 * i + 1], hi, b0, b1);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the rings become the merge area
+
+  // ---- merge the warps: unnormalized O, max and sum per head through shared memory
+  float* w_o = reinterpret_cast<float*>(stages);  // [warp][head][D]
+  float* w_m = w_o + Tr::kWarps * Tr::kHeads * D;  // [warp][head]
+  float* w_l = w_m + Tr::kWarps * Tr::kHeads;
+  const float inv_fold = 1.0f / v_fold;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    l[hh] = quad_sum(l[hh]);
+#pragma unroll
+    for (int i = 0; i < Tr::kSlices / 2; ++i) z_acc[i][hh] = quad_sum(z_acc[i][hh]);
+  }
+#pragma unroll
+  for (int j = 0; j < Tr::kSlices; ++j) {
+    const int i = j / 2, d0 = 32 * i + 4 * g + 2 * (j % 2);  // rows g -> d0, g + 8 -> d0 + 1
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int hh = e % 2, d = d0 + e / 2;
+      const float value = Tr::kQuantized ? o[j][e] * inv_fold + z_acc[i][hh] : o[j][e];
+      w_o[(warp * Tr::kHeads + 2 * c + hh) * D + d] = value;
+    }
+  }
+  if (g == 0) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) w_m[warp * Tr::kHeads + 2 * c + hh] = m[hh], w_l[warp * Tr::kHeads + 2 * c + hh] = l[hh];
+  }
+  __syncthreads();
+
+  for (int idx = threadIdx.x; idx < Tr::kHeads * D; idx += Tr::kThreads) {
+    const int i = idx / D, d = idx % D;
+    const int64_t in_group = hb * Tr::kHeads + i;
+    if (in_group >= group_size) continue;
+    const int64_t h = hk * group_size + in_group;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < Tr::kWarps; ++w) mx = fmaxf(mx, w_m[w * Tr::kHeads + i]);
+    float out = 0.0f, lse = -INFINITY;
+    if (mx != -INFINITY) {
+      float num = 0.0f, den = 0.0f;
+#pragma unroll
+      for (int w = 0; w < Tr::kWarps; ++w) {
+        const float wm = w_m[w * Tr::kHeads + i];
+        if (wm == -INFINITY) continue;
+        const float f = exp2f(wm - mx);
+        num += f * w_o[(w * Tr::kHeads + i) * D + d];
+        den += f * w_l[w * Tr::kHeads + i];
+      }
+      out = num / den;
+      lse = (mx + log2f(den)) / kTcLog2e;
+    }
+    if (p.splits == 1) {
+      p.out[(b * p.q_heads + h) * D + d] = fp32_to_bf16_bits(out);
+      if (d == 0) p.lse[b * p.q_heads + h] = lse;
+    } else {
+      p.partial_o[((split * p.batch + b) * p.q_heads + h) * D + d] = out;
+      if (d == 0) p.partial_lse[(split * p.batch + b) * p.q_heads + h] = lse;
+    }
+  }
+}
+
+// Launch of one format's tensor-core kernels, dispatched over D.
+template <KvFormat F>
+struct DecodeTcKernels {
+  static const void* kernel(int head_dim);
+  static int smem_bytes(const DecodeParams& p);
+  static void launch(const DecodeParams& p, cudaStream_t stream);
+};
+
+template <KvFormat F>
+const void* DecodeTcKernels<F>::kernel(int head_dim) {
+  switch (head_dim) {
+    case 64: return reinterpret_cast<const void*>(&decode_tc_kernel<F, 64>);
+    case 128: return reinterpret_cast<const void*>(&decode_tc_kernel<F, 128>);
+    case 256: return reinterpret_cast<const void*>(&decode_tc_kernel<F, 256>);
+  }
+  return nullptr;
+}
+
+template <KvFormat F>
+int DecodeTcKernels<F>::smem_bytes(const DecodeParams& p) {
+  switch (p.head_dim) {
+    case 64: return tc_smem_bytes<F, 64>(p);
+    case 128: return tc_smem_bytes<F, 128>(p);
+    case 256: return tc_smem_bytes<F, 256>(p);
+  }
+  return 0;
+}
+
+template <KvFormat F>
+void DecodeTcKernels<F>::launch(const DecodeParams& p, cudaStream_t stream) {
+  const void* fn = kernel(p.head_dim);
+  if (!fn) throw CudaError("decode-tc: no kernel for this head_dim");
+  const int64_t head_blocks = (p.q_heads / p.kv_heads + 7) / 8;
+  const int64_t ctas = p.batch * p.kv_heads * p.splits * head_blocks;
+  if (ctas == 0) return;
+  const int smem = smem_bytes(p);
+  static const bool opted_in = [] {  // once per format: the device's whole opt-in limit (not a stream op)
+    int device = 0, optin = 0;
+    KVQ_CUDA_CHECK(cudaGetDevice(&device));
+    KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    for (int d : {64, 128, 256})
+      KVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel(d), cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    return true;
+  }();
+  (void)opted_in;
+  void* args[] = {const_cast<DecodeParams*>(&p)};
+  KVQ_CUDA_CHECK(cudaLaunchKernel(fn, dim3(static_cast<unsigned>(ctas)), dim3(128), args, static_cast<size_t>(smem), stream));
+}
+
+}  // namespace kvq::detail

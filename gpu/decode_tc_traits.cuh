@@ -1,0 +1,161 @@
+// Tile math of the tensor-core decode kernels (decode_tc_kernel.cuh) and the PTX they are built from.
+//
+// A warp owns steps of kStepTokens keys and streams them through its own ring of kStages shared
+// memory stages (cp.async), so warps never wait for each other until the final merge. A stage holds
+// the step's K codes, V codes (rows padded so that fragment reads are free of bank conflicts) and
+// the scales / zero points of its rows. Everything about the layout that depends on runtime values
+// (how many scale groups a row has, fp16 or fp32 parameters) is in TcStageLayout, computed the same
+// way on the host (dynamic shared memory size) and on the device.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gpu/decode.hpp"
+#include "quant/float_formats.hpp"
+#include "quant/host_device.hpp"
+
+namespace kvq::detail {
+
+template <KvFormat F, int D>
+struct TcTraits {
+  static constexpr int kBits = F == KvFormat::kInt8 ? 8 : (F == KvFormat::kInt4 || F == KvFormat::kInt4Fbgemm) ? 4 : 16;
+  static constexpr bool kQuantized = kBits < 16;
+  static constexpr bool kBf16Mma = F == KvFormat::kBf16;  // every other storage multiplies in fp16
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kHeads = 8;                // query heads per CTA: the MMA's N
+  static constexpr int kSlices = D / 16;          // QK k-slices = PV m-tiles
+  static constexpr int kRowWords = D * kBits / 32;  // codes of one row
+  // Row strides in shared memory (words). K fragments read rows g = 0..7 at once, V fragments rows
+  // 2c = 0, 2, 4, 6: these paddings put each of those reads in 32 different banks.
+  static constexpr int kKStride = kRowWords + (kBits == 16 ? 8 : 4);
+  static constexpr int kVStride = kRowWords + 4;
+  // About 4 KB of K+V codes per warp step (16..64 keys), 3-4 steps in flight per warp.
+  static constexpr int kStepTokens = [] {
+    int t = 4096 / (8 * kRowWords) / 16 * 16;
+    return t < 16 ? 16 : t > 64 ? 64 : t;
+  }();
+  static constexpr int kMTiles = kStepTokens / 16;
+  static constexpr int kCodeWords = kStepTokens * (kKStride + kVStride);
+  static constexpr int kStages = kCodeWords * 4 <= 6144 ? 4 : 3;
+  static constexpr int kMaxKGroups = D / 16;  // K scale groups must hold whole k-slices
+  static constexpr int kMaxVGroups = D / 32;  // V scale groups must hold whole m-tile pairs
+};
+
+// Words of shared memory one operand's parameters take per stage.
+KVQ_HD int tc_param_words(const KvOperand& op, int step_tokens, int head_dim) {
+  const int groups = op.group > 0 ? head_dim / op.group : 1;
+  switch (op.mode) {
+    case ParamMode::kNone:
+    case ParamMode::kTensor: return 0;
+    case ParamMode::kInlineRow: return step_tokens * groups;  // one (scale, shift) word per group
+    default: break;
+  }
+  const int pbytes = op.fp32_params ? 4 : 2;
+  const int one = (step_tokens * groups * pbytes + 3) / 4 + 1;  // +1: a span that starts mid-word
+  return op.asymmetric ? 2 * one : one;
+}
+
+struct TcStageLayout {
+  int k_params = 0, v_params = 0;  // word offsets within a stage (the codes come first)
+  int stage_words = 0;
+};
+
+template <KvFormat F, int D>
+KVQ_HD TcStageLayout tc_stage_layout(const DecodeParams& p) {
+  using Tr = TcTraits<F, D>;
+  TcStageLayout l;
+  l.k_params = Tr::kCodeWords;
+  l.v_params = l.k_params + tc_param_words(p.k, Tr::kStepTokens, D);
+  l.stage_words = l.v_params + tc_param_words(p.v, Tr::kStepTokens, D);
+  l.stage_words = (l.stage_words + 3) / 4 * 4;  // stages start 16-byte aligned
+  return l;
+}
+
+// Query heads of the CTA in shared memory before the main loop: Q as MMA operands (fp16 scaled by
+// 2^e per head, or bf16), the per-head logit factor and ALiBi slope, and sum(q) per K scale group
+// (the asymmetric zero point's term).
+template <int D>
+struct TcPrologue {
+  uint16_t q[8][D];
+  float factor[8], slope[8];
+  float q_sum[D / 16][8];
+  float pad[8];  // keeps the stages that follow 16-byte aligned
+};
+
+template <KvFormat F, int D>
+KVQ_HD int tc_smem_bytes(const DecodeParams& p) {
+  return static_cast<int>(sizeof(TcPrologue<D>)) +
+         TcTraits<F, D>::kWarps * TcTraits<F, D>::kStages * tc_stage_layout<F, D>(p).stage_words * 4;
+}
+
+#if defined(__CUDACC__)
+// ---- PTX ------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// Copies `bytes` (16 or 4) or, when !valid, zero-fills them (src-size 0 reads nothing).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// D (16x8 fp32) += A (16x16) * B (16x8); fp16 or bf16 operands.
+template <bool kBf16>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kBf16)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Transposes an 8x8 matrix of 16-bit values held as one register per lane (row lane/4, columns
+// 2(lane%4), +1): the QK result (keys x heads) becomes the PV operand (heads x keys).
+__device__ __forceinline__ uint32_t transpose_8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// Two fp32 values rounded (RNE) into one register, `lo` in the low half.
+template <bool kBf16>
+__device__ __forceinline__ uint32_t pack_rounded(float lo, float hi) {
+  uint32_t r;
+  if constexpr (kBf16)
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// x - c and x * m + c on fp16 pairs (exact for the code conversions below).
+__device__ __forceinline__ uint32_t hsub2(uint32_t x, uint32_t c) {
+  uint32_t r;
+  asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(x), "r"(c));
+  return r;
+}
+__device__ __forceinline__ uint32_t hfma2(uint32_t x, uint32_t m, uint32_t c) {
+  uint32_t r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(x), "r"(m), "r"(c));
+  return r;
+}
+#endif
+
+}  // namespace kvq::detail
