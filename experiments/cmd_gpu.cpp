@@ -1,6 +1,8 @@
 // GPU subcommands: kvq variants, kvq validate (the adoption gate), kvq bench-quantize.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -22,10 +24,16 @@ int run_variants() {
   for (const QuantizeVariant& v : quantize_variants())
     fmt::print("  {}{}\n      how:      {}\n      supports: {}\n", v.name, v.incumbent ? "  [incumbent]" : "", v.summary,
                v.supports);
-  fmt::print("decode variants (gpu/registry.cpp; one kernel template, gpu/decode_kernel.cuh)\n");
-  for (const DecodeVariant& v : decode_variants())
-    fmt::print("  {}{}{}\n      how:      {}\n      supports: {}\n", v.name, v.incumbent ? "  [incumbent]" : "",
-               &v == &default_decode_variant() ? "  [default]" : "", v.summary, v.supports);
+  fmt::print("decode variants (gpu/registry.cpp; kernels gpu/decode_kernel.cuh, tensor cores gpu/decode_tc_kernel.cuh)\n");
+  const std::vector<const DecodeVariant*> adopted = adopted_decode_variants();
+  for (const DecodeVariant& v : decode_variants()) {
+    const auto rank = std::find(adopted.begin(), adopted.end(), &v) - adopted.begin();
+    const std::string tag = rank == 0 ? "  [default where it runs]"
+                            : rank < static_cast<long>(adopted.size()) ? "  [default for the rest]"
+                                                                       : "";
+    fmt::print("  {}{}{}\n      how:      {}\n      supports: {}\n", v.name, v.incumbent ? "  [incumbent]" : "", tag,
+               v.summary, v.supports);
+  }
   return 0;
 }
 

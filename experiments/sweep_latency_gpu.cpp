@@ -29,7 +29,6 @@ void attach_decode_latency(std::vector<SweepRow>& rows, const std::string& spec)
   const DecodeShape shape = parse_shape(spec);
   if (!cuda_device_available()) return;
   const DeviceInfo dev = device_info();
-  const DecodeVariant& variant = default_decode_variant();
   const std::string where = fmt::format("{} B={} Hq={} Hkv={} T={} D={}", shape.group, shape.batch, shape.q_heads,
                                         shape.kv_heads, shape.tokens, shape.head_dim);
   std::map<std::string, std::optional<DecodeLatency>> measured;  // by "K/V" scheme names
@@ -42,10 +41,15 @@ void attach_decode_latency(std::vector<SweepRow>& rows, const std::string& spec)
                         why_v = decode_unsupported_reason(row.schemes.v, shape.head_dim, false);
       if (why_k.empty() && why_v.empty() && row.schemes.k.bits == row.schemes.v.bits) {
         const BenchStorage st = bench_storage(row.schemes.k, row.schemes.v, false);
-        const DecodeTiming t = time_decode(variant, shape, st, BenchCaches(shape, st, dev), dev, 50, 8);
-        lat = DecodeLatency{variant.name, where, t.time.median_us,
-                            static_cast<double>(t.bytes) / (t.time.median_us * 1e3)};
-        fmt::print("latency {} on {}: {:.1f} us\n", key, where, t.time.median_us);
+        const BenchCaches caches(shape, st, dev);
+        for (const DecodeVariant* variant : adopted_decode_variants()) {  // the first adopted one that runs it
+          const DecodeTiming t = time_decode(*variant, shape, st, caches, dev, 50, 8);
+          if (!t.skipped.empty()) continue;
+          lat = DecodeLatency{variant->name, where, t.time.median_us,
+                              static_cast<double>(t.bytes) / (t.time.median_us * 1e3)};
+          fmt::print("latency {} on {} ({}): {:.1f} us\n", key, where, variant->name, t.time.median_us);
+          break;
+        }
       } else {
         fmt::print("latency {}: no decode kernel ({})\n", key,
                    !why_k.empty() ? why_k : !why_v.empty() ? why_v : "K and V of different bit widths");

@@ -80,10 +80,14 @@ std::string tensor_core_unsupported_reason(const DecodeParams& p);
 // kernel `p` runs: the gate derives its tolerance from it.
 const char* decode_precision_profile(const DecodeParams& p);
 
-// Chooses heads_per_cta (the power of two >= Hq/Hkv, at most `max_heads_per_cta`) and, when
-// p.splits == 0, the split count: enough CTAs for `waves` full waves of the device, each split
-// at least 256 keys. Returns p with both set.
+// Chooses heads_per_cta (the power of two >= Hq/Hkv, at most `max_heads_per_cta`; 8 for tensor
+// cores) and, when p.splits == 0, the split count: CUDA-core, enough CTAs for `waves` full waves of
+// the device, each split at least 256 keys; tensor cores, tensor_core_splits. Returns p with both set.
 DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta = 8, double waves = 2.0);
+
+// Key splits of a tensor-core launch with `base_ctas` CTAs per split on a device holding
+// `resident_ctas` at once: the fewest (each at least 512 keys) whose last wave is >= 85% full.
+int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens);
 
 // Floats of partial_o and partial_lse needed for p.splits.
 int64_t partial_o_floats(const DecodeParams& p);

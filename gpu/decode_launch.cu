@@ -224,13 +224,31 @@ void check_decode_params(const DecodeParams& p) {
   if (p.splits > 1 && (!p.partial_o || !p.partial_lse)) throw InputError("decode: split-K needs partial buffers");
 }
 
+int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens) {
+  // Each split re-reads Q and pays a prologue and a merge: at least 512 keys per split. Among the
+  // counts allowed, the first whose last wave is at least 85% full; else the fullest.
+  const int64_t most = std::clamp<int64_t>(tokens / 512, 1, kMaxSplits);
+  int best = 1;
+  double best_fill = 0;
+  for (int64_t s = 1; s <= most && base_ctas > 0 && resident_ctas > 0; ++s) {
+    const double waves = static_cast<double>(base_ctas * s) / static_cast<double>(resident_ctas);
+    const double fill = waves / std::ceil(waves);  // useful fraction of the waves the grid occupies
+    if (fill > best_fill + 1e-9) best_fill = fill, best = static_cast<int>(s);
+    if (fill >= 0.85) break;
+  }
+  return best;
+}
+
 DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, double waves) {
   const int64_t group = p.q_heads / std::max<int64_t>(p.kv_heads, 1);
   int hpc = 1;  // a row's lanes reduce-scatter one head each: at most D/8 heads
   while (hpc < group && hpc < max_heads_per_cta && hpc < p.head_dim / kDecodeChunk) hpc *= 2;
   if (p.family == DecodeFamily::kTensorCore) hpc = 8;  // the MMA's N: padded heads cost nothing that matters
   p.heads_per_cta = hpc;
-  if (p.splits == 0) {
+  if (p.splits == 0 && p.family == DecodeFamily::kTensorCore) {
+    const int64_t base = p.batch * p.kv_heads * ((group + hpc - 1) / hpc);
+    p.splits = tensor_core_splits(base, sm_count * detail::ctas_per_sm(p), p.tokens);
+  } else if (p.splits == 0) {
     const int per_sm = detail::ctas_per_sm(p);
     const int64_t base = p.batch * p.kv_heads * ((group + hpc - 1) / hpc);
     const double wanted = waves * sm_count * per_sm;

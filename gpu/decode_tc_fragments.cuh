@@ -120,8 +120,7 @@ struct RowParams {
   float scale, zero;
 };
 __device__ __forceinline__ int span_offset(const TcSource& s, int64_t t0) {
-  const int pbytes = s.fp32_params ? 4 : 2;
-  return static_cast<int>(((s.first_param + t0 * s.groups) * pbytes) % 4) / pbytes;
+  return s.fp32_params ? 0 : static_cast<int>((s.first_param + t0 * s.groups) & 1);  // fp16: odd element = mid-word
 }
 __device__ __forceinline__ float param_at(const uint32_t* words, int index, bool fp32) {
   return fp32 ? __uint_as_float(words[index])

@@ -37,43 +37,54 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 16);
 }
 
-// Q of the CTA's heads as MMA operands, per-head logit factors and sum(q) per K scale group.
+__device__ __forceinline__ float fast_exp2(float x) {  // 2^-22 relative error, far below the fp16 rounding of P
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Q of the CTA's heads as MMA operands, per-head logit factors and sum(q) per K scale group. A warp
+// per head, each lane E = D/32 consecutive elements: one load, shuffles for the max and the sums.
 template <KvFormat F, int D>
 __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b, int64_t hk, int64_t hb,
                             int64_t group_size, int k_groups) {
   using Tr = TcTraits<F, D>;
+  constexpr int E = D / 32;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int i = warp; i < Tr::kHeads; i += Tr::kWarps) {
     const int64_t in_group = hb * Tr::kHeads + i;
     const bool ok = in_group < group_size;
-    const int64_t h = hk * group_size + in_group;
+    const uint16_t* q = p.q + (b * p.q_heads + hk * group_size + in_group) * D + E * lane;
+    uint16_t bits[E];
     float amax = 0.0f;
-    for (int d = lane; d < D; d += 32)
-      amax = fmaxf(amax, ok ? fabsf(bf16_bits_to_fp32(p.q[(b * p.q_heads + h) * D + d])) : 0.0f);
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      bits[e] = ok ? q[e] : uint16_t{0};
+      amax = fmaxf(amax, fabsf(bf16_bits_to_fp32(bits[e])));
+    }
 #pragma unroll
     for (int o = 16; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const int e = Tr::kBf16Mma ? 0 : fp16_operand_exponent(amax);
-    for (int d = lane; d < D; d += 32) {
-      const uint16_t bits = ok ? p.q[(b * p.q_heads + h) * D + d] : uint16_t{0};
-      pro.q[i][d] = Tr::kBf16Mma ? bits : fp32_to_fp16_bits(ldexpf(bf16_bits_to_fp32(bits), e));
+    const int exponent = Tr::kBf16Mma ? 0 : fp16_operand_exponent(amax);
+    float sum = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const uint16_t op = Tr::kBf16Mma ? bits[e] : fp32_to_fp16_bits(ldexpf(bf16_bits_to_fp32(bits[e]), exponent));
+      pro.q[i][E * lane + e] = op;
+      sum += Tr::kBf16Mma ? bf16_bits_to_fp32(op) : fp16_bits_to_fp32(op);
     }
+    const int lanes_per_group = D / k_groups / E;  // groups hold whole lanes (G >= 16 >= E)
+    for (int o = 1; o < lanes_per_group; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane % lanes_per_group == 0) pro.q_sum[lane / lanes_per_group][i] = sum;
     if (lane == 0) {
-      pro.factor[i] = ldexpf(p.softmax_scale * kTcLog2e, -e);
-      pro.slope[i] = ok && p.alibi_slopes ? p.alibi_slopes[h] * kTcLog2e : 0.0f;
-    }
-    __syncwarp();
-    if (lane < k_groups) {  // sequential sums: deterministic
-      const int g = D / k_groups;
-      float sum = 0.0f;
-      for (int d = lane * g; d < (lane + 1) * g; ++d)
-        sum += Tr::kBf16Mma ? bf16_bits_to_fp32(pro.q[i][d]) : fp16_bits_to_fp32(pro.q[i][d]);
-      pro.q_sum[lane][i] = sum;
+      pro.factor[i] = ldexpf(p.softmax_scale * kTcLog2e, -exponent);
+      pro.slope[i] = ok && p.alibi_slopes ? p.alibi_slopes[hk * group_size + in_group] * kTcLog2e : 0.0f;
     }
   }
 }
 
 template <KvFormat F, int D>
-__global__ void __launch_bounds__(TcTraits<F, D>::kThreads) decode_tc_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMinCtas)
+    decode_tc_kernel(const DecodeParams p) {
   using Tr = TcTraits<F, D>;
   constexpr int kST = Tr::kStepTokens, kS = Tr::kStages;
   extern __shared__ uint4 tc_smem[];
@@ -166,40 +177,51 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads) decode_tc_kernel(con
     const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
     const int k_off = span_offset(ks, t0), v_off = span_offset(vs, t0);
 
-    // ---- QK: scores of keys (16 mt + g, + 8) x heads (2c, 2c + 1), log2 domain
-    float sc[Tr::kMTiles][4];
+    // ---- QK: scores of keys (16 mt + g, + 8) x heads (2c, 2c + 1), log2 domain. The m-tiles and
+    // two accumulators per m-tile (even / odd k-slices) are independent MMA chains.
+    float acc[Tr::kMTiles][2][4], total[Tr::kMTiles][4];
 #pragma unroll
-    for (int mt = 0; mt < Tr::kMTiles; ++mt) {
-      const int r0 = 16 * mt + g, r1 = r0 + 8;
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int mt = 0; mt < Tr::kMTiles; ++mt)
 #pragma unroll
-      for (int j = 0; j < Tr::kSlices; ++j) {
+      for (int e = 0; e < 4; ++e) acc[mt][0][e] = acc[mt][1][e] = total[mt][e] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < Tr::kSlices; ++j) {
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTiles; ++mt) {
         uint32_t a[4];
-        k_fragment<F, Tr::kKStride>(kc, r0, j, c, !ks.asymmetric, a);
-        mma_16816<Tr::kBf16Mma>(acc, a, qf[j][0], qf[j][1]);
-        if constexpr (Tr::kQuantized) {
-          if ((j + 1) % k_slices_per_group == 0) {  // the group's product is complete: scale it
-            const int grp = j / k_slices_per_group;
-            const RowParams p0 = row_params(ks, st + lay.k_params, k_off, r0, grp, n);
-            const RowParams p1 = row_params(ks, st + lay.k_params, k_off, r1, grp, n);
-            const float qs0 = ks.asymmetric ? pro.q_sum[grp][2 * c] : 0.0f;
-            const float qs1 = ks.asymmetric ? pro.q_sum[grp][2 * c + 1] : 0.0f;
-            total[0] += acc[0] * p0.scale + p0.zero * qs0, total[1] += acc[1] * p0.scale + p0.zero * qs1;
-            total[2] += acc[2] * p1.scale + p1.zero * qs0, total[3] += acc[3] * p1.scale + p1.zero * qs1;
-            acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+        k_fragment<F, Tr::kKStride>(kc, 16 * mt + g, j, c, !ks.asymmetric, a);
+        mma_16816<Tr::kBf16Mma>(acc[mt][j % 2], a, qf[j][0], qf[j][1]);
+      }
+      if constexpr (Tr::kQuantized) {
+        if ((j + 1) % k_slices_per_group == 0) {  // the group's product is complete: scale it
+          const int grp = j / k_slices_per_group;
+          const float qs0 = ks.asymmetric ? pro.q_sum[grp][2 * c] : 0.0f;
+          const float qs1 = ks.asymmetric ? pro.q_sum[grp][2 * c + 1] : 0.0f;
+#pragma unroll
+          for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+            const RowParams p0 = row_params(ks, st + lay.k_params, k_off, 16 * mt + g, grp, n);
+            const RowParams p1 = row_params(ks, st + lay.k_params, k_off, 16 * mt + g + 8, grp, n);
+            float* t = total[mt];
+            const float* a0 = acc[mt][0];
+            const float* a1 = acc[mt][1];
+            t[0] += (a0[0] + a1[0]) * p0.scale + p0.zero * qs0, t[1] += (a0[1] + a1[1]) * p0.scale + p0.zero * qs1;
+            t[2] += (a0[2] + a1[2]) * p1.scale + p1.zero * qs0, t[3] += (a0[3] + a1[3]) * p1.scale + p1.zero * qs1;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][0][e] = acc[mt][1][e] = 0.0f;
           }
         }
       }
-      if constexpr (!Tr::kQuantized)
+    }
+    float sc[Tr::kMTiles][4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) total[e] = acc[e];
+    for (int mt = 0; mt < Tr::kMTiles; ++mt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int r = e < 2 ? r0 : r1;
+        const int r = 16 * mt + g + (e < 2 ? 0 : 8);
+        const float dot = Tr::kQuantized ? total[mt][e] : acc[mt][0][e] + acc[mt][1][e];
         const float dist = static_cast<float>(len - 1 - (t0 + r));
-        sc[mt][e] = r < n ? total[e] * factor[e % 2] - slope[e % 2] * dist : -INFINITY;
+        sc[mt][e] = r < n ? dot * factor[e % 2] - slope[e % 2] * dist : -INFINITY;
       }
-    }
 
     // ---- online softmax over the step (per head: lanes with the same c hold it)
     float alpha[2];
@@ -210,12 +232,12 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads) decode_tc_kernel(con
       for (int mt = 0; mt < Tr::kMTiles; ++mt) mx = fmaxf(mx, fmaxf(sc[mt][hh], sc[mt][hh + 2]));
       const float m_new = fmaxf(m[hh], quad_max(mx));
       const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[hh] = exp2f(m[hh] - m_use);  // 0 for the first keys, 1 while the max holds
+      alpha[hh] = fast_exp2(m[hh] - m_use);  // 0 for the first keys, 1 while the max holds
       m[hh] = m_new;
       float sum = 0.0f;
 #pragma unroll
       for (int mt = 0; mt < Tr::kMTiles; ++mt) {
-        sc[mt][hh] = exp2f(sc[mt][hh] - m_use), sc[mt][hh + 2] = exp2f(sc[mt][hh + 2] - m_use);
+        sc[mt][hh] = fast_exp2(sc[mt][hh] - m_use), sc[mt][hh + 2] = fast_exp2(sc[mt][hh + 2] - m_use);
         sum += sc[mt][hh] + sc[mt][hh + 2];
       }
       l[hh] = l[hh] * alpha[hh] + sum;

@@ -32,14 +32,20 @@ struct TcTraits {
   // 2c = 0, 2, 4, 6: these paddings put each of those reads in 32 different banks.
   static constexpr int kKStride = kRowWords + (kBits == 16 ? 8 : 4);
   static constexpr int kVStride = kRowWords + 4;
-  // About 4 KB of K+V codes per warp step (16..64 keys), 3-4 steps in flight per warp.
+  // About 4 KB of K+V codes per warp step (16..64 keys), two steps in flight per warp.
   static constexpr int kStepTokens = [] {
     int t = 4096 / (8 * kRowWords) / 16 * 16;
     return t < 16 ? 16 : t > 64 ? 64 : t;
   }();
   static constexpr int kMTiles = kStepTokens / 16;
   static constexpr int kCodeWords = kStepTokens * (kKStride + kVStride);
-  static constexpr int kStages = kCodeWords * 4 <= 6144 ? 4 : 3;
+  static constexpr int kStages = 3;
+  // CTAs per SM the shared memory allows (227 KB, 1 KB reserved per CTA; parameters not counted):
+  // the register budget __launch_bounds__ asks for.
+  static constexpr int kMinCtas = [] {
+    const int n = 232448 / (kWarps * kStages * kCodeWords * 4 + 3000 + 1024);
+    return n < 1 ? 1 : n > 4 ? 4 : n;
+  }();
   static constexpr int kMaxKGroups = D / 16;  // K scale groups must hold whole k-slices
   static constexpr int kMaxVGroups = D / 32;  // V scale groups must hold whole m-tile pairs
 };

@@ -139,7 +139,20 @@ const DecodeVariant& incumbent_decode_variant() {
   throw Error("no incumbent decode variant is registered");
 }
 
-const DecodeVariant& default_decode_variant() { return decode_variants()[1]; }
+std::vector<const DecodeVariant*> adopted_decode_variants() {
+  std::vector<const DecodeVariant*> out;
+  for (const char* name : {"decode-tc", "decode-splitk"})
+    for (const DecodeVariant& v : decode_variants())
+      if (v.name == name) out.push_back(&v);
+  return out;
+}
+
+const DecodeVariant& default_decode_variant(const DecodeParams& p) {
+  const std::vector<const DecodeVariant*> adopted = adopted_decode_variants();
+  for (const DecodeVariant* v : adopted)
+    if (v->unsupported_reason(v->plan(p, 1, 1)).empty()) return *v;
+  return *adopted.back();
+}
 
 std::vector<const DecodeVariant*> find_decode_variants(const std::string& regex) {
   return find_variants(decode_variants(), regex);

@@ -43,8 +43,11 @@ struct DecodeVariant {
 
 const std::vector<DecodeVariant>& decode_variants();
 const DecodeVariant& incumbent_decode_variant();
-// The variant timed for a scheme in kvq sweep and kvq bench: the fastest general one.
-const DecodeVariant& default_decode_variant();
+// The adopted variants in order of preference (kvq sweep times the first that runs a storage):
+// decode-tc, faster on every storage it reads, then decode-splitk for the rest (D = 8, G = 8).
+std::vector<const DecodeVariant*> adopted_decode_variants();
+// The first adopted variant that supports `p`.
+const DecodeVariant& default_decode_variant(const DecodeParams& p);
 std::vector<const DecodeVariant*> find_decode_variants(const std::string& regex);
 
 }  // namespace kvq
