@@ -1,17 +1,23 @@
 #!/usr/bin/env python3
-"""Times the peers a kvq decode kernel is compared with: PyTorch scaled_dot_product_attention with
-the cuDNN and FlashAttention-2 backends, bf16, decode (one query per sequence), GQA native, on the
-DESIGN.md shapes, the way DESIGN.md prescribes: CUDA events around CUDA-graph replays, rotating
-input sets totalling >= 4x L2 (several calls per graph, so the graph launch is amortized, as in
-`kvq bench`), warm-up, median / p10 / p90 of >= 30 replays, and a device-to-device copy measured in
-the same process. The CSV has `kvq bench`'s schema; `kvq bench --peers` puts the rows beside its own.
+"""Times the peers a kvq decode kernel is compared with, decode (one query per sequence), on the
+DESIGN.md shapes (experiments/peer_rows.py):
+- PyTorch scaled_dot_product_attention with the cuDNN and FlashAttention-2 backends, bf16, GQA native;
+- FBGEMM's INT4 GQA kernel `torch.ops.fbgemm.gqa_attn_splitk` on its inline rows with 1 and 4
+  (scale, shift) groups, the best split count of a range per shape (as the seed did); it takes
+  Hkv = 1, D = 128 and T <= 16384 only, other shapes are skipped with a line saying why. It needs the
+  fbgemm-gpu-genai wheel on PYTHONPATH (README); without it those rows are skipped with one line.
+Timed the way DESIGN.md prescribes: CUDA events around CUDA-graph replays, rotating input sets
+totalling >= 4x L2 (several calls per graph, so the graph launch is amortized, as in `kvq bench`),
+warm-up, median / p10 / p90 of >= 30 replays, with a read-only and a copy bandwidth measured in the
+same process. The CSV has `kvq bench`'s schema; `kvq bench --peers` puts the rows beside its own.
 
-    python3 experiments/bench_peers.py --out results/peers/peers.csv [--commit HASH]
+    python3 experiments/bench_peers.py --out results/peers/peers.csv [--shapes seed000] [--peers fbgemm]
 
 Needs a CUDA GPU and torch (the GPU machine's image has it).
 """
 import argparse
 import csv
+import math
 import os
 import re
 import statistics
@@ -22,19 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-SHAPES = ([("seed000", b, 8, 1, 8192, 128) for b in (32, 64, 128, 256, 512)] +
-          [("seed002", 1, 32, 8, 1024, 128)] +
-          [("llama8b", b, 32, 8, t, 128) for b in (1, 8, 64) for t in (1024, 8192, 32768) if (b, t) != (64, 32768)] +
-          [("mha_b128", 128, 32, 32, t, 128) for t in (128, 1024, 4096)])
-PEERS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash2": SDPBackend.FLASH_ATTENTION}
+from peer_rows import (BF16_PEERS, COLUMNS, FBGEMM_PEERS, FBGEMM_SPLITS, SHAPES, Machine, bf16_bytes, fbgemm_bytes,
+                       fbgemm_row_bytes, fbgemm_skip_reason, fbgemm_splits, input_sets, make_row)
 
-
-def percentile(values, q):
-    v = sorted(values)
-    pos = q * (len(v) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (pos - lo) * (v[hi] - v[lo])
+SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash2": SDPBackend.FLASH_ATTENTION}
+INT4 = 2  # FBGEMM's CacheLogicalDtype::INT4
 
 
 def time_graphs(make_call, sets, reps, warmup=5, calls_per_graph=1):
@@ -45,7 +43,7 @@ def time_graphs(make_call, sets, reps, warmup=5, calls_per_graph=1):
     calls = [make_call(i) for i in range(sets)]
     with torch.cuda.stream(stream):
         for call in calls:
-            call()  # warm-up outside the capture (kernel selection, workspace)
+            call()  # warm-up outside the capture (kernel selection, workspace, argument checks)
         torch.cuda.synchronize()
         for i in range(sets):
             g = torch.cuda.CUDAGraph()
@@ -74,6 +72,14 @@ def copy_gbps(nbytes=2 << 30, reps=30):
     return 2 * nbytes / (statistics.median(us) * 1e3)
 
 
+def read_gbps(nbytes=2 << 30, reps=30):
+    """A reduction to one number reads every byte and writes almost nothing, like decode."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
+    out = torch.empty((), dtype=torch.float32, device="cuda")
+    us = time_graphs(lambda i: (lambda: torch.amax(src, dim=0, out=out)), 1, reps)
+    return nbytes / (statistics.median(us) * 1e3)
+
+
 def driver_version():
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -83,81 +89,197 @@ def driver_version():
         return "unknown"
 
 
+def load_fbgemm():
+    """None when gqa_attn_splitk is registered, else why not."""
+    try:
+        import fbgemm_gpu.experimental.gen_ai  # noqa: F401  registers torch.ops.fbgemm.*
+        torch.ops.fbgemm.gqa_attn_splitk  # noqa: B018  raises when the op is missing
+        return None
+    except (ImportError, OSError, AttributeError, RuntimeError) as e:
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:100] if str(e).strip() else ''}"
+
+
+def fbgemm_rows(B, T, D, groups, codes=None):
+    """A cache [B, T, 1, D/2 + 4 groups] uint8: per row `groups` fp16 (scale, shift) pairs, then packed
+    codes (random unless `codes` [B, T, groups] gives one code per group, for the layout check).
+    Scales in [0.05, 0.15] and shifts in [-1, -0.5] keep values in about [-1, 1.75]."""
+    scale = torch.empty(B, T, 1, groups, device="cuda").uniform_(0.05, 0.15)
+    shift = torch.empty(B, T, 1, groups, device="cuda").uniform_(-1.0, -0.5)
+    params = torch.stack([scale, shift], dim=-1).to(torch.float16).reshape(B, T, 1, 2 * groups)
+    if codes is None:
+        packed = torch.randint(0, 256, (B, T, 1, D // 2), dtype=torch.uint8, device="cuda")
+    else:  # both nibbles of every byte of a group hold the group's code
+        packed = (codes.to(torch.uint8) * 17).reshape(B, T, 1, groups, 1).expand(B, T, 1, groups, D // 2 // groups)
+        packed = packed.reshape(B, T, 1, D // 2)
+    rows = torch.cat([params.view(torch.uint8), packed], dim=-1).contiguous()
+    assert rows.shape[-1] == fbgemm_row_bytes(D, groups)
+    return rows, params
+
+
+def positions(B, T):
+    """gqa_attn_splitk's seq_positions: the last position each query attends to, here all T keys."""
+    return torch.full((B,), T - 1, dtype=torch.int32, device="cuda")
+
+
+def fbgemm_attention(q, k, v, pos, splits, groups):
+    """O [B, 1, Hq, D] bf16 of Q [B, 1, Hq, D] bf16 over the rows k, v [B, T, 1, D/2 + 4 groups]."""
+    return torch.ops.fbgemm.gqa_attn_splitk(q, k, v, pos, 1 / math.sqrt(q.shape[-1]), splits,
+                                            kv_cache_quant_num_groups=groups, use_tensor_cores=True,
+                                            cache_logical_dtype_int=INT4)[0]
+
+
+def check_fbgemm(groups, B=3, HQ=8, T=211, D=128):
+    """Layout check before timing: codes constant per group (so FBGEMM's nibble order does not matter)
+    against attention in fp32 over the same dequantized values. A layout slip (scale and shift
+    swapped, groups misplaced) moves O by O(1); bf16 rounding in the kernel by well under 2 %."""
+    kc, vc = (torch.randint(0, 16, (B, T, groups), device="cuda") for _ in range(2))
+    (k, kp), (v, vp) = fbgemm_rows(B, T, D, groups, kc), fbgemm_rows(B, T, D, groups, vc)
+
+    def dequantized(codes, params):  # [B, T, D]
+        p = params.float().reshape(B, T, groups, 2)
+        return (codes * p[..., 0] + p[..., 1]).repeat_interleave(D // groups, dim=-1)
+    q = torch.randn(B, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
+    kd, vd = dequantized(kc, kp), dequantized(vc, vp)
+    p = torch.softmax(torch.einsum("bhd,btd->bht", q[:, 0].float(), kd) / math.sqrt(D), dim=-1)
+    ref = torch.einsum("bht,btd->bhd", p, vd)
+    err = (fbgemm_attention(q, k, v, positions(B, T), 4, groups)[:, 0].float() - ref).abs().max().item()
+    bound = 0.02 * vd.abs().max().item()
+    return err <= bound, f"max |O - ref| = {err:.4f} (bound {bound:.4f})"
+
+
+def time_sdpa(shape, peer, data, args):
+    def make_call(i):
+        q, k, v = data[i]
+
+        def call():
+            with sdpa_kernel(SDPA_BACKENDS[peer]):
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=shape.HQ != shape.HKV)
+        return call
+    return time_graphs(make_call, len(data), args.reps, calls_per_graph=args.calls_per_graph)
+
+
+def time_fbgemm(shape, peer, args, l2, memory):
+    """(best split, its times, sets, one line of every split's median)."""
+    nbytes = fbgemm_bytes(shape, peer.groups)
+    sets = input_sets(nbytes, l2, memory)
+    data = [(torch.randn(shape.B, 1, shape.HQ, shape.D, device="cuda", dtype=torch.bfloat16),
+             fbgemm_rows(shape.B, shape.T, shape.D, peer.groups)[0],
+             fbgemm_rows(shape.B, shape.T, shape.D, peer.groups)[0], positions(shape.B, shape.T)) for _ in range(sets)]
+    best, tried = None, []
+    for splits in fbgemm_splits(shape.T, args.fbgemm_splits):
+        def make_call(i, splits=splits):
+            q, k, v, pos = data[i]
+            return lambda: fbgemm_attention(q, k, v, pos, splits, peer.groups)
+        try:
+            us = time_graphs(make_call, sets, args.reps, calls_per_graph=args.calls_per_graph)
+        except RuntimeError as e:  # e.g. one split's scores do not fit in shared memory
+            tried.append(f"{splits}: {str(e).strip().splitlines()[0][:50]}")
+            continue
+        tried.append(f"{splits}: {statistics.median(us):.1f}")
+        if best is None or statistics.median(us) < statistics.median(best[1]):
+            best = (splits, us)
+    del data
+    return best, sets, "; ".join(tried)
+
+
+def print_row(r, ref):
+    print(f"{r['shape']:<10}{r['B']:>5}{r['HQ']:>4}{r['HKV']:>4}{r['T']:>7}  {r['kernel']:<15}{r['splits']:>5}"
+          f"{float(r['median_us']):>10.1f}{float(r['p10_us']):>9.1f}{float(r['p90_us']):>9.1f}"
+          f"{float(r['GBps']):>8.0f}{float(r['pct_of_read']):>7.1f}%{r['vs_cudnn']:>8}"
+          f"{ref if ref is not None else float('nan'):>8.1f}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/peers/peers.csv")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--calls-per-graph", type=int, default=8)
     ap.add_argument("--shapes", default=".", help="regex over shape names")
+    ap.add_argument("--peers", default=".",
+                    help="regex over peer names (cudnn, flash2, fbgemm-int4-g1, fbgemm-int4-g4)")
+    ap.add_argument("--fbgemm-splits", default=",".join(map(str, FBGEMM_SPLITS)),
+                    type=lambda s: [int(x) for x in s.split(",") if x], help="split counts FBGEMM is timed with")
     ap.add_argument("--commit", default=os.environ.get("KVQ_COMMIT", "unknown"))
     ap.add_argument("--reference", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "peers",
                                                         "peers_h100.csv"), help="earlier peer figures to compare with")
     args = ap.parse_args()
+    if args.reps < 30:
+        ap.error(f"--reps {args.reps}: DESIGN.md asks for at least 30 replays")
     if not torch.cuda.is_available():
         print("no CUDA device: peers not timed", file=sys.stderr)
         return 1
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
-    copy = copy_gbps()
+    machine = Machine(props.name, driver_version(), torch.version.cuda or "", args.commit, read_gbps(), copy_gbps())
     reference = {}
     if os.path.exists(args.reference):
         with open(args.reference) as f:
             for r in csv.DictReader(f):
                 reference[(r["shape"], int(r["B"]), int(r["T"]), r["peer"])] = float(r["us"])
-    print(f"{props.name}, driver {driver_version()}, torch {torch.__version__}; copy {copy:.0f} GB/s (read + write)")
-    print(f"{'shape':<10}{'B':>5}{'Hq':>4}{'Hkv':>4}{'T':>7}  {'peer':<7}{'median us':>10}{'p10':>9}{'p90':>9}"
-          f"{'KV GB/s':>9}{'% copy':>8}{'ref us':>8}")
+    wanted = lambda peer: re.search(args.peers, peer)  # noqa: E731
+    fbgemm_peers = [p for p in FBGEMM_PEERS if wanted(p.name)]
+    print(f"{machine.gpu}, driver {machine.driver}, torch {torch.__version__}, CUDA {machine.cuda}; "
+          f"read {machine.read_gbps:.0f} GB/s, copy {machine.copy_gbps:.0f} GB/s (read + write)")
+    failed = False
+    if fbgemm_peers:
+        why = load_fbgemm()
+        if why is not None:
+            print(f"FBGEMM rows skipped: fbgemm_gpu.experimental.gen_ai does not load ({why}); "
+                  "unzip the fbgemm-gpu-genai wheel onto PYTHONPATH (README, 'FBGEMM peer')")
+            fbgemm_peers = []
+        for peer in list(fbgemm_peers):  # validate before timing: a failed check drops the peer, fails the run
+            ok, detail = check_fbgemm(peer.groups)
+            print(f"[{'OK' if ok else 'FAIL'}] {peer.name} layout check: {detail}")
+            if not ok:
+                fbgemm_peers.remove(peer)
+                failed = True
+    print(f"{'shape':<10}{'B':>5}{'Hq':>4}{'Hkv':>4}{'T':>7}  {'peer':<15}{'spl':>5}{'median us':>10}{'p10':>9}"
+          f"{'p90':>9}{'GB/s':>8}{'%read':>8}{'/cuDNN':>8}{'ref us':>8}")
     rows = []
-    for name, B, hq, hkv, T, D in SHAPES:
-        if not re.search(args.shapes, name):
-            continue
-        kv_bytes = 2 * B * hkv * T * D * 2
-        set_bytes = kv_bytes + 2 * B * hq * D * 2
-        sets = max(1, -(-4 * l2 // set_bytes))
-        if sets * set_bytes > 0.6 * props.total_memory:
-            sets = 1
-        data = [(torch.randn(B, hq, 1, D, device="cuda", dtype=torch.bfloat16),
-                 torch.randn(B, hkv, T, D, device="cuda", dtype=torch.bfloat16),
-                 torch.randn(B, hkv, T, D, device="cuda", dtype=torch.bfloat16)) for _ in range(sets)]
-        for peer, backend in PEERS.items():
-            def make_call(i, backend=backend):
-                q, k, v = data[i]
+    for shape in (s for s in SHAPES if re.search(args.shapes, s.name)):
+        cudnn_us = None
 
-                def call():
-                    with sdpa_kernel(backend):
-                        return F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hkv)
-                return call
-            try:
-                us = time_graphs(make_call, sets, args.reps, calls_per_graph=args.calls_per_graph)
-            except RuntimeError as e:  # a backend that does not take the shape: say so, go on
-                print(f"{name:<10}{B:>5}{hq:>4}{hkv:>4}{T:>7}  {peer:<7} not supported: {str(e).splitlines()[0][:60]}")
+        def add(kernel, scheme, us, splits, sets, nbytes):
+            row = make_row(shape, kernel, scheme, us, splits=splits, calls_per_graph=args.calls_per_graph, sets=sets,
+                           nbytes=nbytes, machine=machine, cudnn_us=cudnn_us)
+            rows.append(row)
+            print_row(row, reference.get((shape.name, shape.B, shape.T, kernel)))
+            return float(row["median_us"])
+        sdpa_peers = [p for p in BF16_PEERS if wanted(p)]
+        if sdpa_peers:
+            nbytes = bf16_bytes(shape)
+            sets = input_sets(nbytes, l2, props.total_memory)
+            data = [tuple(torch.randn(shape.B, h, t, shape.D, device="cuda", dtype=torch.bfloat16)
+                          for h, t in ((shape.HQ, 1), (shape.HKV, shape.T), (shape.HKV, shape.T)))
+                    for _ in range(sets)]
+            for peer in sdpa_peers:
+                try:
+                    us = time_sdpa(shape, peer, data, args)
+                except RuntimeError as e:  # a backend that does not take the shape: say so, go on
+                    print(f"{shape.name:<10}{shape.B:>5}{shape.HQ:>4}{shape.HKV:>4}{shape.T:>7}  {peer:<15} "
+                          f"not supported: {str(e).splitlines()[0][:60]}")
+                    continue
+                median = add(peer, "bf16", us, None, sets, nbytes)
+                cudnn_us = median if peer == "cudnn" else cudnn_us
+            del data
+        skip = fbgemm_skip_reason(shape)
+        if fbgemm_peers and skip:
+            print(f"{shape.name:<10}{shape.B:>5}{shape.HQ:>4}{shape.HKV:>4}{shape.T:>7}  fbgemm-int4-*  "
+                  f"skipped: gqa_attn_splitk does not take {skip}")
+        for peer in fbgemm_peers if not skip else []:
+            best, sets, tried = time_fbgemm(shape, peer, args, l2, props.total_memory)
+            print(f"    {peer.name} median us by split count: {tried}")
+            if best is None:
                 continue
-            med = statistics.median(us)
-            kv_gbps = kv_bytes / (med * 1e3)
-            ref = reference.get((name, B, T, peer))
-            print(f"{name:<10}{B:>5}{hq:>4}{hkv:>4}{T:>7}  {peer:<7}{med:>10.1f}{percentile(us, 0.1):>9.1f}"
-                  f"{percentile(us, 0.9):>9.1f}{kv_gbps:>9.0f}{100 * kv_gbps / copy:>7.1f}%"
-                  f"{ref if ref is not None else float('nan'):>8.1f}", flush=True)
-            cudnn = next((float(r["median_us"]) for r in rows
-                          if (r["shape"], r["B"], r["T"], r["kernel"]) == (name, B, T, "cudnn")), None)
-            rows.append({"shape": name, "B": B, "HQ": hq, "HKV": hkv, "T": T, "D": D, "kernel": peer,
-                         "k_scheme": "bf16", "v_scheme": "bf16", "splits": "", "heads_per_cta": "",
-                         "median_us": f"{med:.3f}", "p10_us": f"{percentile(us, 0.1):.3f}",
-                         "p90_us": f"{percentile(us, 0.9):.3f}", "reps": len(us),
-                         "calls_per_graph": args.calls_per_graph, "input_sets": sets, "bytes": set_bytes,
-                         "GBps": f"{set_bytes / (med * 1e3):.1f}", "pct_of_read": "", "read_GBps": "",
-                         "copy_GBps": f"{copy:.1f}", "vs_cudnn": f"{med / cudnn:.3f}" if cudnn else "",
-                         "gpu": props.name, "driver": driver_version(), "cuda": torch.version.cuda,
-                         "commit": args.commit})
-        del data
+            add(peer.name, peer.scheme(shape.D), best[1], best[0], sets, fbgemm_bytes(shape, peer.groups))
         torch.cuda.empty_cache()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         w.writerows(rows)
-    print(f"wrote {args.out}")
-    return 0
+    print(f"wrote {args.out} ({len(rows)} rows)")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

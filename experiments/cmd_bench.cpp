@@ -1,7 +1,8 @@
 // kvq bench: every decode variant on the DESIGN.md shapes, for each K/V storage, timed with
 // CUDA-graph replays over rotating caches (>= 4x L2), beside the read and copy bandwidth of the
-// same process and the peers (cuDNN, FlashAttention-2) timed by experiments/bench_peers.py in the
-// same device run. One CSV schema for kvq and peers; a ratio-to-cuDNN table printed last.
+// same process and the peers (cuDNN, FlashAttention-2, FBGEMM's INT4 gqa_attn_splitk) timed by
+// experiments/bench_peers.py in the same device run. One CSV schema for kvq and peers; a
+// ratio-to-cuDNN table printed last.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "experiments/bench_shapes.hpp"
 #include "experiments/commands.hpp"
@@ -42,6 +44,14 @@ struct Row {
 };
 
 using PeerKey = std::tuple<std::string, int64_t, int64_t, std::string>;  // shape, B, T, peer
+
+// The peers bench_peers.py writes, by kernel name; `layout` is the suffix of the kvq storage that
+// holds the same bytes (FBGEMM's INT4 rows are kvq's `<scheme>:fbgemm`).
+struct PeerKind {
+  const char* kernel;
+  const char* layout;
+};
+constexpr PeerKind kPeers[] = {{"cudnn", ""}, {"flash2", ""}, {"fbgemm-int4-g1", ":fbgemm"}, {"fbgemm-int4-g4", ":fbgemm"}};
 
 // Rows of bench_peers.py's CSV (same schema) by (shape, B, T, peer).
 std::map<PeerKey, size_t> index_peers(const CsvTable& t) {
@@ -95,18 +105,24 @@ int run_bench(const BenchArgs& a) {
              "/cuDNN");
   // best[(shape, B, T)][storage] = fastest variant's median
   std::map<std::tuple<std::string, int64_t, int64_t>, std::map<std::string, double>> best;
+  std::set<std::string> peers_seen;
   for (const DecodeShape& sh : shapes) {
-    for (const char* peer : {"cudnn", "flash2"}) {
-      const auto it = peers.find({sh.group, sh.batch, sh.tokens, peer});
+    for (const PeerKind& peer : kPeers) {
+      const auto it = peers.find({sh.group, sh.batch, sh.tokens, peer.kernel});
       if (it == peers.end()) continue;
       const size_t r = it->second;
-      Row row(sh, peer, "bf16 (peer)");
+      const std::string& k_scheme = peers_table->at(r, peers_table->column("k_scheme"));
+      const std::string& v_scheme = peers_table->at(r, peers_table->column("v_scheme"));
+      Row row(sh, peer.kernel, (k_scheme == v_scheme ? k_scheme : k_scheme + "/" + v_scheme) + peer.layout + " (peer)");
       row.t = {peer_number(r, "median_us"), peer_number(r, "p10_us"), peer_number(r, "p90_us"),
                static_cast<int>(peer_number(r, "reps"))};
       row.sets = static_cast<int>(peer_number(r, "input_sets"));
       row.bytes = static_cast<int64_t>(peer_number(r, "bytes"));
-      emit(row, "bf16", "bf16");
-      best[{sh.group, sh.batch, sh.tokens}][peer] = row.t.median_us;
+      if (!peers_table->at(r, peers_table->column("splits")).empty())  // FBGEMM: its best split count
+        row.splits = static_cast<int>(peer_number(r, "splits"));
+      emit(row, k_scheme, v_scheme);
+      best[{sh.group, sh.batch, sh.tokens}][peer.kernel] = row.t.median_us;
+      peers_seen.insert(peer.kernel);
     }
     for (const BenchStorage& st : storages) {
       BenchCaches caches(sh, st, dev);
@@ -127,19 +143,23 @@ int run_bench(const BenchArgs& a) {
       }
     }
   }
-  // The ratio table: fastest variant per storage / cuDNN.
+  // The ratio table: the quantized peers (FBGEMM) and the fastest variant per storage / cuDNN.
+  std::vector<std::string> ratio_columns;
+  for (const PeerKind& peer : kPeers)
+    if (*peer.layout && peers_seen.count(peer.kernel)) ratio_columns.push_back(peer.kernel);
+  for (const BenchStorage& st : storages) ratio_columns.push_back(st.name);
   fmt::print("\nfastest variant / cuDNN bf16 (same run); cuDNN and FlashAttention-2 in us\n{:<8} {:>4} {:>6} {:>8} {:>8}",
              "shape", "B", "T", "cudnn", "flash2");
-  for (const BenchStorage& st : storages) fmt::print(" {:>{}}", st.name, std::max<size_t>(8, st.name.size()));
+  for (const std::string& c : ratio_columns) fmt::print(" {:>{}}", c, std::max<size_t>(8, c.size()));
   fmt::print("\n");
   for (const DecodeShape& sh : shapes) {
     const auto& m = best[{sh.group, sh.batch, sh.tokens}];
     auto get = [&](const std::string& k) { const auto it = m.find(k); return it == m.end() ? 0.0 : it->second; };
     fmt::print("{:<8} {:>4} {:>6} {:>8.1f} {:>8.1f}", sh.group, sh.batch, sh.tokens, get("cudnn"), get("flash2"));
-    for (const BenchStorage& st : storages) {
-      const double cudnn = get("cudnn"), mine = get(st.name);
+    for (const std::string& c : ratio_columns) {
+      const double cudnn = get("cudnn"), mine = get(c);
       const std::string cell = cudnn > 0 && mine > 0 ? fmt::format("{:.3f}", mine / cudnn) : fmt::format("{:.1f}us", mine);
-      fmt::print(" {:>{}}", cell, std::max<size_t>(8, st.name.size()));
+      fmt::print(" {:>{}}", cell, std::max<size_t>(8, c.size()));
     }
     fmt::print("\n");
   }
@@ -152,7 +172,7 @@ int run_bench(const BenchArgs& a) {
 std::vector<Command> add_bench_command(CLI::App& parent) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* bench = parent.add_subcommand(
-      "bench", "Time every decode variant on the DESIGN.md shapes beside the peers (cuDNN, FlashAttention-2)");
+      "bench", "Time every decode variant on the DESIGN.md shapes beside the peers (cuDNN, FlashAttention-2, FBGEMM)");
   bench->add_option("--csv", a->csv, "CSV of the timings (kvq and peer rows, one schema)")->capture_default_str();
   bench->add_option("--peers", a->peers, "Peer timings from experiments/bench_peers.py in the same device run");
   bench->add_option("--variant", a->variant, "Regex over decode variant names")->capture_default_str();

@@ -79,8 +79,22 @@ if [[ ${KVQ_BENCH_QUANTIZE:-1} == 1 ]]; then
   step "kvq bench-quantize" bench_quantize.log "$kvq" bench-quantize --csv "$OUT/quantize_bandwidth.csv"
 fi
 # Decode: the peers first (torch), then every kvq variant with the peers beside it, same run.
-step "peers: cuDNN and FlashAttention-2 (bench_peers.py)" peers.log \
-  python3 experiments/bench_peers.py --out "$OUT/peers.csv" --shapes "${KVQ_SHAPES:-.}"
+# FBGEMM's INT4 kernel comes from the fbgemm-gpu-genai wheel in .whl/ (README), unzipped onto PYTHONPATH.
+peers_env=()
+fbgemm_wheel=$(ls .whl/fbgemm_gpu_genai-*.whl 2> /dev/null | head -n 1)
+if [[ -z $fbgemm_wheel ]]; then
+  summary+=("[SKIP] FBGEMM peer: no .whl/fbgemm_gpu_genai-*.whl (README, 'FBGEMM peer')")
+else
+  fbgemm_dir=$(mktemp -d /tmp/kvq-fbgemm.XXXXXX)
+  if python3 -m zipfile -e "$fbgemm_wheel" "$fbgemm_dir"; then
+    peers_env=(env "PYTHONPATH=$fbgemm_dir${PYTHONPATH:+:$PYTHONPATH}")
+  else
+    summary+=("[FAIL] FBGEMM peer: cannot unzip $fbgemm_wheel")
+    status=1
+  fi
+fi
+step "peers: cuDNN, FlashAttention-2, FBGEMM INT4 (bench_peers.py)" peers.log \
+  "${peers_env[@]}" python3 experiments/bench_peers.py --out "$OUT/peers.csv" --shapes "${KVQ_SHAPES:-.}"
 bench_args=(--shapes "${KVQ_SHAPES:-.}" --variant "${KVQ_DECODE_VARIANTS:-.}")
 [[ -n ${KVQ_SCHEMES:-} ]] && bench_args+=(--schemes "$KVQ_SCHEMES")
 step "kvq bench (decode)" bench.log "$kvq" bench --peers "$OUT/peers.csv" --csv "$OUT/decode.csv" "${bench_args[@]}"
@@ -109,6 +123,7 @@ fi
   [[ -f $logs/sanitizers.log ]] && grep -E "SUMMARY" "$logs/sanitizers.log" | sed 's/^/compute-sanitizer: /'
   echo
   [[ -f $logs/bench_quantize.log ]] && sed -n '/device-to-device copy/,$p' "$logs/bench_quantize.log" && echo
+  [[ -f $logs/peers.log ]] && grep -E "^\[(OK|FAIL)\] fbgemm|^FBGEMM rows skipped" "$logs/peers.log"
   [[ -f $logs/bench.log ]] && grep -E "^read-only bandwidth" "$logs/bench.log" && sed -n '/fastest variant/,$p' "$logs/bench.log"
   echo
   printf '%s\n' "${summary[@]}"

@@ -1,0 +1,98 @@
+"""What bench_peers.py decides without a GPU (experiments/peer_rows.py): the CSV schema kvq bench
+reads, byte counts, which shapes FBGEMM's kernel takes, split counts, rotating input sets."""
+import os
+import re
+import sys
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import peer_rows as pr  # noqa: E402
+
+MACHINE = pr.Machine("Test GPU", "1.2.3", "13.0", "abc123", read_gbps=2000.0, copy_gbps=1500.0)
+SEED000_B32 = pr.Shape("seed000", 32, 8, 1, 8192, 128)
+
+
+def cpp_string(path, name):
+    """The value of `NAME = "..."` (adjacent literals joined) in a C++ source of the repository."""
+    text = open(os.path.join(ROOT, path)).read()
+    m = re.search(name + r'\s*=\s*((?:\s*"[^"]*")+)\s*;', text)
+    assert m, f"{path}: {name} not found"
+    return "".join(re.findall(r'"([^"]*)"', m.group(1)))
+
+
+def test_columns_are_kvq_benchs_schema():
+    assert pr.COLUMNS == cpp_string("experiments/cmd_bench.cpp", "kColumns").split(",")
+
+
+def test_fbgemm_peers_name_storages_kvq_bench_times():
+    storages = cpp_string("experiments/bench_shapes.hpp", "kBenchStorages").split(",")
+    for peer in pr.FBGEMM_PEERS:
+        assert f"{peer.scheme(128)}:fbgemm" in storages
+    cmd_bench = open(os.path.join(ROOT, "experiments/cmd_bench.cpp")).read()
+    kernels = re.findall(r'\{"([a-z0-9-]+)", "(?::fbgemm)?"\}', cmd_bench)
+    assert set(kernels) == set(pr.BF16_PEERS) | {p.name for p in pr.FBGEMM_PEERS}  # kvq bench shows every peer
+    assert pr.FbgemmPeer("x", 4).scheme(128) == "int4-g32-asym"
+    assert pr.FbgemmPeer("x", 2).scheme(64) == "int4-g32-asym"
+    assert pr.FbgemmPeer("x", 1).scheme(256) == "int4-head-asym"
+
+
+def test_row_bytes_count_inline_scale_and_shift():
+    assert pr.fbgemm_row_bytes(128, 1) == 68
+    assert pr.fbgemm_row_bytes(128, 4) == 80
+    assert pr.fbgemm_row_bytes(64, 8) == 64
+    for head_dim, groups in ((127, 1), (128, 0), (128, 3)):
+        with pytest.raises(ValueError, match=f"D={head_dim}"):
+            pr.fbgemm_row_bytes(head_dim, groups)
+
+
+def test_bytes_are_kv_rows_plus_q_and_o():
+    q_o = 2 * 2 * 32 * 8 * 128
+    assert pr.fbgemm_bytes(SEED000_B32, 1) == 2 * 32 * 8192 * 68 + q_o == 35_782_656
+    assert pr.fbgemm_bytes(SEED000_B32, 4) == 2 * 32 * 8192 * 80 + q_o
+    assert pr.bf16_bytes(SEED000_B32) == 134_348_800  # the cuDNN row of the committed H100 run
+    odd = pr.Shape("odd", 3, 6, 2, 77, 64)
+    assert pr.bf16_bytes(odd) == 2 * 3 * 2 * 77 * 64 * 2 + 2 * 2 * 3 * 6 * 64
+    assert pr.fbgemm_bytes(odd, 2) == 2 * 3 * 2 * 77 * (32 + 8) + 2 * 2 * 3 * 6 * 64
+
+
+def test_fbgemm_takes_one_kv_head_d128_and_at_most_16k_keys():
+    taken = [s for s in pr.SHAPES if pr.fbgemm_skip_reason(s) is None]
+    assert {s.name for s in taken} == {"seed000"} and len(taken) == 5
+    assert "Hkv=8" in pr.fbgemm_skip_reason(pr.Shape("llama8b", 1, 32, 8, 1024, 128))
+    why = pr.fbgemm_skip_reason(pr.Shape("x", 2, 8, 1, 20000, 64))
+    assert "D=64" in why and "T=20000" in why and "Hkv" not in why
+    assert pr.fbgemm_skip_reason(pr.Shape("x", 2, 5, 1, 16384, 128)) is None
+
+
+def test_split_counts():
+    assert pr.fbgemm_splits(8192) == [2, 4, 8, 16, 32, 64, 128]
+    assert pr.fbgemm_splits(40) == [2, 4, 8, 16, 32]
+    assert pr.fbgemm_splits(1, [1, 2]) == [1]
+    assert pr.fbgemm_splits(100, [16, 3, 16]) == [3, 16]
+    with pytest.raises(ValueError, match="got 0"):
+        pr.fbgemm_splits(100, [0, 2])
+
+
+def test_input_sets_cover_four_times_l2():
+    l2 = 50 << 20
+    assert pr.input_sets(35_782_656, l2, 80 << 30) == 6  # 6 x 35.8 MB >= 200 MiB > 5 x
+    assert pr.input_sets(4 * l2, l2, 80 << 30) == 1
+    assert pr.input_sets(4 * l2 + 1, l2, 80 << 30) == 1
+    assert pr.input_sets(l2, l2, 5 * l2) == 1  # 4 sets would not fit in 60% of the memory
+
+
+def test_row_has_every_column_and_derived_numbers():
+    us = [10.0, 11.0, 12.0, 13.0, 100.0]
+    row = pr.make_row(SEED000_B32, "fbgemm-int4-g1", "int4-head-asym", us, splits=16, calls_per_graph=8, sets=6,
+                      nbytes=24_000_000, machine=MACHINE, cudnn_us=24.0)
+    assert list(row) == pr.COLUMNS
+    assert row["median_us"] == "12.000" and row["p10_us"] == "10.400" and row["p90_us"] == "65.200"
+    assert row["GBps"] == "2000.0" and row["pct_of_read"] == "100.00" and row["vs_cudnn"] == "0.500"
+    assert (row["splits"], row["k_scheme"], row["v_scheme"], row["reps"]) == (16, "int4-head-asym", "int4-head-asym", 5)
+    bf16 = pr.make_row(SEED000_B32, "cudnn", "bf16", [4.0, 6.0], splits=None, calls_per_graph=8, sets=2, nbytes=10_000,
+                       machine=MACHINE)
+    assert bf16["splits"] == "" and bf16["vs_cudnn"] == "" and bf16["median_us"] == "5.000"
+    with pytest.raises(ValueError, match="no timings"):
+        pr.make_row(SEED000_B32, "cudnn", "bf16", [], splits=None, calls_per_graph=8, sets=1, nbytes=1, machine=MACHINE)
