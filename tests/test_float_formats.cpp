@@ -91,7 +91,7 @@ TEST_CASE("fp32 to bf16 matches round-to-nearest-even") {
   }
 }
 
-TEST_CASE("fp16 operand exponent: max|q| * 2^e lands in [2^14, 2^15), clamped to [-100, 100]") {
+TEST_CASE("fp16 operand exponent puts max abs q times 2^e between 2^14 and 2^15 and is clamped to 100") {
   CHECK(fp16_operand_exponent(1.0f) == 14);
   CHECK(fp16_operand_exponent(3.0f) == 13);
   CHECK(fp16_operand_exponent(65504.0f) == -1);

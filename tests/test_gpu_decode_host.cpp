@@ -39,7 +39,7 @@ TEST_CASE("schemes the decode kernels cannot read are refused with the reason") 
         }) == "int8-chan-t32: per-channel groups change along the keys; no decode kernel reads them yet");
 }
 
-TEST_CASE("the tensor-core family names what it cannot read, and its precision profile") {
+TEST_CASE("the tensor-core family names what it cannot read and its precision profile") {
   DecodeParams p;
   p.batch = 1, p.q_heads = 8, p.kv_heads = 1, p.tokens = 64, p.head_dim = 128;
   p.format = KvFormat::kInt4;
