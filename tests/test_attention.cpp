@@ -167,7 +167,7 @@ TEST_CASE("precision mimic: fp64 profile is the reference and fp32/bf16 profiles
 
 TEST_CASE("precision mimic: qfp16 rounds each query row to fp16 after scaling it by its power of two") {
   // One key along d = 1: softmax = 1, so LSE = scale * q[1] shows the query value the mimic used.
-  std::vector<float> q = {1.0f, std::ldexp(1.0f + std::ldexp(1.0f, -7), -20), 0, 0, 0, 0, 0, 0};
+  std::vector<float> q = {1.0f, std::ldexp(1.0f + std::ldexp(1.0f, -7), -34), 0, 0, 0, 0, 0, 0};
   std::vector<float> k = {0, 1, 0, 0, 0, 0, 0, 0}, v = {1, 2, 3, 4, 5, 6, 7, 8};
   AttentionProblem p;
   p.batch = 1, p.q_heads = 1, p.kv_heads = 1, p.head_dim = 8, p.softmax_scale = 1.0;
@@ -175,8 +175,8 @@ TEST_CASE("precision mimic: qfp16 rounds each query row to fp16 after scaling it
   p.k = KvView::bnsh(k.data(), {1, 1, 1, 8}), p.v = KvView::bnsh(v.data(), {1, 1, 1, 8});
   const PrecisionProfile prof = PrecisionProfile::parse("fp32-qfp16-pfp16-obf16");
   CHECK(prof.name() == "fp32-qfp16-pfp16-obf16");
-  // max|q| = 1: scaled by 2^14, q[1] becomes 2^-6 (1 + 2^-7), whose 2^-13 part is below fp16's 11 bits
-  CHECK(attention(p, prof).lse[0] == std::ldexp(1.0, -20));
+  // max|q| = 1: scaled by 2^14, q[1] becomes 2^-20 (1 + 2^-7), an fp16 subnormal (steps of 2^-24): 2^-20
+  CHECK(attention(p, prof).lse[0] == std::ldexp(1.0, -34));
   CHECK(attention(p, PrecisionProfile::parse("fp32")).lse[0] == static_cast<double>(q[1]));
   q[1] = std::ldexp(1.0f + std::ldexp(1.0f, -7), -10);  // fits fp16 after scaling: unchanged
   CHECK(attention(p, prof).lse[0] == static_cast<double>(q[1]));
