@@ -33,6 +33,8 @@ struct TcSource {
   int64_t param_bytes = 0;  // size of the whole scale (or zero) array
   float tensor_scale = 1.0f, tensor_zero = 0.0f;
   int zero_words = 0;  // planar asymmetric: the zero points' words follow the scales' in a stage
+  // Planar per-row parameters: (t = 0, group 0) of this (b, h) and the arrays' ends; null otherwise.
+  const uint8_t *scale_row = nullptr, *zero_row = nullptr, *scale_end = nullptr, *zero_end = nullptr;
 };
 
 // The words of row (b, h) rows and params of `op` for this CTA.
@@ -69,19 +71,23 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const DecodeP
     default: break;
   }
   s.scales = static_cast<const uint8_t*>(op.scales), s.zeros = static_cast<const uint8_t*>(op.zeros);
+  if (s.param_bytes > 0) {
+    s.scale_row = s.scales + s.first_param * pbytes, s.scale_end = s.scales + s.param_bytes;
+    if (op.asymmetric) s.zero_row = s.zeros + s.first_param * pbytes, s.zero_end = s.zeros + s.param_bytes;
+  }
   return s;
 }
 
-// Copies `count` parameters from element `first` of `array` as whole 4-byte words (the span may
-// start mid-word; the consumer adds the offset). The array's last word may be half outside it
-// (fp16): that one is read with a plain load.
-__device__ __forceinline__ void copy_param_span(uint32_t* dst, const uint8_t* array, int64_t first, int count, int pbytes,
-                                                int64_t array_bytes, int lane) {
-  const int64_t w0 = first * pbytes / 4, w1 = ((first + count) * pbytes + 3) / 4;
-  for (int64_t w = w0 + lane; w < w1; w += 32) {
-    uint32_t* d = dst + (w - w0);
-    if (w * 4 + 4 <= array_bytes) cp_async4(smem_address(d), array + w * 4, true);
-    else *d = __ldg(reinterpret_cast<const uint16_t*>(array + w * 4));
+// Copies `count` parameters starting at `first` (maybe mid-word for fp16) as whole 4-byte words.
+// A last word that reaches past `end` (the array's end: fp16, odd total) is read with a plain load.
+__device__ __forceinline__ void copy_param_span(uint32_t* dst, const uint8_t* first, int bytes, const uint8_t* end,
+                                                int lane) {
+  const uint8_t* start = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(first) & ~uintptr_t{3});
+  const int words = static_cast<int>((first + bytes - start + 3) / 4);
+  for (int w = lane; w < words; w += 32) {
+    const uint8_t* src = start + 4 * w;
+    if (src + 4 <= end) cp_async4(smem_address(dst + w), src, true);
+    else dst[w] = __ldg(reinterpret_cast<const uint16_t*>(src));
   }
 }
 
@@ -90,12 +96,19 @@ __device__ __forceinline__ void copy_param_span(uint32_t* dst, const uint8_t* ar
 template <int kRowWords, int kStride, int kStepTokens>
 __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, const TcSource& s, int64_t t0, int n,
                                           int lane, uint32_t words_magic) {
-  if (s.vec16) {
+  if (s.vec16) {  // lane takes chunk lane % kChunks of rows lane / kChunks + k * kRowsPerPass
     constexpr int kChunks = kRowWords / 4;
-    for (int i = lane; i < kStepTokens * kChunks; i += 32) {
-      const int r = i / kChunks, ch = i % kChunks;
-      const bool ok = r < n;
-      cp_async16(smem_address(codes + r * kStride + ch * 4), s.rows + (ok ? (t0 + r) * s.stride_t + ch * 16 : 0), ok);
+    constexpr int kRowsPerPass = 32 / kChunks;
+    constexpr int kPasses = kStepTokens / kRowsPerPass;
+    static_assert(kChunks <= 32 && 32 % kChunks == 0, "a row's 16-byte chunks tile a warp");
+    const int row0 = lane / kChunks, ch = lane % kChunks;
+    const uint8_t* src = s.rows + (t0 + row0) * s.stride_t + ch * 16;
+    const int64_t pass_bytes = kRowsPerPass * s.stride_t;
+    const uint32_t dst = smem_address(codes + row0 * kStride + ch * 4);
+#pragma unroll
+    for (int k = 0; k < kPasses; ++k) {
+      const bool ok = row0 + k * kRowsPerPass < n;
+      cp_async16(dst + 4 * k * kRowsPerPass * kStride, ok ? src + k * pass_bytes : s.rows, ok);
     }
   } else {  // 4-byte copies: FBGEMM rows (params inline) or rows not 16-byte aligned
     const int words = s.inline_words + kRowWords;
@@ -106,11 +119,11 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
       cp_async4(smem_address(dst), s.rows + (ok ? (t0 + r) * s.stride_t + w * 4 : 0), ok);
     }
   }
-  if (s.mode == ParamMode::kToken || s.mode == ParamMode::kHead || s.mode == ParamMode::kGroup) {
+  if (s.scale_row) {
     const int pbytes = s.fp32_params ? 4 : 2;
-    const int64_t first = s.first_param + t0 * s.groups;
-    copy_param_span(params, s.scales, first, n * s.groups, pbytes, s.param_bytes, lane);
-    if (s.asymmetric) copy_param_span(params + s.zero_words, s.zeros, first, n * s.groups, pbytes, s.param_bytes, lane);
+    const int offset = static_cast<int>(t0) * s.groups * pbytes, bytes = n * s.groups * pbytes;
+    copy_param_span(params, s.scale_row + offset, bytes, s.scale_end, lane);
+    if (s.asymmetric) copy_param_span(params + s.zero_words, s.zero_row + offset, bytes, s.zero_end, lane);
   }
 }
 
@@ -126,18 +139,23 @@ __device__ __forceinline__ float param_at(const uint32_t* words, int index, bool
   return fp32 ? __uint_as_float(words[index])
               : __half2float(__ushort_as_half(reinterpret_cast<const uint16_t*>(words)[index]));
 }
+// Branches only on warp-uniform values; rows past the step read in-bounds stale words and are
+// replaced by selects.
 __device__ __forceinline__ RowParams row_params(const TcSource& s, const uint32_t* params, int offset, int r, int g,
                                                 int n) {
   if (s.mode == ParamMode::kTensor) return {s.tensor_scale, s.tensor_zero};
-  if (r >= n) return {0.0f, 0.0f};
+  RowParams out;
   if (s.mode == ParamMode::kInlineRow) {
     const uint32_t w = params[r * s.inline_words + g];
-    return {__half2float(__ushort_as_half(static_cast<uint16_t>(w & 0xffffu))),
-            __half2float(__ushort_as_half(static_cast<uint16_t>(w >> 16)))};
+    out = {__half2float(__ushort_as_half(static_cast<uint16_t>(w & 0xffffu))),
+           __half2float(__ushort_as_half(static_cast<uint16_t>(w >> 16)))};
+  } else {
+    const int index = offset + r * s.groups + g;
+    out = {param_at(params, index, s.fp32_params),
+           s.asymmetric ? param_at(params + s.zero_words, index, s.fp32_params) : 0.0f};
   }
-  const int index = offset + r * s.groups + g;
-  return {param_at(params, index, s.fp32_params),
-          s.asymmetric ? param_at(params + s.zero_words, index, s.fp32_params) : 0.0f};
+  const bool live = r < n;
+  return {live ? out.scale : 0.0f, live ? out.zero : 0.0f};
 }
 
 // Which of the lane's 4 consecutive elements d + kQPerm[k] sits at k position {2c, 2c+1, 2c+8, 2c+9}[k]
@@ -155,10 +173,10 @@ __device__ __forceinline__ uint32_t int8_pair(uint32_t biased, bool sym) {
   return hsub2(biased, sym ? 0x64806480u : kFp16Magic);  // 1152 or 1024
 }
 __device__ __forceinline__ uint32_t nibble_pair_low(uint32_t x, bool sym) {  // nibbles in bits 0..3
-  return hsub2((x & 0x000f000fu) | kFp16Magic, sym ? 0x64086408u : kFp16Magic);  // 1032 or 1024
+  return hsub2(and_or(x, 0x000f000fu, kFp16Magic), sym ? 0x64086408u : kFp16Magic);  // 1032 or 1024
 }
 __device__ __forceinline__ uint32_t nibble_pair_high(uint32_t x, bool sym) {  // nibbles in bits 4..7: 1024 + 16u
-  return hfma2((x & 0x00f000f0u) | kFp16Magic, 0x2c002c00u, sym ? 0xd480d480u : 0xd400d400u);  // /16 - 72 or - 64
+  return hfma2(and_or(x, 0x00f000f0u, kFp16Magic), 0x2c002c00u, sym ? 0xd480d480u : 0xd400d400u);  // /16 - 72 or - 64
 }
 
 // A fragment of k-slice j for keys `row` and row + 8 of a stage's K codes.
@@ -206,7 +224,7 @@ __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i,
 #pragma unroll
     for (int k = 0; k < 4; ++k) w[k] = vc[rows[k] * kStride + 8 * i + g] ^ flip;
     auto pair = [&](uint32_t a, uint32_t b, int e) {  // (a.byte e, b.byte e) as 1024 + u
-      return int8_pair((__byte_perm(a, b, ((4 + e) << 8) | e) & 0x00ff00ffu) | kFp16Magic, sym);
+      return int8_pair(and_or(__byte_perm(a, b, ((4 + e) << 8) | e), 0x00ff00ffu, kFp16Magic), sym);
     };
     lo[0] = pair(w[0], w[1], 0), lo[1] = pair(w[0], w[1], 1), lo[2] = pair(w[2], w[3], 0), lo[3] = pair(w[2], w[3], 1);
     hi[0] = pair(w[0], w[1], 2), hi[1] = pair(w[0], w[1], 3), hi[2] = pair(w[2], w[3], 2), hi[3] = pair(w[2], w[3], 3);

@@ -109,7 +109,8 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
   const TcSource ks = tc_source<D>(p.k, p, b, hk, Tr::kRowWords, kST);
   const TcSource vs = tc_source<D>(p.v, p, b, hk, Tr::kRowWords, kST);
   const int k_groups = Tr::kQuantized ? ks.groups : 1, v_groups = Tr::kQuantized ? vs.groups : 1;
-  const int k_slices_per_group = Tr::kSlices / k_groups, v_pairs_per_group = Tr::kSlices / 2 / v_groups;
+  // Groups are powers of two (they divide D and hold whole k-slices): shifts, not divisions, in the loops.
+  const int k_shift = __ffs(Tr::kSlices / k_groups) - 1, v_shift = __ffs(Tr::kSlices / 2 / v_groups) - 1;
   tc_prologue<F, D>(pro, p, b, hk, hb, group_size, k_groups);
   __syncthreads();
 
@@ -193,8 +194,8 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
         mma_16816<Tr::kBf16Mma>(acc[mt][j % 2], a, qf[j][0], qf[j][1]);
       }
       if constexpr (Tr::kQuantized) {
-        if ((j + 1) % k_slices_per_group == 0) {  // the group's product is complete: scale it
-          const int grp = j / k_slices_per_group;
+        if (((j + 1) & ((1 << k_shift) - 1)) == 0) {  // the group's product is complete: scale it
+          const int grp = j >> k_shift;
           const float qs0 = ks.asymmetric ? pro.q_sum[grp][2 * c] : 0.0f;
           const float qs1 = ks.asymmetric ? pro.q_sum[grp][2 * c + 1] : 0.0f;
 #pragma unroll
@@ -204,8 +205,10 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
             float* t = total[mt];
             const float* a0 = acc[mt][0];
             const float* a1 = acc[mt][1];
-            t[0] += (a0[0] + a1[0]) * p0.scale + p0.zero * qs0, t[1] += (a0[1] + a1[1]) * p0.scale + p0.zero * qs1;
-            t[2] += (a0[2] + a1[2]) * p1.scale + p1.zero * qs0, t[3] += (a0[3] + a1[3]) * p1.scale + p1.zero * qs1;
+            t[0] = __fmaf_rn(a0[0] + a1[0], p0.scale, __fmaf_rn(p0.zero, qs0, t[0]));
+            t[1] = __fmaf_rn(a0[1] + a1[1], p0.scale, __fmaf_rn(p0.zero, qs1, t[1]));
+            t[2] = __fmaf_rn(a0[2] + a1[2], p1.scale, __fmaf_rn(p1.zero, qs0, t[2]));
+            t[3] = __fmaf_rn(a0[3] + a1[3], p1.scale, __fmaf_rn(p1.zero, qs1, t[3]));
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mt][0][e] = acc[mt][1][e] = 0.0f;
           }
@@ -258,8 +261,8 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
 #pragma unroll
       for (int i = 0; i < Tr::kSlices / 2; ++i) {
         if constexpr (Tr::kQuantized) {
-          if (i % v_pairs_per_group == 0) {  // P' of this V scale group
-            const int grp = i / v_pairs_per_group;
+          if ((i & ((1 << v_shift) - 1)) == 0) {  // P' of this V scale group
+            const int grp = i >> v_shift;
             const RowParams p0 = row_params(vs, st + lay.v_params, v_off, r0, grp, n);
             const RowParams p1 = row_params(vs, st + lay.v_params, v_off, r1, grp, n);
             const float f0 = p0.scale * v_fold, f1 = p1.scale * v_fold;
@@ -267,9 +270,9 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
             b1 = transpose_8x8(pack_rounded<false>(sc[mt][2] * f1, sc[mt][3] * f1));
             z0 = p0.zero, z1 = p1.zero;
           }
-          if (vs.asymmetric) {  // sum(p z) per m-tile pair, i.e. per d
-            z_acc[i][0] += sc[mt][0] * z0 + sc[mt][2] * z1;
-            z_acc[i][1] += sc[mt][1] * z0 + sc[mt][3] * z1;
+          if (vs.asymmetric && (i & ((1 << v_shift) - 1)) == 0) {  // sum(p z) per V group, kept at its first pair
+            z_acc[i][0] = __fmaf_rn(sc[mt][0], z0, __fmaf_rn(sc[mt][2], z1, z_acc[i][0]));
+            z_acc[i][1] = __fmaf_rn(sc[mt][1], z0, __fmaf_rn(sc[mt][3], z1, z_acc[i][1]));
           }
         } else if (i == 0) {
           b0 = transpose_8x8(pack_rounded<Tr::kBf16Mma>(sc[mt][0], sc[mt][1]));
@@ -299,10 +302,15 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
 #pragma unroll
   for (int j = 0; j < Tr::kSlices; ++j) {
     const int i = j / 2, d0 = 32 * i + 4 * g + 2 * (j % 2);  // rows g -> d0, g + 8 -> d0 + 1
+    const int first = i & ~((1 << v_shift) - 1);                // the pair that holds the group's sum(p z)
+    float z[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int f = 0; f < Tr::kSlices / 2; ++f)  // a select, not a run-time register index
+      if (f == first) z[0] = z_acc[f][0], z[1] = z_acc[f][1];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int hh = e % 2, d = d0 + e / 2;
-      const float value = Tr::kQuantized ? o[j][e] * inv_fold + z_acc[i][hh] : o[j][e];
+      const float value = Tr::kQuantized ? __fmaf_rn(o[j][e], inv_fold, z[hh]) : o[j][e];
       w_o[(warp * Tr::kHeads + 2 * c + hh) * D + d] = value;
     }
   }

@@ -151,6 +151,13 @@ __device__ __forceinline__ uint32_t pack_rounded(float lo, float hi) {
   return r;
 }
 
+// (x & mask) | magic in one LOP3 (the compiler emits two when both are immediates).
+__device__ __forceinline__ uint32_t and_or(uint32_t x, uint32_t mask, uint32_t magic) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(r) : "r"(x), "r"(mask), "r"(magic));
+  return r;
+}
+
 // x - c and x * m + c on fp16 pairs (exact for the code conversions below).
 __device__ __forceinline__ uint32_t hsub2(uint32_t x, uint32_t c) {
   uint32_t r;
