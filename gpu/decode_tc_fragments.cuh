@@ -33,6 +33,8 @@ struct TcSource {
   int64_t param_bytes = 0;  // size of the whole scale (or zero) array
   float tensor_scale = 1.0f, tensor_zero = 0.0f;
   int zero_words = 0;  // planar asymmetric: the zero points' words follow the scales' in a stage
+  const uint8_t* lane_src = nullptr;  // 16-byte copies: this lane's first chunk of row 0
+  int64_t pass_bytes = 0;             // 16-byte copies: bytes between the rows of consecutive passes
   // Planar per-row parameters: (t = 0, group 0) of this (b, h) and the arrays' ends; null otherwise.
   const uint8_t *scale_row = nullptr, *zero_row = nullptr, *scale_end = nullptr, *zero_end = nullptr;
 };
@@ -50,6 +52,11 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const DecodeP
   s.inline_words = op.inline_bytes / 4;
   s.vec16 = s.inline_words == 0 && row_words % 4 == 0 && (reinterpret_cast<uintptr_t>(s.rows) % 16 == 0) &&
             op.stride_t % 16 == 0;
+  if (s.vec16) {
+    const int chunks = row_words / 4, lane = threadIdx.x % 32;
+    s.lane_src = s.rows + (lane / chunks) * op.stride_t + (lane % chunks) * 16;
+    s.pass_bytes = (32 / chunks) * op.stride_t;
+  }
   const int pbytes = op.fp32_params ? 4 : 2;
   s.zero_words = (step_tokens * s.groups * pbytes + 3) / 4 + 1;  // tc_param_words' `one`
   switch (op.mode) {
@@ -102,13 +109,13 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
     constexpr int kPasses = kStepTokens / kRowsPerPass;
     static_assert(kChunks <= 32 && 32 % kChunks == 0, "a row's 16-byte chunks tile a warp");
     const int row0 = lane / kChunks, ch = lane % kChunks;
-    const uint8_t* src = s.rows + (t0 + row0) * s.stride_t + ch * 16;
-    const int64_t pass_bytes = kRowsPerPass * s.stride_t;
+    const uint8_t* src = s.lane_src + t0 * s.stride_t;
     const uint32_t dst = smem_address(codes + row0 * kStride + ch * 4);
 #pragma unroll
     for (int k = 0; k < kPasses; ++k) {
-      const bool ok = row0 + k * kRowsPerPass < n;
-      cp_async16(dst + 4 * k * kRowsPerPass * kStride, ok ? src + k * pass_bytes : s.rows, ok);
+      const bool ok = row0 + k * kRowsPerPass < n;  // masked rows copy nothing from a valid address
+      cp_async16(dst + 4 * k * kRowsPerPass * kStride, ok ? src : s.rows, ok);
+      src += s.pass_bytes;
     }
   } else {  // 4-byte copies: FBGEMM rows (params inline) or rows not 16-byte aligned
     const int words = s.inline_words + kRowWords;

@@ -37,6 +37,8 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 16);
 }
 
+__device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }  // e in [-126, 127]
+
 __device__ __forceinline__ float fast_exp2(float x) {  // 2^-22 relative error, far below the fp16 rounding of P
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -68,7 +70,7 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b
     float sum = 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      const uint16_t op = Tr::kBf16Mma ? bits[e] : fp32_to_fp16_bits(ldexpf(bf16_bits_to_fp32(bits[e]), exponent));
+      const uint16_t op = Tr::kBf16Mma ? bits[e] : fp32_to_fp16_bits(bf16_bits_to_fp32(bits[e]) * pow2(exponent));
       pro.q[i][E * lane + e] = op;
       sum += Tr::kBf16Mma ? bf16_bits_to_fp32(op) : fp16_bits_to_fp32(op);
     }
@@ -76,7 +78,7 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b
     for (int o = 1; o < lanes_per_group; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (lane % lanes_per_group == 0) pro.q_sum[lane / lanes_per_group][i] = sum;
     if (lane == 0) {
-      pro.factor[i] = ldexpf(p.softmax_scale * kTcLog2e, -exponent);
+      pro.factor[i] = p.softmax_scale * kTcLog2e * pow2(-exponent);
       pro.slope[i] = ok && p.alibi_slopes ? p.alibi_slopes[hk * group_size + in_group] * kTcLog2e : 0.0f;
     }
   }
@@ -135,7 +137,7 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
       first.scale = vs.fp32_params ? __ldg(reinterpret_cast<const float*>(vs.scales) + vs.first_param + t_begin * vs.groups)
                                    : __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.scales) +
                                                                         vs.first_param + t_begin * vs.groups)));
-    if (first.scale > 0.0f) v_fold = ldexpf(1.0f, fp16_operand_exponent(first.scale) - 14);  // 2^-floor(log2 s)
+    if (first.scale > 0.0f) v_fold = pow2(fp16_operand_exponent(first.scale) - 14);  // 2^-floor(log2 s)
   }
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -320,34 +322,42 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
   }
   __syncthreads();
 
+  // Per head once: the weight of each warp's partial (2^(m_w - max) / sum) and the LSE.
+  float* w_weight = w_l + Tr::kWarps * Tr::kHeads;  // [head][warp]
+  float* head_lse = w_weight + Tr::kWarps * Tr::kHeads;
+  if (threadIdx.x < Tr::kHeads) {
+    const int i = threadIdx.x;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < Tr::kWarps; ++w) mx = fmaxf(mx, w_m[w * Tr::kHeads + i]);
+    float f[Tr::kWarps], den = 0.0f;
+#pragma unroll
+    for (int w = 0; w < Tr::kWarps; ++w) {
+      const float wm = w_m[w * Tr::kHeads + i];
+      f[w] = mx == -INFINITY || wm == -INFINITY ? 0.0f : exp2f(wm - mx);
+      den = __fmaf_rn(f[w], w_l[w * Tr::kHeads + i], den);
+    }
+    const float inv = mx == -INFINITY ? 0.0f : 1.0f / den;
+#pragma unroll
+    for (int w = 0; w < Tr::kWarps; ++w) w_weight[i * Tr::kWarps + w] = f[w] * inv;
+    head_lse[i] = mx == -INFINITY ? -INFINITY : (mx + log2f(den)) / kTcLog2e;
+  }
+  __syncthreads();
+
   for (int idx = threadIdx.x; idx < Tr::kHeads * D; idx += Tr::kThreads) {
     const int i = idx / D, d = idx % D;
     const int64_t in_group = hb * Tr::kHeads + i;
     if (in_group >= group_size) continue;
     const int64_t h = hk * group_size + in_group;
-    float mx = -INFINITY;
+    float out = 0.0f;
 #pragma unroll
-    for (int w = 0; w < Tr::kWarps; ++w) mx = fmaxf(mx, w_m[w * Tr::kHeads + i]);
-    float out = 0.0f, lse = -INFINITY;
-    if (mx != -INFINITY) {
-      float num = 0.0f, den = 0.0f;
-#pragma unroll
-      for (int w = 0; w < Tr::kWarps; ++w) {
-        const float wm = w_m[w * Tr::kHeads + i];
-        if (wm == -INFINITY) continue;
-        const float f = exp2f(wm - mx);
-        num += f * w_o[(w * Tr::kHeads + i) * D + d];
-        den += f * w_l[w * Tr::kHeads + i];
-      }
-      out = num / den;
-      lse = (mx + log2f(den)) / kTcLog2e;
-    }
+    for (int w = 0; w < Tr::kWarps; ++w) out = __fmaf_rn(w_weight[i * Tr::kWarps + w], w_o[(w * Tr::kHeads + i) * D + d], out);
     if (p.splits == 1) {
       p.out[(b * p.q_heads + h) * D + d] = fp32_to_bf16_bits(out);
-      if (d == 0) p.lse[b * p.q_heads + h] = lse;
+      if (d == 0) p.lse[b * p.q_heads + h] = head_lse[i];
     } else {
       p.partial_o[((split * p.batch + b) * p.q_heads + h) * D + d] = out;
-      if (d == 0) p.partial_lse[(split * p.batch + b) * p.q_heads + h] = lse;
+      if (d == 0) p.partial_lse[(split * p.batch + b) * p.q_heads + h] = head_lse[i];
     }
   }
 }
