@@ -86,7 +86,7 @@ const char* decode_precision_profile(const DecodeParams& p);
 DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta = 8, double waves = 2.0);
 
 // Key splits of a tensor-core launch with `base_ctas` CTAs per split on a device holding
-// `resident_ctas` at once: the fewest (each at least 512 keys) whose last wave is >= 85% full.
+// `resident_ctas` at once: the fewest (each at least 128 keys) whose last wave is >= 85% full.
 int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens);
 
 // Floats of partial_o and partial_lse needed for p.splits.

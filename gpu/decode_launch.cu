@@ -225,9 +225,10 @@ void check_decode_params(const DecodeParams& p) {
 }
 
 int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens) {
-  // Each split re-reads Q and pays a prologue and a merge: at least 512 keys per split. Among the
-  // counts allowed, the first whose last wave is at least 85% full; else the fullest.
-  const int64_t most = std::clamp<int64_t>(tokens / 512, 1, kMaxSplits);
+  // Each split re-reads Q and pays a prologue and a merge: at least 128 keys (one step per warp)
+  // per split. Among the counts allowed, the first whose last wave is at least 85% full; else the
+  // fullest.
+  const int64_t most = std::clamp<int64_t>(tokens / 128, 1, kMaxSplits);
   int best = 1;
   double best_fill = 0;
   for (int64_t s = 1; s <= most && base_ctas > 0 && resident_ctas > 0; ++s) {

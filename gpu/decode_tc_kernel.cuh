@@ -103,7 +103,9 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
   cta /= p.splits;
   const int64_t hk = cta % p.kv_heads, b = cta / p.kv_heads;
   const int64_t len = p.seq_lens ? p.seq_lens[b] : p.tokens;
-  const int64_t per_split = ((len + p.splits - 1) / p.splits + 15) / 16 * 16;
+  // Whole rounds of steps per split, so every warp of a CTA gets the same number of steps.
+  constexpr int kRound = Tr::kWarps * kST;
+  const int64_t per_split = ((len + p.splits - 1) / p.splits + kRound - 1) / kRound * kRound;
   const int64_t t_begin = split * per_split;
   const int64_t t_end = t_begin + per_split < len ? t_begin + per_split : len;
 

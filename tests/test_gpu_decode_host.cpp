@@ -70,11 +70,11 @@ TEST_CASE("the tensor-core family names what it cannot read and its precision pr
     CHECK_NOTHROW(PrecisionProfile::parse(decode_precision_profile(v.plan(p, 132, 1))));
 }
 
-TEST_CASE("tensor-core split counts fill whole waves with splits of at least 512 keys") {
+TEST_CASE("tensor-core split counts fill whole waves with splits of at least 128 keys") {
   CHECK(tensor_core_splits(32, 396, 8192) == 11);   // 352 CTAs: one wave 89% full
   CHECK(tensor_core_splits(512, 396, 8192) == 2);   // 2.6 of 3 waves (86%) beat 1.3 of 2 (65%)
   CHECK(tensor_core_splits(396, 396, 8192) == 1);
-  CHECK(tensor_core_splits(8, 396, 1024) == 2);     // 512 keys per split at most 2 splits
+  CHECK(tensor_core_splits(8, 396, 1024) == 8);     // 128 keys per split: at most 8 splits
   CHECK(tensor_core_splits(8, 396, 100) == 1);
   CHECK(tensor_core_splits(0, 396, 8192) == 1);
 }
