@@ -257,6 +257,18 @@ void bind_reference(nb::module_& m) {
   m.def("alibi_slopes", &alibi_slopes, "n"_a);
 }
 
+// A float tensor rounded to fp16 / bf16 / fp32 (round to nearest even, through float32, with the
+// codec's own conversions), returned as float32: a cache stored in that format.
+nb::object round_to_format(const AnyArray& x, const std::string& format) {
+  if (format != "fp16" && format != "bf16" && format != "fp32")
+    throw InputError(fmt::format("format '{}' is not fp16, bf16 or fp32", format));
+  std::vector<float> values = float_values(x, "x");
+  for (float& v : values) v = format == "fp16" ? round_to_fp16(v) : format == "bf16" ? round_to_bf16(v) : v;
+  std::vector<int64_t> shape;
+  for (size_t i = 0; i < x.ndim(); ++i) shape.push_back(static_cast<int64_t>(x.shape(i)));
+  return owned_array(std::move(values), shape);
+}
+
 void bind_metrics(nb::module_& m) {
   nb::class_<HeadError>(m, "HeadError")
       .def_ro("rel_l2", &HeadError::rel_l2)
@@ -362,4 +374,5 @@ NB_MODULE(_core, m) {
   kvq::bind_codec(m);
   kvq::bind_reference(m);
   kvq::bind_metrics(m);
+  m.def("round_to_format", &kvq::round_to_format, "x"_a, "format"_a);
 }

@@ -68,3 +68,32 @@ class AppendQuantizer:
         if self.scheme.asymmetric:
             zeros = np.concatenate([c.zero_points for c in self._chunks], axis=scale_axis)
         return _core.QuantizeResult(codes, scales, zeros, scheme=self.scheme)
+
+
+class FloatStorage:
+    """A cache kept in a float format instead: 'fp32', 'fp16' or 'bf16' round each appended token
+    to it (round to nearest even, through float32); 'none' keeps the values exactly as given."""
+
+    BITS = {"fp32": 32, "fp16": 16, "bf16": 16}
+
+    def __init__(self, name):
+        if name not in ("none", *self.BITS):
+            raise _core.SchemeError(f"unknown cache storage '{name}': expected none, fp32, fp16, bf16 or a kvq scheme")
+        self.name = name
+        self.tokens = 0
+
+    def append(self, x):
+        """Same contract as AppendQuantizer.append: (start, values) of the new tokens."""
+        x = np.asarray(x)
+        start, self.tokens = self.tokens, self.tokens + x.shape[2]
+        if self.name == "none":
+            return start, x
+        return start, _core.round_to_format(x, self.name).astype(np.result_type(x.dtype, np.float32))
+
+
+def cache_storage(name, cache_name="cache"):
+    """What a K or V cache keeps: 'none', 'fp32', 'fp16', 'bf16' (FloatStorage) or a kvq scheme
+    name (AppendQuantizer). Both have append(x) -> (start, values)."""
+    if name == "none" or name in FloatStorage.BITS:
+        return FloatStorage(name)
+    return AppendQuantizer(name, cache_name)
