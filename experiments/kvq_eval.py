@@ -208,16 +208,36 @@ def eval_pairs(k_list, v_list, head_dim):
 # ---- output ------------------------------------------------------------------------------------
 COLUMNS = ["source", "tokens", "k_scheme", "v_scheme", "k_bits_per_element", "v_bits_per_element",
            "kv_bits_per_element", "k_bytes_per_token_head", "v_bytes_per_token_head", "kld_mean", "kld_max",
-           "top1_agreement", "ppl_ref", "ppl", "ppl_delta", "out_rel_l2_mean", "out_rel_l2_max", "seconds"]
+           "top1_agreement", "ppl_ref", "ppl", "ppl_delta", "out_rel_l2_mean", "out_rel_l2_max",
+           "sweep_out_rel_l2_mean", "seconds"]
+
+
+def sweep_errors(path):
+    """(K scheme, V scheme) -> out_rel_l2_mean averaged over the layers of a kvq sweep CSV."""
+    per_pair = {}
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = {"k_scheme", "v_scheme", "out_rel_l2_mean"} - set(reader.fieldnames or [])
+        if missing:
+            raise ValueError(f"{path}: no column {', '.join(sorted(missing))} (expected kvq sweep results)")
+        for row in reader:
+            if row["out_rel_l2_mean"]:
+                per_pair.setdefault((row["k_scheme"], row["v_scheme"]), []).append(float(row["out_rel_l2_mean"]))
+    if not per_pair:
+        raise ValueError(f"{path}: no out_rel_l2_mean values (not kvq sweep results with attention metrics)")
+    return {pair: float(np.mean(values)) for pair, values in per_pair.items()}
 
 
 def print_table(rows, out=sys.stdout):
+    with_sweep = any(r["sweep_out_rel_l2_mean"] != "" for r in rows)
     print(f"{'K scheme':<20} {'V scheme':<18} {'bits':>6} {'KLD mean':>10} {'KLD max':>10} {'top-1':>7} {'ppl':>8} "
-          f"{'d ppl':>9} {'attn rel-L2':>11}", file=out)
+          f"{'d ppl':>9} {'attn rel-L2':>11}" + (f" {'sweep rel-L2':>12}" if with_sweep else ""), file=out)
     for r in rows:
+        sweep = r["sweep_out_rel_l2_mean"]
         print(f"{r['k_scheme']:<20} {r['v_scheme']:<18} {r['kv_bits_per_element']:>6.2f} {r['kld_mean']:>10.3e} "
               f"{r['kld_max']:>10.3e} {r['top1_agreement']:>7.3f} {r['ppl']:>8.3f} {r['ppl_delta']:>+9.4f} "
-              f"{r['out_rel_l2_mean']:>11.3e}", file=out)
+              f"{r['out_rel_l2_mean']:>11.3e}" + (f" {sweep:>12.3e}" if sweep != "" else " " * 13 if with_sweep else ""),
+              file=out)
 
 
 def write_csv(rows, path):
@@ -238,8 +258,9 @@ def git_commit():
         return "unknown"
 
 
-def evaluate(runner, tokens, pairs, log=print):
-    """Runs the reference and every pair; returns one row per pair."""
+def evaluate(runner, tokens, pairs, log=print, sweep=None):
+    """Runs the reference and every pair; returns one row per pair. sweep: kvq sweep's attention
+    error per pair (sweep_errors), put beside the pair's row where it has one."""
     shape = (1, runner.kv_heads, len(tokens), runner.head_dim)
     start = time.perf_counter()
     ref_logits, layers = runner.run(tokens, "none", "none", record=True)
@@ -252,7 +273,8 @@ def evaluate(runner, tokens, pairs, log=print):
         row = {"source": runner.source, "tokens": len(tokens), "k_scheme": k_name, "v_scheme": v_name,
                "k_bits_per_element": kb, "v_bits_per_element": vb, "kv_bits_per_element": (kb + vb) / 2,
                "k_bytes_per_token_head": kb * runner.head_dim / 8, "v_bytes_per_token_head": vb * runner.head_dim / 8,
-               **compare_logits(ref_logits, logits, tokens), **attention_error(layers, k_name, v_name)}
+               **compare_logits(ref_logits, logits, tokens), **attention_error(layers, k_name, v_name),
+               "sweep_out_rel_l2_mean": (sweep or {}).get((k_name, v_name), "")}
         row["seconds"] = time.perf_counter() - start
         rows.append(row)
     return rows
@@ -267,6 +289,8 @@ def main(argv=None):
     ap.add_argument("--max-tokens", type=int, help="truncate the tokenized text (default: the model's context)")
     ap.add_argument("--k", default="", help="K schemes or storages, comma-separated (crossed with --v)")
     ap.add_argument("--v", default="", help="V schemes or storages, comma-separated")
+    ap.add_argument("--sweep", help="kvq sweep results (sweep.csv) of the same model: their attention error per pair "
+                                    "(mean over layers) goes beside the end-to-end numbers")
     ap.add_argument("--out", default="results/eval", help="output folder (default: %(default)s)")
     ap.add_argument("--no-plot", action="store_true", help="skip eval.png")
     ap.add_argument("--device", default=None, help="Hugging Face models: torch device (default: cuda if available)")
@@ -293,12 +317,13 @@ def main(argv=None):
         ap.error(f"{args.text}: {len(tokens)} token(s); perplexity needs at least 2")
     try:
         pairs = eval_pairs(args.k, args.v, runner.head_dim)
-    except kvq.InputError as e:
+        sweep = sweep_errors(args.sweep) if args.sweep else None
+    except (kvq.InputError, OSError, ValueError) as e:
         print(f"kvq eval: error: {e}", file=sys.stderr)
         return 2
 
     started = time.perf_counter()
-    rows = evaluate(runner, tokens, pairs)
+    rows = evaluate(runner, tokens, pairs, sweep=sweep)
     os.makedirs(args.out, exist_ok=True)
     write_csv(rows, os.path.join(args.out, "eval.csv"))
     meta = {"command": "eval", "kvq_version": kvq.__version__, "kvq_commit": git_commit(), "source": runner.source,
