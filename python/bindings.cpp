@@ -186,7 +186,13 @@ void bind_codec(nb::module_& m) {
           "codes"_a, "scales"_a, "zero_points"_a = nb::none(), nb::kw_only(), "scheme"_a,
           "From stored arrays (e.g. `kvq quantize` output read with h5py); shapes are checked against the scheme")
       .def_prop_ro("scheme", [](const QuantizeResult& r) { return r.q.scheme; })
-      .def_prop_ro("shape", &QuantizeResult::shape, "[B, H, T, D] of the quantized tensor")
+      .def_prop_ro(
+          "shape",
+          [](const QuantizeResult& r) {
+            const Shape4 s = r.shape();
+            return nb::make_tuple(s[0], s[1], s[2], s[3]);
+          },
+          "(B, H, T, D) of the quantized tensor")
       .def_prop_ro(
           "codes",
           [](nb::handle self) {
