@@ -310,22 +310,19 @@ void bind_metrics(nb::module_& m) {
         return sqnr_db(float_values(x, "x"), float_values(x_hat, "x_hat"));
       },
       "x"_a, "x_hat"_a, "10 log10(sum x^2 / sum (x - x_hat)^2) in dB (values taken as float32); inf when equal");
-  m.def(
-      "head_errors",
-      [](const AnyArray& o_test, const AnyArray& o_ref, std::optional<int64_t> per_head) {
-        auto [test, ref] = same_shape_doubles(o_test, o_ref, "o_test", "o_ref");
-        return head_errors(test, ref, values_per_head(o_ref, per_head));
-      },
-      "o_test"_a, "o_ref"_a, "values_per_head"_a = nb::none(),
-      "Error of each head (one (b, query head): values_per_head values, default the last two axes)");
-  m.def(
-      "output_error",
-      [](const AnyArray& o_test, const AnyArray& o_ref, std::optional<int64_t> per_head) {
-        auto [test, ref] = same_shape_doubles(o_test, o_ref, "o_test", "o_ref");
-        return output_error(test, ref, values_per_head(o_ref, per_head));
-      },
-      "o_test"_a, "o_ref"_a, "values_per_head"_a = nb::none(),
-      "Attention output vs a reference: rel-L2 mean and max over heads, max abs, cosine (kvq sweep's columns)");
+  // head_errors and output_error take the same arguments: [heads, values_per_head] outputs
+  auto per_head = [](auto metric) {
+    return [metric](const AnyArray& o_test, const AnyArray& o_ref, std::optional<int64_t> values) {
+      auto [test, ref] = same_shape_doubles(o_test, o_ref, "o_test", "o_ref");
+      return metric(test, ref, values_per_head(o_ref, values));
+    };
+  };
+  m.def("head_errors", per_head([](const auto&... a) { return head_errors(a...); }), "o_test"_a, "o_ref"_a,
+        "values_per_head"_a = nb::none(),
+        "Error of each head (one (b, query head): values_per_head values, default the last two axes)");
+  m.def("output_error", per_head([](const auto&... a) { return output_error(a...); }), "o_test"_a, "o_ref"_a,
+        "values_per_head"_a = nb::none(),
+        "Attention output vs a reference: rel-L2 mean and max over heads, max abs, cosine (kvq sweep's columns)");
   m.def(
       "probability_error",
       [](const AnyArray& p_test, const AnyArray& p_ref, std::optional<int64_t> row_length, int64_t k) {
