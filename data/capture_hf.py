@@ -37,6 +37,96 @@ def _capturing_attention(module, query, key, value, attention_mask, **kwargs):
 
 AttentionInterface.register(_CAPTURE_NAME, _capturing_attention)
 
+# ---- quantize-on-append (experiments/kvq_eval.py) --------------------------------------------
+# A second attention function keeps each layer's K and V in a kvq cache storage (kvq.cache_storage:
+# quantized as tokens are appended) and attends over what that storage holds. The model's own
+# cache still grows as usual; only the new tokens' K/V are taken from it. Attention runs in fp32
+# (dequantized values are exact in fp32, not in bf16) for the reference run and the quantized
+# runs alike, so the difference between them is the cache's alone.
+_EVAL_NAME = "kvq_quantized_cache"
+_eval_state = None  # a StoredKvState while kvq eval runs the model
+
+
+class _StoredTensor:
+    """One layer's K or V as its storage holds it: fp32 [B, H, T, D] on the model's device."""
+
+    def __init__(self, storage):
+        self.storage, self.tokens, self.values = storage, 0, None
+
+    def append(self, x):
+        start, stored = self.storage.append(x.float().cpu().numpy())
+        stored = torch.from_numpy(np.ascontiguousarray(stored, dtype=np.float32)).to(x.device)
+        end = start + stored.shape[2]
+        if self.values is None or end > self.values.shape[2]:  # grow by doubling: appends stay O(1) amortized
+            grown = torch.empty((*x.shape[:2], max(2 * end, 16), x.shape[3]), dtype=torch.float32, device=x.device)
+            if self.values is not None:
+                grown[:, :, :self.tokens] = self.values[:, :, :self.tokens]
+            self.values = grown
+        self.values[:, :, start:end] = stored
+        self.tokens = end
+        return self.values[:, :, :end]
+
+
+class StoredKvState:
+    """Every layer's K and V storage for one run; `storages(layer)` makes a layer's (K, V) pair.
+    With record=True it also keeps every layer's queries and softmax scale (for kvq's attention-level
+    error on the same cache)."""
+
+    def __init__(self, storages, record=False):
+        self.make, self.layers, self.record = storages, {}, record
+        self.queries, self.scaling = {}, {}
+
+    def update(self, layer, query, key, value):
+        if layer not in self.layers:
+            k_store, v_store = self.make(layer)
+            self.layers[layer] = (_StoredTensor(k_store), _StoredTensor(v_store))
+        k, v = self.layers[layer]
+        new = query.shape[2]
+        if key.shape[2] != k.tokens + new:
+            raise RuntimeError(f"layer {layer}: attention got {key.shape[2]} keys, kvq's cache expected {k.tokens + new} "
+                               "(kvq eval needs a cache that grows by the new tokens: no sliding window or cache reuse)")
+        if self.record:
+            self.queries.setdefault(layer, []).append(query.float().cpu())
+        return k.append(key[:, :, -new:]), v.append(value[:, :, -new:])
+
+
+def _stored_kv_attention(module, query, key, value, attention_mask, **kwargs):
+    key, value = _eval_state.update(module.layer_idx, query, key, value)
+    if _eval_state.record:
+        _eval_state.scaling[module.layer_idx] = kwargs.get("scaling")
+    if attention_mask is not None and attention_mask.dtype.is_floating_point:
+        attention_mask = attention_mask.float()
+    out, weights = sdpa_attention_forward(module, query.float(), key, value, attention_mask, **kwargs)
+    return out.to(query.dtype), weights
+
+
+AttentionInterface.register(_EVAL_NAME, _stored_kv_attention)
+
+
+def run_stored(model, tokens, storages, record=False):
+    """Feeds tokens one at a time (a decode step per token, the model's own cache growing) with
+    every layer's K/V kept by storages(layer) -> (K storage, V storage). Returns the next-token
+    logits [T, vocab] (float64) and the StoredKvState."""
+    global _eval_state
+    model.set_attn_implementation(_EVAL_NAME)
+    state = _eval_state = StoredKvState(storages, record)
+    device = next(model.parameters()).device
+    ids = torch.tensor([tokens], dtype=torch.long, device=device)
+    logits, past = [], None
+    try:
+        with torch.inference_mode():
+            for pos in range(ids.shape[1]):
+                out = model(input_ids=ids[:, pos:pos + 1], past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                logits.append(out.logits[0, -1].double().cpu().numpy())
+    finally:
+        _eval_state = None
+    n_layers = model.config.num_hidden_layers
+    if sorted(state.layers) != list(range(n_layers)):
+        raise RuntimeError(f"{type(model).__name__}: kvq's attention saw layers {sorted(state.layers)} of {n_layers}: "
+                           "this model does not route attention through transformers' AttentionInterface")
+    return np.stack(logits), state
+
 
 def rope_of(model):
     """post: the model applies rotary embeddings before caching K; none: it has no rotary embedding."""

@@ -121,37 +121,56 @@ def rope(x, pos, head_dim, theta=10000.0):
     return out.reshape(x.shape)
 
 
+class KvCache:
+    """Every layer's K and V [n_layers, Hkv, capacity, D] as the model computes them (fp64)."""
+
+    def __init__(self, model, capacity):
+        self.k = np.zeros((model.n_layers, model.n_kv_heads, capacity, model.head_dim))
+        self.v = np.zeros_like(self.k)
+
+    def append(self, layer, pos, k, v):
+        """Stores position pos's k, v [Hkv, D]; returns the keys and values attention reads, [Hkv, pos + 1, D].
+        A quantized cache (experiments/kvq_eval.py) returns its stored values instead."""
+        self.k[layer, :, pos], self.v[layer, :, pos] = k, v
+        return self.k[layer, :, :pos + 1], self.v[layer, :, :pos + 1]
+
+
+def forward(m, token, pos, cache, queries=None):
+    """Runs one token at position pos through every layer, reading and writing K/V through
+    cache.append; records the post-RoPE queries into queries [n_layers, Hq, T, D] if given.
+    Returns the next-token logits."""
+    hd, group = m.head_dim, m.n_heads // m.n_kv_heads
+    x = m.emb[token].copy()
+    for layer in range(m.n_layers):
+        xb = rmsnorm(x, m.rms_att[layer])
+        q = rope(m.wq[layer] @ xb, pos, hd).reshape(m.n_heads, hd)
+        keys, values = cache.append(layer, pos, rope(m.wk[layer] @ xb, pos, hd).reshape(m.n_kv_heads, hd),
+                                    (m.wv[layer] @ xb).reshape(m.n_kv_heads, hd))
+        if queries is not None:
+            queries[layer, :, pos] = q
+        out = np.empty((m.n_heads, hd))
+        for h in range(m.n_heads):
+            s = keys[h // group] @ q[h] / np.sqrt(hd)
+            p = np.exp(s - s.max())
+            out[h] = (p / p.sum()) @ values[h // group]
+        x = x + m.wo[layer] @ out.reshape(-1)
+        xb = rmsnorm(x, m.rms_ffn[layer])
+        h1, h3 = m.w1[layer] @ xb, m.w3[layer] @ xb
+        x = x + m.w2[layer] @ (h1 / (1.0 + np.exp(-h1)) * h3)
+    return m.wcls @ rmsnorm(x, m.rms_final)
+
+
 def run(model, tokens_in, total):
     """Feeds tokens_in, then greedy argmax tokens until `total` positions. Returns the tokens and the
     per-layer K, V [Hkv, T, D] and Q [Hq, T, D] (post-RoPE)."""
-    m = model
-    hd, group = m.head_dim, m.n_heads // m.n_kv_heads
-    K = np.zeros((m.n_layers, m.n_kv_heads, total, hd))
-    V = np.zeros_like(K)
-    Q = np.zeros((m.n_layers, m.n_heads, total, hd))
+    cache = KvCache(model, total)
+    Q = np.zeros((model.n_layers, model.n_heads, total, model.head_dim))
     tokens = list(tokens_in[:total])
     for pos in range(total):
-        x = m.emb[tokens[pos]].copy()
-        for layer in range(m.n_layers):
-            xb = rmsnorm(x, m.rms_att[layer])
-            q = rope(m.wq[layer] @ xb, pos, hd).reshape(m.n_heads, hd)
-            K[layer, :, pos] = rope(m.wk[layer] @ xb, pos, hd).reshape(m.n_kv_heads, hd)
-            V[layer, :, pos] = (m.wv[layer] @ xb).reshape(m.n_kv_heads, hd)
-            Q[layer, :, pos] = q
-            out = np.empty((m.n_heads, hd))
-            for h in range(m.n_heads):
-                keys, values = K[layer, h // group, :pos + 1], V[layer, h // group, :pos + 1]
-                s = keys @ q[h] / np.sqrt(hd)
-                p = np.exp(s - s.max())
-                out[h] = (p / p.sum()) @ values
-            x = x + m.wo[layer] @ out.reshape(-1)
-            xb = rmsnorm(x, m.rms_ffn[layer])
-            h1, h3 = m.w1[layer] @ xb, m.w3[layer] @ xb
-            x = x + m.w2[layer] @ (h1 / (1.0 + np.exp(-h1)) * h3)
+        logits = forward(model, tokens[pos], pos, cache, Q)
         if pos + 1 < total and pos + 1 >= len(tokens):
-            logits = m.wcls @ rmsnorm(x, m.rms_final)
             tokens.append(int(np.argmax(logits)))
-    return tokens, K, V, Q
+    return tokens, cache.k, cache.v, Q
 
 
 def main(argv=None):

@@ -64,4 +64,41 @@ std::vector<PairResult> read_pair_results(const std::string& csv_path, const std
   return out;
 }
 
+bool is_end_to_end_results(const std::string& csv_path) { return CsvTable::read(csv_path).has_column("kld_mean"); }
+
+std::vector<EndToEndResult> read_end_to_end_results(const std::string& csv_path, const std::string& metric) {
+  const CsvTable t = CsvTable::read(csv_path);
+  const size_t source = t.column("source"), k = t.column("k_scheme"), v = t.column("v_scheme"),
+               kb = t.column("k_bytes_per_token_head"), vb = t.column("v_bytes_per_token_head"),
+               mean = t.column("kld_mean"), max = t.column("kld_max"), top1 = t.column("top1_agreement"),
+               ppl = t.column("ppl_delta"), err = t.column(metric);
+  std::vector<EndToEndResult> out;
+  for (size_t r = 0; r < t.rows(); ++r)
+    out.push_back({t.at(r, source), t.at(r, k), t.at(r, v), t.number(r, kb) + t.number(r, vb), t.number(r, mean),
+                   t.number(r, max), t.number(r, top1), t.number(r, ppl), t.number(r, err)});
+  if (out.empty()) throw InputError(fmt::format("{}: no result rows", csv_path));
+  return out;
+}
+
+std::vector<EndToEndRanking> rank_end_to_end(const std::vector<EndToEndResult>& results, double budget) {
+  std::vector<EndToEndRanking> rankings;
+  for (const EndToEndResult& r : results) {
+    auto it = std::find_if(rankings.begin(), rankings.end(), [&](const EndToEndRanking& g) { return g.source == r.source; });
+    if (it == rankings.end()) it = rankings.insert(rankings.end(), EndToEndRanking{r.source, {}, -1});
+    it->ranked.push_back(r);
+  }
+  for (EndToEndRanking& g : rankings) {
+    std::stable_sort(g.ranked.begin(), g.ranked.end(), [](const EndToEndResult& a, const EndToEndResult& b) {
+      return a.error != b.error ? a.error < b.error : a.kv_bytes_per_token_head < b.kv_bytes_per_token_head;
+    });
+    for (size_t i = 0; i < g.ranked.size(); ++i) {
+      const EndToEndResult& r = g.ranked[i];
+      if (r.error > budget) continue;
+      if (g.best < 0 || r.kv_bytes_per_token_head < g.ranked[g.best].kv_bytes_per_token_head)
+        g.best = static_cast<int>(i);  // ranked by error, so the first of equal bytes has the lower error
+    }
+  }
+  return rankings;
+}
+
 }  // namespace kvq

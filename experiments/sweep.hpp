@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "data/kv_layer.hpp"
+#include "quant/scheme_pairs.hpp"
 #include "reference/attention.hpp"
 #include "reference/metrics.hpp"
 
@@ -16,18 +17,6 @@ namespace kvq {
 // The layer's decode queries against K/V `k` and `v` (the layer's own, or a dequantized copy),
 // with the layer's softmax scale, ALiBi flag and sequence lengths.
 AttentionProblem attention_problem(const KvLayer& layer, const std::vector<float>& k, const std::vector<float>& v);
-
-struct SchemePair {
-  Scheme k, v;
-};
-
-// Every K scheme with every V scheme.
-std::vector<SchemePair> cross_pairs(const std::vector<Scheme>& k, const std::vector<Scheme>& v);
-
-// The default set, for a head_dim: int8 and int4 x {tensor, token, head, g64, g32, g16, g8 (where
-// G < D divides D)} x {sym, asym}, the same scheme on K and V; plus KIVI-style per-channel K
-// (chan-t32, asymmetric) with per-token V.
-std::vector<SchemePair> default_pairs(int64_t head_dim);
 
 // GPU decode time of a scheme pair, measured at a reference decode shape (not the dump's).
 struct DecodeLatency {

@@ -211,6 +211,39 @@ def plot_tradeoff(rows, out_dir):
     return _save(fig, out_dir, "tradeoff.png")
 
 
+def rank_correlation(x, y):
+    """Spearman's rank correlation (ties broken by order; enough for a figure's caption)."""
+    rx, ry = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
+    return float(np.corrcoef(rx, ry)[0, 1]) if len(x) > 2 else float("nan")
+
+
+def plot_eval(rows, out_dir, title=""):
+    """End-to-end KL divergence vs memory (kvq eval), with the attention-level rel-L2 of the same
+    pairs beside it on the same axis: how well the cheap proxy ranks the pairs."""
+    rows = pd.DataFrame(rows)
+    x = rows["kv_bits_per_element"].to_numpy()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5), sharex=True)
+    for ax, column, label in ((axes[0], "kld_mean", "end to end: mean KL(P_fp || P_q) of next-token\ndistributions (nats)"),
+                              (axes[1], "out_rel_l2_mean", "attention level: output rel-L2 vs fp64 reference\n"
+                                                           "(mean over heads and layers)")):
+        y = rows[column].to_numpy()
+        for i, r in rows.iterrows():
+            bits = 8 if "int8" in r.k_scheme else 4 if "int4" in r.k_scheme else 16
+            color = {8: "tab:blue", 4: "tab:red", 16: "gray"}[bits]
+            ax.scatter(x[i], y[i], color=color, edgecolor="black", linewidth=0.5, zorder=3)
+            name = r.k_scheme if r.k_scheme == r.v_scheme else f"{r.k_scheme} / {r.v_scheme}"
+            ax.annotate(name, (x[i], y[i]), textcoords="offset points", xytext=(4, 2), fontsize=7)
+        positive = y[y > 0]
+        ax.set_yscale("symlog", linthresh=positive.min() if len(positive) else 1e-12)  # exact pairs (0) stay visible
+        ax.set_xlabel("bits per element, K and V averaged (incl. scales)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    both = (rows["kld_mean"] > 0) & (rows["out_rel_l2_mean"] > 0)
+    rho = rank_correlation(rows.loc[both, "kld_mean"].to_numpy(), rows.loc[both, "out_rel_l2_mean"].to_numpy())
+    fig.suptitle(f"{title}: KV cache quantized on append\nrank correlation of the two errors over the pairs: {rho:.2f}")
+    return _save(fig, out_dir, "eval.png")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", help="directory holding sweep.csv (kvq sweep --out)")

@@ -10,6 +10,13 @@ namespace kvq {
 
 #pragma omp declare reduction(merge_stats : GroupStats : omp_out.merge(omp_in))
 
+namespace {
+// Below this many elements a loop runs on one thread: starting a parallel region costs more than
+// the work (and far more on a busy machine), and callers such as a quantize-on-append cache make
+// many calls of one token each. Results do not depend on the thread count.
+constexpr int64_t kParallelMinElements = int64_t{1} << 15;
+}  // namespace
+
 std::string index_string(int64_t b, int64_t h, int64_t t, int64_t d) {
   return fmt::format("[{}, {}, {}, {}]", b, h, t, d);
 }
@@ -17,7 +24,7 @@ std::string index_string(int64_t b, int64_t h, int64_t t, int64_t d) {
 void check_finite(const KvView& x, const std::string& tensor_name) {
   const KvShape& s = x.shape;
   int64_t first_bad = std::numeric_limits<int64_t>::max();  // flat [B, H, T, D] index
-#pragma omp parallel for reduction(min : first_bad) schedule(static)
+#pragma omp parallel for reduction(min : first_bad) schedule(static) if (s.numel() >= kParallelMinElements)
   for (int64_t r = 0; r < s.rows(); ++r) {
     const float* row = x.row(r / (s.heads * s.tokens), (r / s.tokens) % s.heads, r % s.tokens);
     for (int64_t d = 0; d < s.head_dim; ++d) {
@@ -64,7 +71,7 @@ GroupStats box_stats_parallel(const KvView& x, const GroupBox& box) {
   const int64_t nh = box.h1 - box.h0, nt = box.t1 - box.t0;
   const int64_t rows = (box.b1 - box.b0) * nh * nt;
   GroupStats st;
-#pragma omp parallel for reduction(merge_stats : st) schedule(static)
+#pragma omp parallel for reduction(merge_stats : st) schedule(static) if (box.size() >= kParallelMinElements)
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = x.row(box.b0 + r / (nh * nt), box.h0 + (r / nt) % nh, box.t0 + r % nt);
     for (int64_t d = box.d0; d < box.d1; ++d) st.add(row[d]);
@@ -80,7 +87,7 @@ std::vector<GroupStats> group_stats(const KvView& x, const Scheme& scheme) {
   if (n < 4 * static_cast<int64_t>(omp_get_max_threads())) {
     for (int64_t g = 0; g < n; ++g) stats[g] = box_stats_parallel(x, group_box(scheme, x.shape, g));
   } else {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (x.shape.numel() >= kParallelMinElements)
     for (int64_t g = 0; g < n; ++g) stats[g] = box_stats_serial(x, group_box(scheme, x.shape, g));
   }
   return stats;
@@ -108,7 +115,7 @@ QuantizedKv quantize(const KvView& x, const Scheme& scheme, const std::string& t
 
   const int64_t row_bytes = code_bytes_per_row(scheme, s.head_dim);
   q.codes.assign(static_cast<size_t>(s.rows() * row_bytes), 0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (s.numel() >= kParallelMinElements)
   for (int64_t r = 0; r < s.rows(); ++r) {
     const int64_t b = r / (s.heads * s.tokens), h = (r / s.tokens) % s.heads, t = r % s.tokens;
     const float* in = x.row(b, h, t);
@@ -126,7 +133,7 @@ QuantizedKv quantize(const KvView& x, const Scheme& scheme, const std::string& t
 std::vector<float> dequantize(const QuantizedKv& q) {
   const KvShape& s = q.shape;
   std::vector<float> out(static_cast<size_t>(s.numel()));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (s.numel() >= kParallelMinElements)
   for (int64_t r = 0; r < s.rows(); ++r) {
     const int64_t b = r / (s.heads * s.tokens), h = (r / s.tokens) % s.heads, t = r % s.tokens;
     for (int64_t d = 0; d < s.head_dim; ++d)

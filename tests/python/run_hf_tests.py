@@ -11,4 +11,4 @@ if missing:
     sys.exit(77)
 import pytest  # noqa: E402
 
-sys.exit(pytest.main(["-q", os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_capture_hf.py")]))
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_capture_hf.py")]))

@@ -1,0 +1,381 @@
+// kvq._core: the CPU codec, the fp64 reference attention and the error metrics for Python
+// (nanobind). Every result comes from the C++ functions the kvq tools use, so it is bit for bit
+// theirs; this file converts arrays and maps kvq's errors to Python exceptions, nothing more.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
+
+#include <fmt/format.h>
+
+#include <array>
+#include <variant>
+
+#include "python/arrays.hpp"
+#include "quant/quantize.hpp"
+#include "quant/scheme_pairs.hpp"
+#include "reference/attention.hpp"
+#include "reference/metrics.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace kvq {
+namespace {
+
+using SchemeArg = std::variant<std::string, Scheme>;
+using Shape4 = std::array<int64_t, 4>;
+
+Scheme to_scheme(const SchemeArg& s) {
+  return std::holds_alternative<Scheme>(s) ? std::get<Scheme>(s) : parse_scheme(std::get<std::string>(s));
+}
+
+KvShape to_kv_shape(const Shape4& s) { return {s[0], s[1], s[2], s[3]}; }
+
+// A quantized tensor: the planar codes, scales and zero points, and the dequantized values.
+// Arrays are read-only views of this object (no copies); scales and zero points are given in
+// the scheme's scale dtype, exactly as `kvq quantize` stores them.
+struct QuantizeResult {
+  QuantizedKv q;
+  std::vector<float> dequantized;
+  std::vector<uint16_t> scale_bits, zero_bits;  // fp16 schemes: the stored halves
+
+  explicit QuantizeResult(QuantizedKv quantized) : q(std::move(quantized)) {
+    dequantized = dequantize(q);
+    if (q.scheme.scale_dtype == ScaleDtype::kFp16) {
+      for (float s : q.scales) scale_bits.push_back(fp32_to_fp16_bits(s));
+      for (float z : q.zeros) zero_bits.push_back(fp32_to_fp16_bits(z));
+    }
+  }
+  Shape4 shape() const { return {q.shape.batch, q.shape.heads, q.shape.tokens, q.shape.head_dim}; }
+};
+
+nb::object params_view(const QuantizeResult& r, const std::vector<float>& values, const std::vector<uint16_t>& bits,
+                       nb::handle owner) {
+  const std::vector<int64_t> shape = scale_shape(r.q.scheme, r.q.shape);
+  if (r.q.scheme.scale_dtype == ScaleDtype::kFp16) return readonly_view(bits.data(), shape, kFloat16, owner);
+  return readonly_view(values.data(), shape, nb::dtype<float>(), owner);
+}
+
+// Builds a QuantizedKv from arrays (e.g. read back from `kvq quantize` output), checking every
+// shape against the scheme.
+QuantizedKv quantized_from_arrays(const AnyArray& codes, const AnyArray& scales, const std::optional<AnyArray>& zeros,
+                                  const Scheme& scheme) {
+  QuantizedKv q;
+  q.scheme = scheme;
+  if (codes.ndim() != 4)
+    throw InputError(fmt::format("codes: expected 4 axes [B, H, T, D{}], got {}", scheme.bits == 4 ? "/2" : "",
+                                 shape_string(codes)));
+  const nb::dlpack::dtype dt = codes.dtype();
+  if (dt != nb::dtype<uint8_t>() && dt != nb::dtype<int8_t>())
+    throw InputError(fmt::format("codes: expected uint8 or int8, got {}", dtype_name(dt)));
+  const int64_t row_bytes = static_cast<int64_t>(codes.shape(3));
+  q.shape = {static_cast<int64_t>(codes.shape(0)), static_cast<int64_t>(codes.shape(1)),
+             static_cast<int64_t>(codes.shape(2)), row_bytes * 8 / scheme.bits};
+  check_scheme_fits(scheme, static_cast<int>(q.shape.head_dim));
+  q.codes = contiguous_bytes(codes, "codes");
+  const std::vector<int64_t> want = scale_shape(scheme, q.shape);
+  q.scales = float_values(scales, "scales", want);
+  if (scheme.asymmetric != zeros.has_value())
+    throw InputError(fmt::format("{}: zero_points must be given for asymmetric schemes only", to_string(scheme)));
+  if (zeros) q.zeros = float_values(*zeros, "zero_points", want);
+  for (const auto& [name, values] : {std::pair{"scales", &q.scales}, std::pair{"zero_points", &q.zeros}})
+    for (size_t i = 0; i < values->size(); ++i) {
+      const float x = (*values)[i];
+      if (!is_finite_float(x) || round_to_scale_dtype(x, scheme.scale_dtype) != x)
+        throw InputError(fmt::format("{}: {}[{}] = {} is not a finite {} value", to_string(scheme), name, i, x,
+                                     scheme.scale_dtype == ScaleDtype::kFp16 ? "float16" : "float32"));
+    }
+  return q;
+}
+
+nb::tuple attention_py(const AnyArray& q_in, const AnyArray& k_in, const AnyArray& v_in,
+                       const std::optional<AnyArray>& seq_lens_in, double softmax_scale, bool alibi,
+                       const std::string& precision, const std::string& layout, bool probabilities) {
+  const Fp32Tensor q = fp32_tensor(q_in, "q", "bnsh");
+  const Fp32Tensor k = fp32_tensor(k_in, "k", layout), v = fp32_tensor(v_in, "v", layout);
+  const std::vector<float> q_values = q.contiguous();  // the reference reads Q as [B, Hq, Tq, D]
+  std::vector<int32_t> seq_lens;
+  if (seq_lens_in) seq_lens = int32_values(*seq_lens_in, "seq_lens", {q.view.shape.batch});
+  AttentionProblem p;
+  p.batch = q.view.shape.batch;
+  p.q_heads = q.view.shape.heads;
+  p.q_len = q.view.shape.tokens;
+  p.head_dim = q.view.shape.head_dim;
+  p.kv_heads = k.view.shape.heads;
+  p.q = q_values.data();
+  p.k = k.view;
+  p.v = v.view;
+  p.seq_lens = seq_lens_in ? seq_lens.data() : nullptr;
+  p.softmax_scale = softmax_scale;
+  p.alibi = alibi;
+  check_problem(p);
+  const PrecisionProfile profile = PrecisionProfile::parse(precision);
+  std::vector<double> probs;
+  AttentionOutput out;
+  {
+    nb::gil_scoped_release release;
+    out = attention(p, profile, {}, probabilities ? &probs : nullptr);
+  }
+  const std::vector<int64_t> o_shape = {p.batch, p.q_heads, p.q_len, p.head_dim};
+  nb::object o = owned_array(std::move(out.o), o_shape), lse = owned_array(std::move(out.lse), {p.batch, p.q_heads, p.q_len});
+  if (!probabilities) return nb::make_tuple(o, lse);
+  return nb::make_tuple(o, lse, owned_array(std::move(probs), {p.batch, p.q_heads, p.q_len, p.tokens()}));
+}
+
+// Per-head values: the last two axes (Tq x D) unless given.
+int64_t values_per_head(const AnyArray& a, std::optional<int64_t> given) {
+  if (given) return *given;
+  if (a.ndim() < 2) throw InputError(fmt::format("o: expected at least 2 axes, got {}", shape_string(a)));
+  return static_cast<int64_t>(a.shape(a.ndim() - 1) * a.shape(a.ndim() - 2));
+}
+
+std::pair<std::vector<double>, std::vector<double>> same_shape_doubles(const AnyArray& test, const AnyArray& ref,
+                                                                        const char* test_name, const char* ref_name) {
+  if (shape_string(test) != shape_string(ref))
+    throw InputError(fmt::format("{} has shape {}, {} has {}: expected equal shapes", test_name, shape_string(test),
+                                 ref_name, shape_string(ref)));
+  return {double_values(test, test_name), double_values(ref, ref_name)};
+}
+
+void bind_scheme(nb::module_& m) {
+  nb::class_<Scheme>(m, "Scheme", "A quantization scheme: bits x granularity x symmetry x scale dtype.")
+      .def(nb::init<>())
+      .def_prop_ro("name", [](const Scheme& s) { return to_string(s); }, "Short name, e.g. 'int4-g32-asym'")
+      .def_ro("bits", &Scheme::bits)
+      .def_prop_ro("granularity", [](const Scheme& s) { return std::string(granularity_name(s.granularity)); },
+                   "tensor, token, head, group or channel")
+      .def_ro("group", &Scheme::group, "G for g<G>, N (tokens) for chan-t<N>, else 0")
+      .def_ro("asymmetric", &Scheme::asymmetric)
+      .def_prop_ro("scale_dtype",
+                   [](const Scheme& s) { return s.scale_dtype == ScaleDtype::kFp16 ? "float16" : "float32"; })
+      .def("fits", [](const Scheme& s, int head_dim) { check_scheme_fits(s, head_dim); }, "head_dim"_a,
+           "Raises SchemeError when the scheme cannot quantize tensors with this head_dim")
+      .def("__str__", [](const Scheme& s) { return to_string(s); })
+      .def("__repr__", [](const Scheme& s) { return fmt::format("Scheme('{}')", to_string(s)); })
+      .def("__eq__", [](const Scheme& a, const Scheme& b) { return a == b; })
+      .def("__hash__", [](const Scheme& s) { return nb::hash(nb::str(to_string(s).c_str())); });
+  m.def("parse_scheme", [](const std::string& name) { return parse_scheme(name); }, "name"_a,
+        "Parses a scheme name, e.g. 'int4-g32-asym'; raises SchemeError with kvq's message");
+  m.def("parse_scheme_list", [](const std::string& names) { return parse_scheme_list(names); }, "names"_a);
+  m.def(
+      "default_pairs",
+      [](int64_t head_dim) {
+        std::vector<std::pair<Scheme, Scheme>> out;
+        for (const SchemePair& p : default_pairs(head_dim)) out.emplace_back(p.k, p.v);
+        return out;
+      },
+      "head_dim"_a, "The sweep's default (K scheme, V scheme) pairs for this head_dim");
+  m.def("scale_shape", [](const SchemeArg& s, const Shape4& shape) { return scale_shape(to_scheme(s), to_kv_shape(shape)); },
+        "scheme"_a, "shape"_a, "Shape of the scale (and zero-point) array for a [B, H, T, D] tensor");
+}
+
+void bind_codec(nb::module_& m) {
+  nb::class_<QuantizeResult>(m, "QuantizeResult", "A quantized K or V tensor in kvq's planar layout")
+      .def(
+          "__init__",
+          [](QuantizeResult* self, const AnyArray& codes, const AnyArray& scales, std::optional<AnyArray> zero_points,
+             const SchemeArg& scheme) {
+            new (self) QuantizeResult(quantized_from_arrays(codes, scales, zero_points, to_scheme(scheme)));
+          },
+          "codes"_a, "scales"_a, "zero_points"_a = nb::none(), nb::kw_only(), "scheme"_a,
+          "From stored arrays (e.g. `kvq quantize` output read with h5py); shapes are checked against the scheme")
+      .def_prop_ro("scheme", [](const QuantizeResult& r) { return r.q.scheme; })
+      .def_prop_ro(
+          "shape",
+          [](const QuantizeResult& r) {
+            const Shape4 s = r.shape();
+            return nb::make_tuple(s[0], s[1], s[2], s[3]);
+          },
+          "(B, H, T, D) of the quantized tensor")
+      .def_prop_ro(
+          "codes",
+          [](nb::handle self) {
+            const QuantizeResult& r = nb::cast<const QuantizeResult&>(self);
+            const Scheme& s = r.q.scheme;
+            const bool signed_codes = s.bits == 8 && !s.asymmetric;
+            const KvShape& x = r.q.shape;
+            return readonly_view(r.q.codes.data(), {x.batch, x.heads, x.tokens, x.head_dim * s.bits / 8},
+                                 signed_codes ? nb::dtype<int8_t>() : nb::dtype<uint8_t>(), self);
+          },
+          "int8 [B,H,T,D] (int8 symmetric), uint8 [B,H,T,D] (int8 asymmetric) or packed uint8 [B,H,T,D/2] "
+          "(int4: element 2i in the low nibble)")
+      .def_prop_ro(
+          "scales",
+          [](nb::handle self) {
+            const QuantizeResult& r = nb::cast<const QuantizeResult&>(self);
+            return params_view(r, r.q.scales, r.scale_bits, self);
+          },
+          "Scale per group (kvq.scale_shape), in the scheme's scale dtype")
+      .def_prop_ro(
+          "zero_points",
+          [](nb::handle self) -> nb::object {
+            const QuantizeResult& r = nb::cast<const QuantizeResult&>(self);
+            if (!r.q.scheme.asymmetric) return nb::none();
+            return params_view(r, r.q.zeros, r.zero_bits, self);
+          },
+          "Zero point per group (asymmetric schemes), else None")
+      .def_prop_ro(
+          "dequantized",
+          [](nb::handle self) {
+            const QuantizeResult& r = nb::cast<const QuantizeResult&>(self);
+            const KvShape& x = r.q.shape;
+            return readonly_view(r.dequantized.data(), {x.batch, x.heads, x.tokens, x.head_dim}, nb::dtype<float>(),
+                                 self);
+          },
+          "float32 [B, H, T, D]: q*s (symmetric) or fma(q, s, z) (asymmetric)")
+      .def("__repr__", [](const QuantizeResult& r) {
+        const KvShape& x = r.q.shape;
+        return fmt::format("QuantizeResult('{}', shape=[{}, {}, {}, {}])", to_string(r.q.scheme), x.batch, x.heads,
+                           x.tokens, x.head_dim);
+      });
+
+  m.def(
+      "quantize",
+      [](const AnyArray& x, const SchemeArg& scheme, const std::string& name, const std::string& layout) {
+        const Scheme s = to_scheme(scheme);
+        const Fp32Tensor t = fp32_tensor(x, name, layout);
+        nb::gil_scoped_release release;
+        return QuantizeResult(quantize(t.view, s, name));
+      },
+      "x"_a, "scheme"_a, nb::kw_only(), "name"_a = "x", "layout"_a = "bnsh",
+      "Quantizes x [B, H, T, D] (layout 'bnsh'; 'bsnh' for [B, T, H, D]) with a scheme. float32 input is read in "
+      "place; float16, bfloat16 (torch) are converted exactly, float64 is rounded to float32 (the codec's input). "
+      "Raises InputError for non-finite values or a scale beyond the scale dtype, naming `name` and the index.");
+  m.def(
+      "dequantize", [](const QuantizeResult& r) { return owned_array(dequantize(r.q), {r.q.shape.batch, r.q.shape.heads, r.q.shape.tokens, r.q.shape.head_dim}); },
+      "result"_a, "Decodes codes, scales and zero points again: float32 [B, H, T, D]");
+}
+
+void bind_reference(nb::module_& m) {
+  m.def("attention", &attention_py, "q"_a, "k"_a, "v"_a, nb::kw_only(), "seq_lens"_a = nb::none(),
+        "softmax_scale"_a = 0.0, "alibi"_a = false, "precision"_a = "fp64", "layout"_a = "bnsh",
+        "probabilities"_a = false,
+        "Exact attention (kvq's reference): q [B, Hq, Tq, D], k and v [B, Hkv, T, D] ('bsnh': [B, T, Hkv, D]); "
+        "query row i sits at position seq_len - Tq + i and attends causally. Returns (O [B,Hq,Tq,D], LSE [B,Hq,Tq]) "
+        "in float64, and P [B,Hq,Tq,T] with probabilities=True. precision: 'fp64' or a kernel profile such as "
+        "'fp32-pbf16-obf16'.");
+  m.def("alibi_slopes", &alibi_slopes, "n"_a);
+}
+
+// A float tensor rounded to fp16 / bf16 / fp32 (round to nearest even, through float32, with the
+// codec's own conversions), returned as float32: a cache stored in that format.
+nb::object round_to_format(const AnyArray& x, const std::string& format) {
+  if (format != "fp16" && format != "bf16" && format != "fp32")
+    throw InputError(fmt::format("format '{}' is not fp16, bf16 or fp32", format));
+  std::vector<float> values = float_values(x, "x");
+  for (float& v : values) v = format == "fp16" ? round_to_fp16(v) : format == "bf16" ? round_to_bf16(v) : v;
+  std::vector<int64_t> shape;
+  for (size_t i = 0; i < x.ndim(); ++i) shape.push_back(static_cast<int64_t>(x.shape(i)));
+  return owned_array(std::move(values), shape);
+}
+
+void bind_metrics(nb::module_& m) {
+  nb::class_<HeadError>(m, "HeadError")
+      .def_ro("rel_l2", &HeadError::rel_l2)
+      .def_ro("cosine", &HeadError::cosine)
+      .def_ro("max_abs", &HeadError::max_abs)
+      .def_ro("empty", &HeadError::empty);
+  nb::class_<OutputError>(m, "OutputError")
+      .def_ro("rel_l2_mean", &OutputError::rel_l2_mean)
+      .def_ro("rel_l2_max", &OutputError::rel_l2_max)
+      .def_ro("max_abs", &OutputError::max_abs)
+      .def_ro("cosine_mean", &OutputError::cosine_mean)
+      .def_ro("cosine_min", &OutputError::cosine_min)
+      .def("__repr__", [](const OutputError& e) {
+        return fmt::format("OutputError(rel_l2_mean={:g}, rel_l2_max={:g}, max_abs={:g}, cosine_mean={:g}, cosine_min={:g})",
+                           e.rel_l2_mean, e.rel_l2_max, e.max_abs, e.cosine_mean, e.cosine_min);
+      });
+  nb::class_<ProbabilityError>(m, "ProbabilityError")
+      .def_ro("kl_mean", &ProbabilityError::kl_mean)
+      .def_ro("kl_max", &ProbabilityError::kl_max)
+      .def_ro("topk_overlap_mean", &ProbabilityError::topk_overlap_mean)
+      .def_ro("topk_overlap_min", &ProbabilityError::topk_overlap_min)
+      .def("__repr__", [](const ProbabilityError& e) {
+        return fmt::format("ProbabilityError(kl_mean={:g}, kl_max={:g}, topk_overlap_mean={:g}, topk_overlap_min={:g})",
+                           e.kl_mean, e.kl_max, e.topk_overlap_mean, e.topk_overlap_min);
+      });
+
+  m.def(
+      "sqnr_db",
+      [](const AnyArray& x, const AnyArray& x_hat) {
+        if (shape_string(x) != shape_string(x_hat))
+          throw InputError(fmt::format("x has shape {}, x_hat has {}: expected equal shapes", shape_string(x),
+                                       shape_string(x_hat)));
+        return sqnr_db(float_values(x, "x"), float_values(x_hat, "x_hat"));
+      },
+      "x"_a, "x_hat"_a, "10 log10(sum x^2 / sum (x - x_hat)^2) in dB (values taken as float32); inf when equal");
+  // head_errors and output_error take the same arguments: [heads, values_per_head] outputs
+  auto per_head = [](auto metric) {
+    return [metric](const AnyArray& o_test, const AnyArray& o_ref, std::optional<int64_t> values) {
+      auto [test, ref] = same_shape_doubles(o_test, o_ref, "o_test", "o_ref");
+      return metric(test, ref, values_per_head(o_ref, values));
+    };
+  };
+  m.def("head_errors", per_head([](const auto&... a) { return head_errors(a...); }), "o_test"_a, "o_ref"_a,
+        "values_per_head"_a = nb::none(),
+        "Error of each head (one (b, query head): values_per_head values, default the last two axes)");
+  m.def("output_error", per_head([](const auto&... a) { return output_error(a...); }), "o_test"_a, "o_ref"_a,
+        "values_per_head"_a = nb::none(),
+        "Attention output vs a reference: rel-L2 mean and max over heads, max abs, cosine (kvq sweep's columns)");
+  m.def(
+      "probability_error",
+      [](const AnyArray& p_test, const AnyArray& p_ref, std::optional<int64_t> row_length, int64_t k) {
+        auto [test, ref] = same_shape_doubles(p_test, p_ref, "p_test", "p_ref");
+        const int64_t n = row_length ? *row_length : static_cast<int64_t>(p_ref.ndim() ? p_ref.shape(p_ref.ndim() - 1) : 0);
+        if (n <= 0 || test.size() % static_cast<size_t>(n) != 0)
+          throw InputError(fmt::format("row_length {} does not divide {} values", n, test.size()));
+        return probability_error(test, ref, n, k);
+      },
+      "p_test"_a, "p_ref"_a, "row_length"_a = nb::none(), "k"_a = 8,
+      "KL(P_ref || P_test) per row (mean, max, nats) and top-k overlap; rows of the last axis by default");
+  m.def("bytes_per_token_per_head", [](const SchemeArg& s, const Shape4& shape) {
+    return bytes_per_token_per_head(to_scheme(s), to_kv_shape(shape)); }, "scheme"_a, "shape"_a,
+        "Bytes per token per KV head, codes plus scales / zero points, for a [B, H, T, D] tensor");
+  m.def("bits_per_element", [](const SchemeArg& s, const Shape4& shape) {
+    return bits_per_element(to_scheme(s), to_kv_shape(shape)); }, "scheme"_a, "shape"_a);
+  m.def("elements_per_group", [](const SchemeArg& s, const Shape4& shape) {
+    return elements_per_group(to_scheme(s), to_kv_shape(shape)); }, "scheme"_a, "shape"_a);
+}
+
+// kvq.Error (RuntimeError) > kvq.InputError (also a ValueError) > kvq.SchemeError, raised with
+// kvq's own one-line messages.
+void bind_errors(nb::module_& m) {
+  static PyObject* error = PyErr_NewException("kvq.Error", PyExc_RuntimeError, nullptr);
+  static PyObject* input_error = PyErr_NewException("kvq.InputError", nb::make_tuple(nb::handle(error),
+                                                    nb::handle(PyExc_ValueError)).ptr(), nullptr);
+  static PyObject* scheme_error = PyErr_NewException("kvq.SchemeError", input_error, nullptr);
+  m.attr("Error") = nb::handle(error);
+  m.attr("InputError") = nb::handle(input_error);
+  m.attr("SchemeError") = nb::handle(scheme_error);
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const SchemeError& e) {
+      PyErr_SetString(scheme_error, e.what());
+    } catch (const InputError& e) {
+      PyErr_SetString(input_error, e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(error, e.what());
+    }
+  });
+}
+
+}  // namespace
+}  // namespace kvq
+
+NB_MODULE(_core, m) {
+  m.doc() = "kvq's CPU codec, fp64 reference attention and error metrics (the C++ library, bound with nanobind)";
+  m.attr("__version__") = KVQ_VERSION;
+  kvq::bind_errors(m);
+  kvq::bind_scheme(m);
+  kvq::bind_codec(m);
+  kvq::bind_reference(m);
+  kvq::bind_metrics(m);
+  m.def("round_to_format", &kvq::round_to_format, "x"_a, "format"_a);
+}

@@ -1,0 +1,22 @@
+"""kvq from Python: the CPU codec, kvq's exact fp64 attention and its error metrics (the C++
+library itself, bound with nanobind, so results are bit for bit those of the `kvq` tools), and a
+K/V cache that quantizes tokens as they are appended (`AppendQuantizer`).
+
+    import numpy as np, kvq
+    k = np.random.default_rng(0).standard_normal((1, 4, 256, 64), dtype=np.float32)   # [B, H, T, D]
+    r = kvq.quantize(k, "int4-g32-asym")          # codes, scales, zero_points, dequantized
+    o, lse = kvq.attention(q, k, v)               # fp64 reference, q [B, Hq, Tq, D]
+
+Errors are kvq.InputError (a ValueError) or kvq.SchemeError with kvq's one-line messages.
+"""
+from ._core import (Error, HeadError, InputError, OutputError, ProbabilityError, QuantizeResult, Scheme, SchemeError,
+                    __version__, alibi_slopes, attention, bits_per_element, bytes_per_token_per_head, default_pairs,
+                    dequantize, elements_per_group, head_errors, output_error, parse_scheme, parse_scheme_list,
+                    probability_error, quantize, round_to_format, scale_shape, sqnr_db)
+from .streaming import AppendQuantizer, FloatStorage, cache_storage
+
+__all__ = ["Error", "HeadError", "InputError", "OutputError", "ProbabilityError", "QuantizeResult", "Scheme",
+           "SchemeError", "__version__", "alibi_slopes", "attention", "bits_per_element", "bytes_per_token_per_head",
+           "default_pairs", "dequantize", "elements_per_group", "head_errors", "output_error", "parse_scheme",
+           "parse_scheme_list", "probability_error", "quantize", "round_to_format", "scale_shape", "sqnr_db", "AppendQuantizer",
+           "FloatStorage", "cache_storage"]

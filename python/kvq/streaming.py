@@ -1,0 +1,99 @@
+"""Quantize-on-append: a K or V cache quantized token by token, as an inference engine writes it."""
+import numpy as np
+
+from . import _core
+
+
+class AppendQuantizer:
+    """One K or V cache [B, H, T, D] whose tokens are quantized as they are appended.
+
+    Per-token, per-head and per-group (g<G>) schemes quantize each appended token at once: their
+    groups never span tokens, so the codes equal those of quantizing the whole cache in one call.
+    chan-t<N> (KIVI-style, per channel over N tokens) quantizes a group of N tokens when its N-th
+    token arrives; until then those tokens stay as they were given (full precision). A per-tensor
+    scale needs the finished cache, so per-tensor schemes are refused.
+    """
+
+    def __init__(self, scheme, name="cache"):
+        self.scheme = scheme if isinstance(scheme, _core.Scheme) else _core.parse_scheme(scheme)
+        if self.scheme.granularity == "tensor":
+            raise _core.SchemeError(f"{self.scheme.name}: a per-tensor scale needs the whole cache, which quantize-on-"
+                                    "append does not have; use token, head, g<G> or chan-t<N> granularity")
+        self.name = name
+        self.tokens = 0       # tokens appended so far
+        self._pending = None  # appended tokens not quantized yet (chan-t<N>), as given
+        self._chunks = []     # QuantizeResult of each quantized run of tokens, in token order
+
+    @property
+    def quantized_tokens(self):
+        return self.tokens - (0 if self._pending is None else self._pending.shape[2])
+
+    def append(self, x):
+        """Appends x [B, H, t, D] (float16/32/64; float64 is rounded to float32 for the codec).
+
+        Returns (start, values): the cache's tokens start .. self.tokens - 1 as attention should read
+        them now, values [B, H, self.tokens - start, D]: dequantized where quantized, as given where
+        pending. start is the first new token, or earlier when a chan-t<N> group just filled and
+        its pending tokens were replaced by their quantized values."""
+        x = np.asarray(x)
+        if x.ndim != 4:
+            raise _core.InputError(f"{self.name}: expected new tokens [B, H, t, D], got shape {list(x.shape)}")
+        if self._pending is not None and (x.shape[:2] != self._pending.shape[:2] or x.shape[3] != self._pending.shape[3]):
+            raise _core.InputError(f"{self.name}: appended tokens have shape {list(x.shape)}, the cache has "
+                                   f"[B, H, D] = {[*self._pending.shape[:2], self._pending.shape[3]]}")
+        start = self.quantized_tokens
+        pending = x if self._pending is None else np.concatenate([self._pending, x], axis=2)
+        n = pending.shape[2]
+        ready = (n // self.scheme.group) * self.scheme.group if self.scheme.granularity == "channel" else n
+        values = np.empty(pending.shape, np.result_type(x.dtype, np.float32))
+        if ready:
+            chunk = _core.quantize(pending[:, :, :ready], self.scheme,
+                                   name=f"{self.name} (tokens {start}..{start + ready - 1}, t counted from {start})")
+            self._chunks.append(chunk)
+            values[:, :, :ready] = chunk.dequantized
+        values[:, :, ready:] = pending[:, :, ready:]
+        self._pending = pending[:, :, ready:].copy()
+        self.tokens += x.shape[2]
+        return start, values
+
+    def result(self):
+        """The quantized tokens so far as one QuantizeResult (None before any): the codes, scales
+        and zero points that quantizing those tokens in one call gives."""
+        if not self._chunks:
+            return None
+        scale_axis = 1 if self.scheme.granularity == "token" else 2  # token scales are [B, T]
+        codes = np.concatenate([c.codes for c in self._chunks], axis=2)
+        scales = np.concatenate([c.scales for c in self._chunks], axis=scale_axis)
+        zeros = None
+        if self.scheme.asymmetric:
+            zeros = np.concatenate([c.zero_points for c in self._chunks], axis=scale_axis)
+        return _core.QuantizeResult(codes, scales, zeros, scheme=self.scheme)
+
+
+class FloatStorage:
+    """A cache kept in a float format instead: 'fp32', 'fp16' or 'bf16' round each appended token
+    to it (round to nearest even, through float32); 'none' keeps the values exactly as given."""
+
+    BITS = {"fp32": 32, "fp16": 16, "bf16": 16}
+
+    def __init__(self, name):
+        if name not in ("none", *self.BITS):
+            raise _core.SchemeError(f"unknown cache storage '{name}': expected none, fp32, fp16, bf16 or a kvq scheme")
+        self.name = name
+        self.tokens = 0
+
+    def append(self, x):
+        """Same contract as AppendQuantizer.append: (start, values) of the new tokens."""
+        x = np.asarray(x)
+        start, self.tokens = self.tokens, self.tokens + x.shape[2]
+        if self.name == "none":
+            return start, x
+        return start, _core.round_to_format(x, self.name).astype(np.result_type(x.dtype, np.float32))
+
+
+def cache_storage(name, cache_name="cache"):
+    """What a K or V cache keeps: 'none', 'fp32', 'fp16', 'bf16' (FloatStorage) or a kvq scheme
+    name (AppendQuantizer). Both have append(x) -> (start, values)."""
+    if name == "none" or name in FloatStorage.BITS:
+        return FloatStorage(name)
+    return AppendQuantizer(name, cache_name)

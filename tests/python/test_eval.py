@@ -1,0 +1,188 @@
+"""kvq eval (experiments/kvq_eval.py) and the quantize-on-append cache (kvq.AppendQuantizer): an
+unquantized cache reproduces the reference exactly, perplexity and KL match hand computations,
+quantizing on append gives the codes of quantizing the whole cache, and the results feed
+`kvq recommend`. Runs on the bundled stories260K and on a random llama2.c model of another shape."""
+import csv
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kvq
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import kvq_eval  # noqa: E402
+
+TOKENIZER = os.path.join(ROOT, "data", "models", "stories260K", "tok512.bin")
+
+
+def kvq_cli(*args):
+    binary = os.environ.get("KVQ_BIN", os.path.join(ROOT, "build", "experiments", "kvq"))
+    return subprocess.run([binary, *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    return kvq_eval.Llama2cRunner(kvq_eval.BUNDLED_MODEL, TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def random_model(tmp_path_factory):
+    """A random llama2.c checkpoint unlike the bundled one: MQA (1 KV head of 4), head_dim 12, 2 layers,
+    its own output matrix (negative vocab in the header)."""
+    dim, hidden, layers, heads, kv_heads, vocab, seq_len = 48, 64, 2, 4, 1, 512, 64
+    head_dim = dim // heads
+    rng = np.random.default_rng(5)
+    sizes = [vocab * dim, layers * dim, layers * dim * dim, 2 * layers * kv_heads * head_dim * dim, layers * dim * dim,
+             layers * dim, 3 * layers * hidden * dim, dim, seq_len * head_dim, vocab * dim]
+    path = tmp_path_factory.mktemp("model") / "random.bin"
+    with open(path, "wb") as f:
+        f.write(struct.pack("7i", dim, hidden, layers, heads, kv_heads, -vocab, seq_len))
+        f.write((rng.standard_normal(sum(sizes)) * 0.3).astype(np.float32).tobytes())
+    return kvq_eval.Llama2cRunner(str(path), TOKENIZER)
+
+
+def test_perplexity_and_kl_by_hand():
+    # P(token 1 | pos 0) = 0.5, P(token 2 | pos 1) = 0.25: perplexity = exp((ln 2 + ln 4) / 2) = sqrt(8)
+    logits = np.log([[0.1, 0.5, 0.2, 0.2], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]])
+    assert kvq_eval.perplexity(logits + 3.0, [0, 1, 2]) == pytest.approx(np.sqrt(8), rel=1e-14)
+    # KL([.5, .5] || [.25, .75]) = 0.5 ln 2 + 0.5 ln(2/3) = 0.5 ln(4/3); second row identical: 0
+    ref, test = np.log([[0.5, 0.5], [0.3, 0.7]]), np.log([[0.25, 0.75], [0.3, 0.7]])
+    m = kvq_eval.compare_logits(ref, test, [0, 1])
+    assert m["kld_mean"] == pytest.approx(0.25 * np.log(4 / 3), rel=1e-12)
+    assert m["kld_max"] == pytest.approx(0.5 * np.log(4 / 3), rel=1e-12)
+    assert m["top1_agreement"] == 0.5  # argmax 0 vs 1, then 1 vs 1
+    assert m["ppl_ref"] == pytest.approx(1 / 0.5) and m["ppl"] == pytest.approx(1 / 0.75)
+
+
+@pytest.mark.parametrize("model", ["bundled", "random_model"])
+def test_unquantized_cache_is_exactly_the_reference(request, model):
+    runner = request.getfixturevalue(model)
+    tokens = runner.tokenize("Once upon a time, a cat sat in the sun.")[:24]
+    rows = kvq_eval.evaluate(runner, tokens, [("none", "none"), ("fp32", "fp32"), ("int8-head", "none")],
+                             log=lambda *_: None)
+    exact, fp32, int8 = rows
+    assert (exact["kld_mean"], exact["kld_max"], exact["ppl_delta"], exact["top1_agreement"]) == (0.0, 0.0, 0.0, 1.0)
+    assert exact["out_rel_l2_mean"] == 0.0
+    assert fp32["kld_max"] != 0 and abs(fp32["kld_mean"]) < 1e-8  # fp64 K/V rounded to fp32: tiny, not zero
+    assert fp32["kld_max"] < int8["kld_max"]
+    assert int8["kv_bits_per_element"] == (8 + 16 / runner.head_dim + 32) / 2 and int8["out_rel_l2_mean"] > 0
+
+
+class RecordingCache(kvq_eval.StorageCache):
+    """Keeps what each layer's storage was given, to quantize it again in one call."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.given = [([], []) for _ in self.storages]
+
+    def append(self, layer, pos, k, v):
+        self.given[layer][0].append(k[None, :, None, :].astype(np.float32))
+        self.given[layer][1].append(v[None, :, None, :].astype(np.float32))
+        return super().append(layer, pos, k, v)
+
+
+@pytest.mark.parametrize("scheme", ["int8-head", "int4-g4-asym", "int8-token-asym-fp32", "int4-g6",
+                                    "int4-chan-t5-asym", "int8-chan-t8"])
+@pytest.mark.parametrize("model", ["bundled", "random_model"])
+def test_append_gives_the_codes_of_quantizing_the_whole_cache(request, model, scheme):
+    runner = request.getfixturevalue(model)
+    if "g6" in scheme and runner.head_dim % 6:
+        pytest.skip(f"g6 does not divide head_dim {runner.head_dim}")
+    m = runner.model
+    tokens = runner.tokenize("The dog ran to the park and found a big red ball.")[:23]
+    cache = RecordingCache(m, len(tokens), scheme, scheme)
+    for pos, t in enumerate(tokens):
+        kvq_eval.capture_llama2c.forward(m, t, pos, cache)
+    for layer, (storages, given) in enumerate(zip(cache.storages, cache.given)):
+        for storage, inputs, stored in zip(storages, given, (cache.k[layer], cache.v[layer])):
+            whole = np.concatenate(inputs, axis=2)  # [1, H, T, D] as appended
+            n = storage.quantized_tokens
+            assert n == (len(tokens) // storage.scheme.group * storage.scheme.group
+                         if storage.scheme.granularity == "channel" else len(tokens))
+            want, got = kvq.quantize(whole[:, :, :n], scheme), storage.result()
+            assert got.codes.tobytes() == want.codes.tobytes()
+            assert got.scales.tobytes() == want.scales.tobytes()
+            if want.zero_points is not None:
+                assert got.zero_points.tobytes() == want.zero_points.tobytes()
+            # attention read the dequantized tokens, and the pending ones exactly as computed
+            np.testing.assert_array_equal(stored[:, :n], want.dequantized[0])
+            np.testing.assert_array_equal(stored[:, n:].astype(np.float32), whole[0, :, n:])
+
+
+def test_append_quantizer_chunks_and_pending_tokens():
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 17, 6)) * 4  # float64, B=2, D=6: unlike any model here
+    a = kvq.AppendQuantizer("int4-chan-t4-asym", "test K")
+    seen, stored = 0, np.zeros_like(x)
+    for size in (1, 3, 2, 5, 6):
+        start, values = a.append(x[:, :, seen:seen + size])
+        assert values.dtype == np.float64 and start == seen // 4 * 4
+        seen += size
+        stored[:, :, start:seen] = values
+        assert a.tokens == seen and a.quantized_tokens == seen // 4 * 4
+    whole = kvq.quantize(x[:, :, :16], "int4-chan-t4-asym")
+    np.testing.assert_array_equal(stored[:, :, :16], whole.dequantized)
+    np.testing.assert_array_equal(stored[:, :, 16:], x[:, :, 16:])  # the pending token, untouched
+    assert a.result().codes.tobytes() == whole.codes.tobytes()
+    with pytest.raises(kvq.SchemeError, match="per-tensor scale needs the whole cache"):
+        kvq.AppendQuantizer("int8-tensor")
+    with pytest.raises(kvq.InputError, match=r"test K: appended tokens have shape \[2, 4, 1, 6\]"):
+        a.append(np.zeros((2, 4, 1, 6)))
+    with pytest.raises(kvq.InputError, match=r"^V \(tokens 3\.\.4, t counted from 3\): non-finite value nan at \[0, 0, 0, 0\]"):
+        b = kvq.AppendQuantizer("int8-head", "V")
+        b.append(x[:, :, :3])
+        b.append(np.where(np.arange(6) == 0, np.nan, 1.0) * np.ones((2, 3, 2, 6)))
+
+
+def test_float_storages():
+    x = np.array([1 + 2.0 ** -9, 1 + 2.0 ** -8 + 2.0 ** -20, 3.1415926535, 70000.0]).reshape(1, 1, 1, 4)
+    start, bf16 = kvq.cache_storage("bf16").append(x)
+    assert start == 0 and bf16.ravel().tolist() == [1.0, 1.0078125, 3.140625, 70144.0]
+    _, fp16 = kvq.cache_storage("fp16").append(x)
+    assert fp16.ravel()[:3].tolist() == [1.001953125, 1.00390625, 3.140625] and np.isinf(fp16.ravel()[3])
+    _, none = kvq.cache_storage("none").append(x)
+    assert none is x
+    with pytest.raises(kvq.SchemeError, match="unknown scheme 'int3-head'"):
+        kvq.cache_storage("int3-head")
+
+
+def test_cli_writes_results_and_recommend_ranks_them(tmp_path):
+    out = tmp_path / "eval"
+    assert kvq_eval.main(["--max-tokens", "40", "--k", "int8-head,int4-chan-t8-asym", "--v", "int8-token,bf16",
+                          "--out", str(out)]) == 0
+    with open(out / "eval.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["k_scheme"], r["v_scheme"]) for r in rows] == [
+        ("int8-head", "int8-token"), ("int8-head", "bf16"), ("int4-chan-t8-asym", "int8-token"),
+        ("int4-chan-t8-asym", "bf16")]
+    assert all(r["tokens"] == "40" and r["source"] == "llama2.c:stories260K" for r in rows)
+    meta = json.load(open(out / "eval.json"))[0]
+    assert meta["command"] == "eval" and meta["pairs"] == 4 and os.path.getsize(out / "eval.png") > 10000
+
+    budget = sorted(float(r["kld_mean"]) for r in rows)[1]  # two pairs within budget
+    r = kvq_cli("recommend", out / "eval.csv", "--max-kld", budget)
+    assert r.returncode == 0, r.stderr
+    within = [row for row in rows if float(row["kld_mean"]) <= budget]
+    best = min(within, key=lambda row: (float(row["k_bytes_per_token_head"]) + float(row["v_bytes_per_token_head"]),
+                                        float(row["kld_mean"])))
+    assert f"K {best['k_scheme']}, V {best['v_scheme']}" in r.stdout.splitlines()[-1]
+    ranks = [line.split()[1:3] for line in r.stdout.splitlines()[2:6]]
+    assert ranks == [[row["k_scheme"], row["v_scheme"]] for row in sorted(rows, key=lambda row: float(row["kld_mean"]))]
+    assert kvq_cli("recommend", out / "eval.csv", "--max-rel-l2", "0.1").returncode == 3
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--k", "int8-tensor"], "per-tensor scale needs the whole cache"),
+    (["--k", "int4-g3"], "int4-g3: group size 3 does not divide head_dim 8"),
+    (["--v", "int5-head"], "unknown scheme 'int5-head'"),
+])
+def test_bad_pairs_are_refused_before_running(tmp_path, capsys, args, message):
+    assert kvq_eval.main(args + ["--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "eval.csv").exists()
