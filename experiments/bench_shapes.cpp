@@ -123,7 +123,8 @@ BenchCaches::BenchCaches(const DecodeShape& sh, const BenchStorage& st, const De
 }
 
 DecodeTiming time_decode(const DecodeVariant& variant, const DecodeShape& sh, const BenchStorage& st,
-                         const BenchCaches& caches, const DeviceInfo& dev, int reps, int calls_per_graph) {
+                         const BenchCaches& caches, const DeviceInfo& dev, int reps, int calls_per_graph,
+                         int forced_splits) {
   // Queries vary (a constant query gives every key the same score, and the softmax max never moves).
   std::vector<float> q(static_cast<size_t>(sh.batch * sh.q_heads * sh.head_dim));
   uint32_t state = 12345u;
@@ -132,7 +133,7 @@ DecodeTiming time_decode(const DecodeVariant& variant, const DecodeShape& sh, co
   std::vector<DecodeParams> planned;
   for (int s = 0; s < caches.sets(); ++s) {
     run.set_cache(st.format, caches.k(s), caches.v(s));
-    planned.push_back(run.plan(variant, dev.sm_count));
+    planned.push_back(run.plan(variant, dev.sm_count, forced_splits));
   }
   DecodeTiming out;
   out.planned = planned[0];

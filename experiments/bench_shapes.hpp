@@ -60,8 +60,10 @@ struct DecodeTiming {
   std::string skipped;  // why the variant cannot run this storage (then nothing was timed)
 };
 
-// Times `variant` over the rotating `caches` (graph replays, `calls_per_graph` calls per graph).
+// Times `variant` over the rotating `caches` (graph replays, `calls_per_graph` calls per graph);
+// forced_splits > 0 replaces the split heuristic (split-K variants).
 DecodeTiming time_decode(const DecodeVariant& variant, const DecodeShape& shape, const BenchStorage& storage,
-                         const BenchCaches& caches, const DeviceInfo& dev, int reps, int calls_per_graph);
+                         const BenchCaches& caches, const DeviceInfo& dev, int reps, int calls_per_graph,
+                         int forced_splits = 0);
 
 }  // namespace kvq

@@ -25,7 +25,7 @@ namespace {
 
 struct BenchArgs {
   std::string csv = "results/bench/decode.csv", peers, variant = ".", schemes = kBenchStorages, shapes = ".";
-  int reps = 50, calls_per_graph = 8;
+  int reps = 50, calls_per_graph = 8, splits = 0;  // splits 0: the heuristic
 };
 
 const char* kColumns =
@@ -127,7 +127,7 @@ int run_bench(const BenchArgs& a) {
     for (const BenchStorage& st : storages) {
       BenchCaches caches(sh, st, dev);
       for (const DecodeVariant* v : variants) {
-        const DecodeTiming timed = time_decode(*v, sh, st, caches, dev, a.reps, a.calls_per_graph);
+        const DecodeTiming timed = time_decode(*v, sh, st, caches, dev, a.reps, a.calls_per_graph, a.splits);
         if (!timed.skipped.empty()) {
           fmt::print("{:<8} {:>4} {:>3} {:>3} {:>6} {:<17} {:<28} skipped: {}\n", sh.group, sh.batch, sh.q_heads,
                      sh.kv_heads, sh.tokens, v->name, st.name, timed.skipped);
@@ -180,6 +180,9 @@ std::vector<Command> add_bench_command(CLI::App& parent) {
       ->capture_default_str();
   bench->add_option("--shapes", a->shapes, "Regex over shape names (seed000, seed002, llama8b)")->capture_default_str();
   bench->add_option("--reps", a->reps, "Timed graph replays per case")->capture_default_str()->check(CLI::Range(30, 100000));
+  bench->add_option("--splits", a->splits, "Key splits for the split-K variants (0: each variant's heuristic)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, kMaxSplits));
   bench->add_option("--calls-per-graph", a->calls_per_graph, "Decode calls captured per graph")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
