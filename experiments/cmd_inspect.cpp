@@ -10,6 +10,7 @@
 
 #include "data/dump.hpp"
 #include "experiments/commands.hpp"
+#include "experiments/dump_check.hpp"
 
 namespace kvq {
 namespace {
@@ -48,7 +49,7 @@ void print_stats_row(const std::string& layer, const char* name, const TensorSta
 }
 
 int run(const std::string& path) {
-  const DumpInfo info = open_dump(path);
+  const DumpInfo info = open_dump_checked(path);
   const auto [min_len, max_len] = std::minmax_element(info.seq_lens.begin(), info.seq_lens.end());
   fmt::print("file        {}\nschema      {}\nsource      {}\ncreated_by  {}\nrope        {} (K is {})\n", path,
              info.schema, info.source, info.created_by, info.rope,

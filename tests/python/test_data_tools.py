@@ -92,7 +92,7 @@ def test_cpp_written_bf16_dump_reads_in_h5py(tmp_path):
             "--layers", "2")
     assert r.returncode == 0, r.stderr
     with h5py.File(out) as f:
-        assert f.attrs["source"].startswith("synthetic:llm-shaped(seed=0,")
+        assert kvq_dump.text(f.attrs["source"]).startswith("synthetic:llm-shaped(seed=0,")
         k = f["layers/1/k"].astype("float32")[...]
         raw = np.empty(k.shape, np.uint16)
         f["layers/1/k"].id.read(h5py.h5s.ALL, h5py.h5s.ALL, raw, mtype=f["layers/1/k"].id.get_type())
