@@ -106,6 +106,10 @@ int run(const SweepArgs& a) {
         notes.push_back(fmt::format("note: {} has layers without decode queries (q): their attention metrics need Q; "
                                     "they get reconstruction metrics only", path));
       nlohmann::json used = nlohmann::json::array();
+      auto record = [&] {
+        return nlohmann::json{{"file", path}, {"sha256", sha256}, {"source", info.source}, {"rope", info.rope},
+                              {"layers", used.dump()}};
+      };
       for (size_t i : select_layers(info, a.layers)) {
         const LayerInfo& li = info.layers[i];
         const std::string where = fmt::format("{}: /layers/{}", path, li.name);
@@ -126,11 +130,12 @@ int run(const SweepArgs& a) {
         used.push_back(li.index);
         std::vector<SweepRow> so_far = rows;
         so_far.insert(so_far.end(), dump_rows.begin(), dump_rows.end());
-        write_results(so_far, sources, false);
+        nlohmann::json so_far_sources = sources;
+        so_far_sources.push_back(record());
+        write_results(so_far, so_far_sources, false);
       }
       rows.insert(rows.end(), dump_rows.begin(), dump_rows.end());
-      sources.push_back({{"file", path}, {"sha256", sha256}, {"source", info.source}, {"rope", info.rope},
-                         {"layers", used.dump()}});
+      sources.push_back(record());
     } catch (const InputError& e) {
       failed.push_back({e.what(), dynamic_cast<const CorruptFileError*>(&e) != nullptr});
       sources.push_back({{"file", path}, {"error", e.what()}});

@@ -51,6 +51,15 @@ std::vector<DumpDecodeCase> dump_decode_cases(const KvLayer& layer, const std::s
       const auto kv_begin = static_cast<std::ptrdiff_t>(e.batch * entry_kv);
       c.k.insert(c.k.end(), layer.k.begin() + kv_begin, layer.k.begin() + kv_begin + entry_kv);
       c.v.insert(c.v.end(), layer.v.begin() + kv_begin, layer.v.begin() + kv_begin + entry_kv);
+      // Keys past the query's position are this problem's padding: zero, since the dump's own
+      // padding may hold anything (NaN too) and a quantizer rejects non-finite input.
+      for (int64_t h = 0; h < kv.heads; ++h) {
+        const auto from = c.k.size() - static_cast<size_t>(entry_kv) +
+                          static_cast<size_t>((h * kv.tokens + e.position + 1) * kv.head_dim);
+        const auto to = c.k.size() - static_cast<size_t>(entry_kv) + static_cast<size_t>((h + 1) * kv.tokens * kv.head_dim);
+        std::fill(c.k.begin() + static_cast<std::ptrdiff_t>(from), c.k.begin() + static_cast<std::ptrdiff_t>(to), 0.0f);
+        std::fill(c.v.begin() + static_cast<std::ptrdiff_t>(from), c.v.begin() + static_cast<std::ptrdiff_t>(to), 0.0f);
+      }
       for (int64_t h = 0; h < qs.heads; ++h) {
         const auto row = static_cast<std::ptrdiff_t>(((e.batch * qs.heads + h) * tq + e.q_row) * kv.head_dim);
         c.q.insert(c.q.end(), layer.q.begin() + row, layer.q.begin() + row + kv.head_dim);

@@ -29,7 +29,7 @@ struct DumpDecodeCase {
   DecodeShape shape;  // B' queries, the layer's Hq, Hkv, T and D
   std::vector<DumpQuery> queries;  // [B']
   std::vector<int32_t> seq_lens;   // [B']: position + 1
-  std::vector<float> k, v;         // [B', Hkv, T, D]: the source entry's K/V
+  std::vector<float> k, v;         // [B', Hkv, T, D]: the source entry's K/V, zero past the position
   std::vector<float> q;            // [B', Hq, D]
   bool alibi = false;
   double softmax_scale = 0.0;  // 0: 1 / sqrt(D)

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -80,6 +81,7 @@ TEST_CASE("real-dump decode cases for any dump shape reproduce the dump's own qu
               REQUIRE(c.seq_lens.size() == c.queries.size());
               REQUIRE(c.k.size() == static_cast<size_t>(s.batch * 2 * tokens * head_dim));
               REQUIRE(c.q.size() == static_cast<size_t>(s.batch * 6 * head_dim));
+              CHECK(std::all_of(c.k.begin(), c.k.end(), [](float x) { return std::isfinite(x); }));  // padding zeroed
               std::set<std::pair<int64_t, int64_t>> seen;
               for (size_t i = 0; i < c.queries.size(); ++i) {
                 const DumpQuery& e = c.queries[i];
