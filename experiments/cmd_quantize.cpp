@@ -47,8 +47,12 @@ int run(const QuantizeArgs& a) {
   const DumpInfo info = open_dump_checked(a.in, a.layers);
   const std::vector<size_t> layers = select_layers(info, a.layers);
   for (const LayerInfo& l : info.layers) {  // before the output file exists
-    check_scheme_fits(k_scheme, static_cast<int>(l.head_dim));
-    check_scheme_fits(v_scheme, static_cast<int>(l.head_dim));
+    try {
+      check_scheme_fits(k_scheme, static_cast<int>(l.head_dim));
+      check_scheme_fits(v_scheme, static_cast<int>(l.head_dim));
+    } catch (const SchemeError& e) {
+      throw SchemeError(fmt::format("{}: /layers/{}: {}", a.in, l.name, e.what()));
+    }
   }
   H5Writer f(a.out);
   f.set_attr("/", "kvq_quantized", int64_t{1});

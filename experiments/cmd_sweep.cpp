@@ -59,6 +59,8 @@ void write_atomically(const std::string& path, Write&& write) {
 }
 
 int run(const SweepArgs& a) {
+  for (const std::string& list : {a.k_schemes, a.v_schemes})  // unknown names: before any work
+    if (!list.empty()) parse_scheme_list(list);
   std::vector<SweepRow> rows;
   nlohmann::json sources = nlohmann::json::array();
   std::vector<std::string> notes;
@@ -137,8 +139,10 @@ int run(const SweepArgs& a) {
       rows.insert(rows.end(), dump_rows.begin(), dump_rows.end());
       sources.push_back(record());
     } catch (const InputError& e) {
-      failed.push_back({e.what(), dynamic_cast<const CorruptFileError*>(&e) != nullptr});
-      sources.push_back({{"file", path}, {"error", e.what()}});
+      std::string message = e.what();  // e.g. a scheme that does not fit this dump's head_dim
+      if (message.rfind(path, 0) != 0) message = path + ": " + message;
+      failed.push_back({message, dynamic_cast<const CorruptFileError*>(&e) != nullptr});
+      sources.push_back({{"file", path}, {"error", message}});
     }
   }
   progress("");
