@@ -104,9 +104,6 @@ int run(const SweepArgs& a) {
     try {
       const DumpInfo info = open_dump_checked(path, a.layers);
       const std::string sha256 = file_sha256(path);
-      if (std::any_of(info.layers.begin(), info.layers.end(), [](const LayerInfo& l) { return !l.q; }))
-        notes.push_back(fmt::format("note: {} has layers without decode queries (q): their attention metrics need Q; "
-                                    "they get reconstruction metrics only", path));
       nlohmann::json used = nlohmann::json::array();
       auto record = [&] {
         return nlohmann::json{{"file", path}, {"sha256", sha256}, {"source", info.source}, {"rope", info.rope},
@@ -138,6 +135,9 @@ int run(const SweepArgs& a) {
       }
       rows.insert(rows.end(), dump_rows.begin(), dump_rows.end());
       sources.push_back(record());
+      if (std::any_of(info.layers.begin(), info.layers.end(), [](const LayerInfo& l) { return !l.q; }))
+        notes.push_back(fmt::format("note: {} has layers without decode queries (q): their attention metrics need Q; "
+                                    "they get reconstruction metrics only", path));
     } catch (const InputError& e) {
       std::string message = e.what();  // e.g. a scheme that does not fit this dump's head_dim
       if (message.rfind(path, 0) != 0) message = path + ": " + message;
@@ -179,7 +179,10 @@ int run(const SweepArgs& a) {
       if (r.has_attention)
         results.push_back({r.source, r.layer, to_string(r.schemes.k), to_string(r.schemes.v),
                            r.k_bytes_per_token_head + r.v_bytes_per_token_head, r.output.rel_l2_mean});
-    if (results.empty()) throw InputError("sweep --max-rel-l2: no layer had decode queries, which the budget needs");
+    if (results.empty()) {
+      report_failures();
+      throw InputError("sweep --max-rel-l2: no layer had decode queries, which the budget needs");
+    }
     fmt::print("\n");
     print_recommendations(recommend(results, a.max_rel_l2), "out_rel_l2_mean", a.max_rel_l2, stdout);
   }
