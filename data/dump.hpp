@@ -19,6 +19,13 @@ struct DumpError : InputError {
   using InputError::InputError;
 };
 
+// The file itself is damaged: HDF5 cannot read it (a checksum mismatch, truncation, a broken
+// structure), or reading it crashed or hung the process that checked it (experiments/dump_check.hpp).
+// The command line exits with code 4 for these, 3 for other bad input.
+struct CorruptFileError : DumpError {
+  using DumpError::DumpError;
+};
+
 enum class StoredDtype { kFp16, kBf16, kFp32 };
 std::string to_string(StoredDtype dtype);  // float16, bfloat16, float32
 StoredDtype parse_stored_dtype(const std::string& name);
@@ -53,8 +60,14 @@ struct DumpInfo {
 DumpInfo open_dump(const std::string& path);
 
 // Layer `layer` (position in info.layers) for batches [batch_begin, batch_begin + batch_count);
-// batch_count < 0 means to the end. Values are converted exactly to fp32.
+// batch_count < 0 means to the end. Values are converted exactly to fp32. A range that needs more
+// memory than the machine has is a DumpError (a corrupt file may declare any size).
 KvLayer read_layer(const DumpInfo& info, size_t layer, int64_t batch_begin = 0, int64_t batch_count = -1);
+
+// A non-finite decode query is an InputError naming the file, the dataset and the first index
+// ("x.h5: /layers/3/q: non-finite value nan at [b, h, i, d] ..."): Q gets K and V's policy.
+// `values` is layer `layer` of `info`, read whole (batch 0 first).
+void check_finite_queries(const DumpInfo& info, size_t layer, const KvLayer& values);
 
 // Positions in info.layers of the layers whose index is in `indices` (all when it is empty);
 // throws DumpError when none matches.

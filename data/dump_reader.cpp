@@ -6,8 +6,11 @@
 #include <cmath>
 #include <filesystem>
 
+#include <unistd.h>
+
 #include "data/dump.hpp"
 #include "data/hdf5_types.hpp"
+#include "quant/kv_tensor.hpp"
 
 namespace kvq {
 
@@ -29,6 +32,16 @@ StoredDtype parse_stored_dtype(const std::string& name) {
 
 namespace {
 
+// No real K/V/Q tensor comes near this (2^48 fp16 values = 512 TiB); a corrupt or hostile file may
+// declare anything, and products of its dimensions must not overflow.
+constexpr int64_t kMaxTensorElements = int64_t{1} << 48;
+
+// Bytes of physical memory, to refuse reads that cannot fit before allocating them.
+double physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+}
+
 // Messages read "<file>: <object>: <problem>".
 class Reader {
  public:
@@ -38,13 +51,17 @@ class Reader {
     throw DumpError(where.empty() ? fmt::format("{}: {}", path_, problem) : fmt::format("{}: {}: {}", path_, where, problem));
   }
 
-  // Runs HDF5 calls; any HDF5 failure becomes a DumpError about `where`.
+  // Runs HDF5 calls; any HDF5 failure becomes a CorruptFileError about `where`, with the reason
+  // HDF5 gives (checksum mismatch, truncation, ...).
   template <typename F>
   auto guarded(const std::string& where, const char* doing, F&& f) const -> decltype(f()) {
+    h5::clear_failures();
     try {
       return f();
     } catch (const H5::Exception&) {
-      fail(where, fmt::format("cannot {} (the file is truncated or corrupt)", doing));
+      const std::string problem = fmt::format("cannot {} ({})", doing, h5::failure_reason());
+      throw CorruptFileError(where.empty() ? fmt::format("{}: {}", path_, problem)
+                                           : fmt::format("{}: {}: {}", path_, where, problem));
     }
   }
 
@@ -140,8 +157,12 @@ class Reader {
     TensorInfo info{where, shape_of(ds, where), StoredDtype::kFp32};
     if (info.shape.size() != 4)
       fail(where, fmt::format("expected rank 4 {}, got rank {} [{}]", dims_doc, info.shape.size(), fmt::join(info.shape, ", ")));
-    for (int64_t d : info.shape)
+    int64_t elements = 1;
+    for (int64_t d : info.shape) {
       if (d == 0) fail(where, fmt::format("zero-size dimension in shape [{}]", fmt::join(info.shape, ", ")));
+      if (d < 0 || __builtin_mul_overflow(elements, d, &elements) || elements > kMaxTensorElements)
+        fail(where, fmt::format("shape [{}] declares more than 2^48 elements", fmt::join(info.shape, ", ")));
+    }
     const H5::DataType type = guarded(where, "read the datatype", [&] { return ds.getDataType(); });
     const auto dtype = h5::stored_dtype_of(type);
     if (!dtype) fail(where, fmt::format("expected float16, bfloat16 or float32, got {}", h5::describe(type)));
@@ -237,7 +258,7 @@ std::vector<int32_t> read_int_dataset(const Reader& r, const H5::DataSet& ds, co
 }  // namespace
 
 DumpInfo open_dump(const std::string& path) {
-  H5::Exception::dontPrint();
+  h5::record_failures();
   const Reader r(path);
   const H5::H5File file = r.open();
   DumpInfo info;
@@ -288,7 +309,7 @@ DumpInfo open_dump(const std::string& path) {
 }
 
 KvLayer read_layer(const DumpInfo& info, size_t layer, int64_t batch_begin, int64_t batch_count) {
-  H5::Exception::dontPrint();
+  h5::record_failures();
   const Reader r(info.path);
   if (layer >= info.layers.size())
     throw DumpError(fmt::format("{}: layer position {} is out of range (the dump has {} layers)", info.path, layer,
@@ -298,6 +319,13 @@ KvLayer read_layer(const DumpInfo& info, size_t layer, int64_t batch_begin, int6
     throw DumpError(fmt::format("{}: batch range [{}, {}) is outside [0, B={})", info.path, batch_begin,
                                 batch_begin + batch_count, info.batch));
   const LayerInfo& li = info.layers[layer];
+  // K and V as fp32 plus Q, and the 16-bit staging copy of the largest.
+  const double per_entry = static_cast<double>(li.k.shape[1] * li.k.shape[2] * li.k.shape[3]) * 2 * 4 +
+                           (li.q ? static_cast<double>(li.q->shape[1] * li.q->shape[2] * li.q->shape[3]) * 4 : 0.0);
+  const double need = per_entry * static_cast<double>(batch_count) * 1.25, have = physical_memory_bytes();
+  if (have > 0 && need > have)
+    r.fail(li.k.dataset, fmt::format("layer {} ({} batch entries) needs {:.3g} GiB in memory, more than this "
+                                     "machine's {:.3g} GiB", li.index, batch_count, need / (1 << 30), have / (1 << 30)));
   const H5::H5File file = r.open();
 
   // Rows [batch_begin, batch_begin + batch_count) of a rank-4 dataset, by hyperslab.
@@ -330,6 +358,12 @@ KvLayer read_layer(const DumpInfo& info, size_t layer, int64_t batch_begin, int6
   return out;
 }
 
+void check_finite_queries(const DumpInfo& info, size_t layer, const KvLayer& values) {
+  if (!values.has_queries()) return;
+  check_finite(KvView::bnsh(values.q.data(), values.q_shape),
+               fmt::format("{}: /layers/{}/q", info.path, info.layers.at(layer).name), "attention needs finite queries");
+}
+
 std::vector<size_t> select_layers(const DumpInfo& info, const std::vector<int>& indices) {
   std::vector<size_t> out;
   for (size_t i = 0; i < info.layers.size(); ++i)
@@ -342,7 +376,7 @@ std::vector<size_t> select_layers(const DumpInfo& info, const std::vector<int>& 
 }
 
 std::vector<int32_t> read_tokens(const DumpInfo& info) {
-  H5::Exception::dontPrint();
+  h5::record_failures();
   const Reader r(info.path);
   if (!info.has_tokens) r.fail("/tokens", "missing dataset (this dump has no token ids)");
   const H5::H5File file = r.open();

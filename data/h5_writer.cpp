@@ -2,11 +2,28 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "data/hdf5_types.hpp"
 
 namespace kvq {
+namespace {
+
+// Chunks of at most 1 MiB: whole trailing dimensions, one partial, then 1s (a [B, H, T, D] tensor
+// gets [1, 1, t, D] chunks, so a batch range reads whole chunks). data/kvq_dump.py chooses alike.
+std::vector<hsize_t> chunk_dims(const std::vector<hsize_t>& dims, size_t element_bytes) {
+  std::vector<hsize_t> chunk(dims.size(), 1);
+  hsize_t budget = std::max<hsize_t>(1, (hsize_t{1} << 20) / element_bytes);
+  for (size_t i = dims.size(); i-- > 0;) {
+    chunk[i] = std::min(dims[i], budget);
+    budget /= chunk[i];
+    if (chunk[i] < dims[i] || budget <= 1) break;
+  }
+  return chunk;
+}
+
+}  // namespace
 
 struct H5Writer::Impl {
   std::string path;
@@ -32,8 +49,16 @@ struct H5Writer::Impl {
     const std::vector<hsize_t> h(dims.begin(), dims.end());
     H5::LinkCreatPropList lcpl;
     lcpl.setCreateIntermediateGroup(true);
-    return file->createDataSet(dataset, type, H5::DataSpace(static_cast<int>(h.size()), h.data()),
-                               H5::DSetCreatPropList::DEFAULT, H5::DSetAccPropList::DEFAULT, lcpl);
+    // Every payload carries a Fletcher32 checksum, verified on read (a filter: chunked storage).
+    // Empty datasets cannot be chunked, and have nothing to check.
+    H5::DSetCreatPropList dcpl;
+    if (n > 0 && !h.empty()) {
+      const std::vector<hsize_t> chunk = chunk_dims(h, type.getSize());
+      dcpl.setChunk(static_cast<int>(chunk.size()), chunk.data());
+      dcpl.setFletcher32();
+    }
+    return file->createDataSet(dataset, type, H5::DataSpace(static_cast<int>(h.size()), h.data()), dcpl,
+                               H5::DSetAccPropList::DEFAULT, lcpl);
   }
 
   H5::Attribute create_attr(const std::string& object, const std::string& name, const H5::DataType& type) {
@@ -47,7 +72,11 @@ struct H5Writer::Impl {
 H5Writer::H5Writer(const std::string& path) : impl_(new Impl{path, {}}) {
   H5::Exception::dontPrint();
   try {
-    impl_->file.emplace(path, H5F_ACC_TRUNC);
+    // The HDF5 1.10 file format: checksummed superblock, object headers and indices, so a damaged
+    // file is a checksum error on read rather than garbage or a crash.
+    H5::FileAccPropList fapl;
+    fapl.setLibverBounds(H5F_LIBVER_V110, H5F_LIBVER_V110);
+    impl_->file.emplace(path, H5F_ACC_TRUNC, H5::FileCreatPropList::DEFAULT, fapl);
   } catch (const H5::Exception&) {
     throw DumpError(fmt::format("{}: cannot create the file (does the directory exist and is it writable?)", path));
   }
@@ -102,8 +131,11 @@ void H5Writer::write_bytes(const std::string& dataset, const std::vector<int64_t
 
 void H5Writer::set_attr(const std::string& object, const std::string& name, const std::string& value) {
   impl_->guarded(object + " attribute " + name, [&] {
-    H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);  // h5py reads variable-length UTF-8 as str
+    // Fixed-length: the text sits in the checksummed object header. (Variable-length strings live in
+    // the global heap, which has no checksum: a flipped byte there crashes HDF5 or goes unnoticed.)
+    H5::StrType type(H5::PredType::C_S1, std::max<size_t>(1, value.size()));
     type.setCset(H5T_CSET_UTF8);
+    type.setStrpad(H5T_STR_NULLPAD);
     impl_->create_attr(object, name, type).write(type, value);
   });
 }

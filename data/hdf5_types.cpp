@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+
 #include "quant/float_formats.hpp"
 
 namespace kvq::h5 {
@@ -45,7 +47,44 @@ H5::FloatType little_endian(const H5::DataType& type) {
   return copy;
 }
 
+struct Failures {
+  bool checksum = false, version = false, truncated = false;
+};
+thread_local Failures recorded;
+hid_t version_error = -1, truncated_error = -1;  // minor error ids, looked up outside the callback
+
+herr_t record_failure(hid_t stack, void*) {
+  auto visit = [](unsigned, const H5E_error2_t* e, void*) -> herr_t {
+    const std::string desc = e->desc ? e->desc : "";
+    recorded.checksum = recorded.checksum || desc.find("checksum") != std::string::npos;
+    recorded.version = recorded.version || e->min_num == version_error;
+    recorded.truncated = recorded.truncated || e->min_num == truncated_error;
+    return 0;
+  };
+  H5Ewalk2(stack, H5E_WALK_DOWNWARD, visit, nullptr);
+  return 0;
+}
+
 }  // namespace
+
+void record_failures() {
+  version_error = H5E_VERSION, truncated_error = H5E_TRUNCATED;
+  H5Eset_auto2(H5E_DEFAULT, record_failure, nullptr);
+  // Off again before HDF5 shuts down (its atexit handler runs after ours): a callback still set
+  // then makes its shutdown loop ("HDF5: infinite loop closing library") after a corrupt file.
+  static const bool registered = std::atexit([] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }) == 0;
+  (void)registered;
+}
+
+void clear_failures() { recorded = {}; }
+
+std::string failure_reason() {
+  const Failures found = recorded;
+  if (found.checksum) return "checksum mismatch: the file is corrupt";
+  if (found.truncated) return "the file is truncated";
+  if (found.version) return "an object version HDF5 1.10 cannot read: corrupt, or written by a newer HDF5 with libver='latest'";
+  return "the file is truncated or corrupt";
+}
 
 H5::FloatType file_type(StoredDtype dtype) {
   if (dtype == StoredDtype::kFp32) return H5::FloatType(H5::PredType::IEEE_F32LE);

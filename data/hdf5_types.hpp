@@ -20,6 +20,16 @@ std::optional<StoredDtype> stored_dtype_of(const H5::DataType& type);
 // A readable name for an HDF5 type in messages: "float64", "int32", "float (2 bytes, fields ...)".
 std::string describe(const H5::DataType& type);
 
+// Turns off HDF5's printing of its error stack and instead records why calls fail, for
+// failure_reason(). (By the time a C++ exception is caught, destructors' HDF5 calls have cleared the
+// stack, so it is read as the failing call returns.)
+void record_failures();
+// Forgets the recorded failures; call before a guarded group of HDF5 calls.
+void clear_failures();
+// Why HDF5 calls failed since clear_failures(), for messages: "checksum mismatch: the file is
+// corrupt", "the file is truncated", "... newer HDF5 format", else "the file is truncated or corrupt".
+std::string failure_reason();
+
 // Reads `count` values of `dataset` (selection `file_space`, or all) into fp32, exactly.
 std::vector<float> read_as_float(const H5::DataSet& dataset, StoredDtype dtype, const H5::DataSpace& mem_space,
                                  const H5::DataSpace& file_space, size_t count);

@@ -3,12 +3,55 @@
 bfloat16 has no HDF5 or numpy type: kvq declares it as an HDF5 float type with bfloat16's layout
 (sign bit 15, 8 exponent bits at 7 with bias 127, 7 mantissa bits). h5py reads such a dataset as
 float32 (HDF5 converts exactly); `write_dump(..., dtype="bfloat16")` writes one.
+
+Files are written in the HDF5 1.10 format (checksummed metadata) with every dataset chunked and
+Fletcher32-checksummed, and text attributes as fixed-length UTF-8 (inside the checksummed object
+header; variable-length strings live in HDF5's global heap, which has no checksum), so a flipped
+byte is an HDF5 checksum error rather than silent garbage or a crash. h5py reads such attributes as
+bytes: `text()` decodes either kind. Not libver="latest": h5py's HDF5 (2.x) would then use object
+versions that kvq's HDF5 1.10 cannot read.
 """
 import h5py
 import numpy as np
 
 SCHEMA = 1
 DTYPES = ("float32", "float16", "bfloat16")
+LIBVER = ("v110", "v110")  # the newest format HDF5 1.10 (kvq's C++ side) reads
+CHUNK_BYTES = 1 << 20
+
+
+def chunk_shape(shape, itemsize):
+    """Chunks of at most CHUNK_BYTES: whole trailing dimensions, one partial, then 1s (as kvq's
+    C++ writer, data/h5_writer.cpp). None for an empty dataset (it cannot be chunked)."""
+    if not shape or 0 in shape:
+        return None
+    chunk, budget = [1] * len(shape), max(1, CHUNK_BYTES // itemsize)
+    for i in reversed(range(len(shape))):
+        chunk[i] = min(shape[i], budget)
+        budget //= chunk[i]
+        if chunk[i] < shape[i] or budget <= 1:
+            break
+    return tuple(chunk)
+
+
+def set_text_attr(obj, name, value):
+    """A text attribute as kvq writes them: fixed-length UTF-8, stored in the object header."""
+    data = value.encode("utf-8")
+    obj.attrs.create(name, data, dtype=h5py.string_dtype("utf-8", max(1, len(data))))
+
+
+def text(value):
+    """A text attribute's value as str, whether stored fixed-length (bytes in h5py) or variable-length."""
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def create_checked_dataset(group, name, data):
+    """A dataset as kvq writes them: chunked and Fletcher32-checksummed (contiguous when empty)."""
+    data = np.asarray(data)
+    chunks = chunk_shape(data.shape, data.dtype.itemsize)
+    if chunks is None:
+        return group.create_dataset(name, data=data, track_times=False)
+    return group.create_dataset(name, data=data, chunks=chunks, fletcher32=True, track_times=False)
 
 
 def bf16_type():
@@ -34,12 +77,16 @@ def to_bf16_bits(x):
 def _write_tensor(group, name, values, dtype):
     values = np.asarray(values, dtype=np.float32)
     if dtype == "float32":
-        group.create_dataset(name, data=values, track_times=False)
+        create_checked_dataset(group, name, values)
     elif dtype == "float16":
-        group.create_dataset(name, data=values.astype(np.float16), track_times=False)
+        create_checked_dataset(group, name, values.astype(np.float16))
     elif dtype == "bfloat16":
         dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
         dcpl.set_obj_track_times(False)
+        chunks = chunk_shape(values.shape, 2)
+        if chunks is not None:
+            dcpl.set_chunk(chunks)
+            dcpl.set_fletcher32()
         space = h5py.h5s.create_simple(values.shape)
         ds = h5py.h5d.create(group.id, name.encode(), bf16_type(), space, dcpl=dcpl)
         ds.write(h5py.h5s.ALL, h5py.h5s.ALL, to_bf16_bits(values), mtype=bf16_type())
@@ -55,11 +102,11 @@ def write_dump(path, layers, *, source, created_by, rope, seq_lens=None, tokens=
     """
     if rope not in ("post", "pre", "none"):
         raise ValueError(f"rope {rope!r}: expected post, pre or none")
-    with h5py.File(path, "w", track_order=False) as f:
+    with h5py.File(path, "w", track_order=False, libver=LIBVER) as f:
         f.attrs["kvq_schema"] = np.int64(SCHEMA)
-        f.attrs["source"] = source
-        f.attrs["created_by"] = created_by
-        f.attrs["rope"] = rope
+        set_text_attr(f, "source", source)
+        set_text_attr(f, "created_by", created_by)
+        set_text_attr(f, "rope", rope)
         group = f.create_group("layers")
         for index, layer in enumerate(layers):
             k, v = np.asarray(layer["k"]), np.asarray(layer["v"])
@@ -81,9 +128,9 @@ def write_dump(path, layers, *, source, created_by, rope, seq_lens=None, tokens=
                 g.attrs["softmax_scale"] = np.float64(layer["softmax_scale"])
             g.attrs["alibi"] = np.bool_(layer.get("alibi", False))
         if seq_lens is not None:
-            f.create_dataset("seq_lens", data=np.asarray(seq_lens, dtype=np.int32), track_times=False)
+            create_checked_dataset(f, "seq_lens", np.asarray(seq_lens, dtype=np.int32))
         if tokens is not None:
-            f.create_dataset("tokens", data=np.asarray(tokens, dtype=np.int32), track_times=False)
+            create_checked_dataset(f, "tokens", np.asarray(tokens, dtype=np.int32))
 
 
 def read_dump(path):
@@ -91,7 +138,7 @@ def read_dump(path):
     with h5py.File(path, "r") as f:
         if int(f.attrs.get("kvq_schema", -1)) != SCHEMA:
             raise ValueError(f"{path}: kvq_schema is {f.attrs.get('kvq_schema')}, expected {SCHEMA}")
-        out = {"attrs": {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}, "layers": []}
+        out = {"attrs": {k: (text(v) if isinstance(v, (bytes, str)) else v) for k, v in f.attrs.items()}, "layers": []}
         for name in sorted(f["layers"], key=int):
             g = f["layers"][name]
             layer = {key: g[key].astype("float32")[...] for key in ("k", "v", "q") if key in g}

@@ -9,6 +9,7 @@
 
 #include "experiments/bench_shapes.hpp"
 #include "experiments/commands.hpp"
+#include "experiments/dump_check.hpp"
 #include "experiments/gpu_run_info.hpp"
 #include "experiments/results_writer.hpp"
 #include "experiments/validate_decode.hpp"
@@ -61,6 +62,7 @@ int run_validate(const ValidateArgs& a) {
   const std::vector<const DecodeVariant*> decoders = find_decode_variants(a.variant);
   if (variants.empty() && decoders.empty())
     throw InputError(fmt::format("--variant '{}' matches no registered variant (see kvq variants)", a.variant));
+  if (!a.dump.empty() && !a.quick) check_dump_in_child(a.dump);  // a corrupt dump must not crash the gate
   fmt::print("kvq validate on {} ({} SMs, CUDA driver {}), commit {}\n", dev.name, dev.sm_count, dev.driver_string(), kvq_commit());
   nlohmann::json cases = nlohmann::json::array(), summary = nlohmann::json::array();
   int failed_total = 0;
@@ -123,7 +125,9 @@ int run_validate(const ValidateArgs& a) {
   std::filesystem::create_directories(std::filesystem::path(a.report).parent_path().empty()
                                           ? std::filesystem::path(".")
                                           : std::filesystem::path(a.report).parent_path());
-  write_json({{"gpu", gpu_run_info(dev)}, {"variants", summary}, {"cases", cases}}, a.report);
+  nlohmann::json dump = nullptr;
+  if (!a.dump.empty()) dump = {{"path", a.dump}, {"sha256", file_sha256(a.dump)}};
+  write_json({{"gpu", gpu_run_info(dev)}, {"dump", dump}, {"variants", summary}, {"cases", cases}}, a.report);
   fmt::print("wrote {}\n", a.report);
   return failed_total ? 1 : 0;
 }
@@ -193,7 +197,8 @@ std::vector<Command> add_gpu_commands(CLI::App& parent) {
       "validate", "The adoption gate: check GPU variants against the CPU codec bit for bit; [OK]/[FAIL] per case");
   validate->add_option("--variant", va->variant, "Regex over variant names")->capture_default_str();
   validate->add_option("--report", va->report, "JSON report")->capture_default_str();
-  validate->add_option("--dump", va->dump, "Real dump to validate on (default: the bundled one)");
+  validate->add_option("--dump", va->dump, "Real dump to validate on, as it is: every layer, batch entry and decode query "
+                       "(default: the bundled one)");
   validate->add_option("--reruns", va->reruns, "Reruns compared bitwise")->capture_default_str()->check(CLI::PositiveNumber);
   validate->add_flag("--quick", va->quick, "Small shapes only (for compute-sanitizer)");
   out.push_back({validate, [va] {

@@ -10,6 +10,7 @@
 
 #include "data/dump.hpp"
 #include "experiments/commands.hpp"
+#include "experiments/dump_check.hpp"
 
 namespace kvq {
 namespace {
@@ -48,7 +49,7 @@ void print_stats_row(const std::string& layer, const char* name, const TensorSta
 }
 
 int run(const std::string& path) {
-  const DumpInfo info = open_dump(path);
+  const DumpInfo info = open_dump_checked(path);
   const auto [min_len, max_len] = std::minmax_element(info.seq_lens.begin(), info.seq_lens.end());
   fmt::print("file        {}\nschema      {}\nsource      {}\ncreated_by  {}\nrope        {} (K is {})\n", path,
              info.schema, info.source, info.created_by, info.rope,
@@ -64,7 +65,7 @@ int run(const std::string& path) {
                l.q ? fmt::format("Tq={}", l.q->shape[2]) : "none", l.alibi ? "yes" : "no",
                l.softmax_scale > 0 ? fmt::format("{:.6g}", l.softmax_scale) : "1/sqrt(D)");
 
-  fmt::print("\nstatistics over valid positions (t < seq_len)\n");
+  fmt::print("\nstatistics over valid positions (K, V: t < seq_len; Q: every row)\n");
   fmt::print("{:>5}  {:<3} {:>11} {:>11} {:>11} {:>11} {:>10}\n", "layer", "", "min", "max", "mean |x|", "rms", "non-finite");
   std::vector<std::string> outliers;
   for (size_t i = 0; i < info.layers.size(); ++i) {
@@ -73,6 +74,9 @@ int run(const std::string& path) {
     const TensorStats v = stats_of(layer.v, layer.kv_shape, layer.seq_lens);
     print_stats_row(std::to_string(layer.layer), "K", k);
     print_stats_row("", "V", v);
+    if (layer.has_queries())  // every query row (sweep and reference reject a non-finite one)
+      print_stats_row("", "Q", stats_of(layer.q, layer.q_shape,
+                                        std::vector<int32_t>(layer.q_shape.batch, static_cast<int32_t>(layer.q_shape.tokens))));
 
     std::vector<int64_t> order(k.channel_max_abs.size());
     std::iota(order.begin(), order.end(), 0);

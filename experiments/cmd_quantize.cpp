@@ -6,6 +6,7 @@
 #include "data/dump.hpp"
 #include "data/h5_writer.hpp"
 #include "experiments/commands.hpp"
+#include "experiments/dump_check.hpp"
 #include "experiments/run_info.hpp"
 #include "quant/quantize.hpp"
 #include "reference/metrics.hpp"
@@ -43,11 +44,15 @@ double write_tensor(H5Writer& f, const std::string& group, const QuantizedKv& q,
 
 int run(const QuantizeArgs& a) {
   const Scheme k_scheme = parse_scheme(a.k_scheme), v_scheme = parse_scheme(a.v_scheme);
-  const DumpInfo info = open_dump(a.in);
+  const DumpInfo info = open_dump_checked(a.in, a.layers);
   const std::vector<size_t> layers = select_layers(info, a.layers);
   for (const LayerInfo& l : info.layers) {  // before the output file exists
-    check_scheme_fits(k_scheme, static_cast<int>(l.head_dim));
-    check_scheme_fits(v_scheme, static_cast<int>(l.head_dim));
+    try {
+      check_scheme_fits(k_scheme, static_cast<int>(l.head_dim));
+      check_scheme_fits(v_scheme, static_cast<int>(l.head_dim));
+    } catch (const SchemeError& e) {
+      throw SchemeError(fmt::format("{}: /layers/{}: {}", a.in, l.name, e.what()));
+    }
   }
   H5Writer f(a.out);
   f.set_attr("/", "kvq_quantized", int64_t{1});

@@ -7,6 +7,7 @@
 #include "data/dump.hpp"
 #include "data/h5_writer.hpp"
 #include "experiments/commands.hpp"
+#include "experiments/dump_check.hpp"
 #include "experiments/run_info.hpp"
 #include "experiments/sweep.hpp"
 
@@ -23,7 +24,7 @@ struct ReferenceArgs {
 int run(const ReferenceArgs& a) {
   if (a.scale < 0 || !std::isfinite(a.scale))
     throw InputError(fmt::format("--scale {}: the softmax scale must be positive", a.scale));
-  const DumpInfo info = open_dump(a.in);
+  const DumpInfo info = open_dump_checked(a.in, a.layers);
   for (const LayerInfo& l : info.layers)
     if (!l.q) throw DumpError(fmt::format("{}: /layers/{}/q: missing dataset (kvq reference needs decode queries)", a.in, l.name));
   const std::vector<size_t> layers = select_layers(info, a.layers);
@@ -35,6 +36,7 @@ int run(const ReferenceArgs& a) {
   for (size_t i : layers) {
     const int index = info.layers[i].index;
     const KvLayer layer = read_layer(info, i);
+    check_finite_queries(info, i, layer);
     AttentionProblem p = attention_problem(layer, layer.k, layer.v);
     p.alibi = a.alibi || layer.alibi;
     p.softmax_scale = a.scale != 0.0 ? a.scale : layer.softmax_scale;

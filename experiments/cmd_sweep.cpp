@@ -1,16 +1,19 @@
 // kvq sweep: accuracy of every scheme pair on dumps (or synthetic data).
 #include <fmt/format.h>
 
+#include <fmt/ranges.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <memory>
 
 #include "data/dump.hpp"
-#include <unistd.h>
-
 #include "experiments/commands.hpp"
+#include "experiments/dump_check.hpp"
 #include "experiments/recommend_print.hpp"
 #include "experiments/results_writer.hpp"
 #include "experiments/run_info.hpp"
+#include "experiments/sweep_checkpoint.hpp"
 #include "experiments/sweep_latency.hpp"
 #include "experiments/synthetic_options.hpp"
 
@@ -42,65 +45,148 @@ std::vector<SchemePair> pairs_for(const SweepArgs& a, int64_t head_dim) {
   return cross_pairs(parse_scheme_list(k), parse_scheme_list(v));
 }
 
+// A dump that could not be swept: its one-line error, printed after the results are written.
+struct FailedDump {
+  std::string message;
+  bool corrupt = false;
+};
+
+// Writes through a temporary file and a rename, so an interrupted sweep never leaves half a file.
+template <typename Write>
+void write_atomically(const std::string& path, Write&& write) {
+  write(path + ".tmp");
+  std::filesystem::rename(path + ".tmp", path);
+}
+
 int run(const SweepArgs& a) {
+  for (const std::string& list : {a.k_schemes, a.v_schemes})  // unknown names: before any work
+    if (!list.empty()) parse_scheme_list(list);
   std::vector<SweepRow> rows;
   nlohmann::json sources = nlohmann::json::array();
   std::vector<std::string> notes;
-  auto sweep_one = [&](const KvLayer& layer) {
+  std::vector<FailedDump> failed;
+  const SweepCheckpoint checkpoint(a.out_dir + "/checkpoint");
+  std::vector<std::string> resumed, redone;
+
+  const std::string csv = a.out_dir + "/sweep.csv", heads = a.out_dir + "/sweep_heads.csv",
+                    json = a.out_dir + "/sweep.json";
+  // One flat record per source, so that pandas.read_json reads the file as a table.
+  auto write_results = [&](const std::vector<SweepRow>& done, const nlohmann::json& done_sources, bool complete) {
+    std::filesystem::create_directories(a.out_dir);
+    write_atomically(csv, [&](const std::string& p) { write_sweep_csv(done, p); });
+    write_atomically(heads, [&](const std::string& p) { write_head_csv(done, p); });
+    nlohmann::json records = nlohmann::json::array();
+    for (nlohmann::json source : done_sources) {
+      source.update(run_info());
+      source.update({{"command", "sweep"}, {"result_rows", done.size()}, {"top_k", a.top_k}, {"csv", "sweep.csv"},
+                     {"heads_csv", "sweep_heads.csv"}, {"complete", complete}});
+      records.push_back(source);
+    }
+    write_atomically(json, [&](const std::string& p) { write_json(records, p); });
+  };
+
+  auto sweep_one = [&](const KvLayer& layer, const SweepOptions& options) {
     progress(fmt::format("sweep: {} layer {}", layer.source, layer.layer));
-    const std::vector<SchemePair> pairs = pairs_for(a, layer.kv_shape.head_dim);
-    std::vector<SweepRow> part = sweep_layer(layer, pairs, {a.top_k});
-    rows.insert(rows.end(), part.begin(), part.end());
+    return sweep_layer(layer, pairs_for(a, layer.kv_shape.head_dim), options);
   };
   if (a.synthetic) {
     const KvLayer layer = make_synthetic(a.spec);
     sources.push_back({{"file", ""}, {"source", layer.source}, {"rope", "post"}, {"layers", "[0]"}});
-    sweep_one(layer);
+    SweepOptions options;
+    options.top_k = a.top_k;
+    const std::vector<SweepRow> part = sweep_one(layer, options);
+    rows.insert(rows.end(), part.begin(), part.end());
   }
+  // Each dump on its own: a bad one is reported after the others' results are written. Finished
+  // layers are checkpointed, and the results files rewritten, as they finish.
   for (const std::string& path : a.dumps) {
-    const DumpInfo info = open_dump(path);
-    if (std::any_of(info.layers.begin(), info.layers.end(), [](const LayerInfo& l) { return !l.q; }))
-      notes.push_back(fmt::format("note: {} has layers without decode queries (q): their attention metrics need Q; "
-                                  "they get reconstruction metrics only", path));
-    nlohmann::json used = nlohmann::json::array();
-    for (size_t i : select_layers(info, a.layers)) {
-      sweep_one(read_layer(info, i));  // one layer in memory at a time
-      used.push_back(info.layers[i].index);
+    std::vector<SweepRow> dump_rows;
+    try {
+      const DumpInfo info = open_dump_checked(path, a.layers);
+      const std::string sha256 = file_sha256(path);
+      nlohmann::json used = nlohmann::json::array();
+      auto record = [&] {
+        return nlohmann::json{{"file", path}, {"sha256", sha256}, {"source", info.source}, {"rope", info.rope},
+                              {"layers", used.dump()}};
+      };
+      for (size_t i : select_layers(info, a.layers)) {
+        const LayerInfo& li = info.layers[i];
+        const std::string where = fmt::format("{}: /layers/{}", path, li.name);
+        SweepOptions options{a.top_k, where + "/k", where + "/v", where + "/q"};
+        const SweepUnitKey key{sha256, li.index, sweep_settings(pairs_for(a, li.head_dim), options)};
+        std::vector<SweepRow> part;
+        const SweepCheckpoint::Found found = checkpoint.find(key, &part);
+        if (found == SweepCheckpoint::Found::kMatch) {
+          resumed.push_back(fmt::format("{} layer {}", path, li.index));
+        } else {
+          if (found == SweepCheckpoint::Found::kStale) redone.push_back(fmt::format("{} layer {}", path, li.index));
+          const KvLayer layer = read_layer(info, i);  // one layer in memory at a time
+          check_finite_queries(info, i, layer);
+          part = sweep_one(layer, options);
+          checkpoint.save(key, path, part);
+        }
+        dump_rows.insert(dump_rows.end(), part.begin(), part.end());
+        used.push_back(li.index);
+        std::vector<SweepRow> so_far = rows;
+        so_far.insert(so_far.end(), dump_rows.begin(), dump_rows.end());
+        nlohmann::json so_far_sources = sources;
+        so_far_sources.push_back(record());
+        write_results(so_far, so_far_sources, false);
+      }
+      rows.insert(rows.end(), dump_rows.begin(), dump_rows.end());
+      sources.push_back(record());
+      if (std::any_of(info.layers.begin(), info.layers.end(), [](const LayerInfo& l) { return !l.q; }))
+        notes.push_back(fmt::format("note: {} has layers without decode queries (q): their attention metrics need Q; "
+                                    "they get reconstruction metrics only", path));
+    } catch (const InputError& e) {
+      std::string message = e.what();  // e.g. a scheme that does not fit this dump's head_dim
+      if (message.rfind(path, 0) != 0) message = path + ": " + message;
+      failed.push_back({message, dynamic_cast<const CorruptFileError*>(&e) != nullptr});
+      sources.push_back({{"file", path}, {"error", message}});
     }
-    sources.push_back({{"file", path}, {"source", info.source}, {"rope", info.rope}, {"layers", used.dump()}});
   }
   progress("");
-  if (rows.empty()) throw InputError("sweep: nothing to do (give dumps or --synthetic)");
+  auto report_failures = [&] {
+    std::fflush(stdout);
+    for (const FailedDump& f : failed) fmt::print(stderr, "kvq: error: {}\n", f.message);
+    const bool corrupt = std::any_of(failed.begin(), failed.end(), [](const FailedDump& f) { return f.corrupt; });
+    return failed.empty() ? 0 : corrupt ? 4 : 3;
+  };
+  if (rows.empty()) {
+    if (!failed.empty()) return report_failures();
+    throw InputError("sweep: nothing to do (give dumps or --synthetic)");
+  }
+  if (!resumed.empty())
+    fmt::print("sweep: reused {} finished layer(s) from {} (an earlier run with the same dumps and settings stopped "
+               "part-way): {}\n", resumed.size(), checkpoint.dir(), fmt::join(resumed, ", "));
+  if (!redone.empty())
+    fmt::print("sweep: recomputed {} layer(s) whose checkpoint in {} had other settings: {}\n", redone.size(),
+               checkpoint.dir(), fmt::join(redone, ", "));
   if (!a.no_latency) attach_decode_latency(rows, a.latency_shape);
   print_sweep_table(rows, stdout);
   for (const std::string& note : notes) fmt::print("{}\n", note);
 
-  std::filesystem::create_directories(a.out_dir);
-  const std::string csv = a.out_dir + "/sweep.csv", heads = a.out_dir + "/sweep_heads.csv",
-                    json = a.out_dir + "/sweep.json";
-  write_sweep_csv(rows, csv);
-  write_head_csv(rows, heads);
-  // One flat record per source, so that pandas.read_json reads the file as a table.
-  nlohmann::json records = nlohmann::json::array();
-  for (nlohmann::json source : sources) {
-    source.update(run_info());
-    source.update({{"command", "sweep"}, {"result_rows", rows.size()}, {"top_k", a.top_k}, {"csv", "sweep.csv"},
-                   {"heads_csv", "sweep_heads.csv"}});
-    records.push_back(source);
-  }
-  write_json(records, json);
+  write_results(rows, sources, true);
   fmt::print("\nwrote {} ({} rows), {} and {}\n", csv, rows.size(), heads, json);
+  if (failed.empty())
+    checkpoint.remove_all();  // complete: nothing to resume
+  else
+    fmt::print("{} of {} dumps failed (below); the finished layers stay in {} for a rerun\n", failed.size(),
+               a.dumps.size(), checkpoint.dir());
   if (a.max_rel_l2 > 0) {
     std::vector<PairResult> results;
     for (const SweepRow& r : rows)
       if (r.has_attention)
         results.push_back({r.source, r.layer, to_string(r.schemes.k), to_string(r.schemes.v),
                            r.k_bytes_per_token_head + r.v_bytes_per_token_head, r.output.rel_l2_mean});
-    if (results.empty()) throw InputError("sweep --max-rel-l2: no layer had decode queries, which the budget needs");
+    if (results.empty()) {
+      report_failures();
+      throw InputError("sweep --max-rel-l2: no layer had decode queries, which the budget needs");
+    }
     fmt::print("\n");
     print_recommendations(recommend(results, a.max_rel_l2), "out_rel_l2_mean", a.max_rel_l2, stdout);
   }
-  return 0;
+  return report_failures();
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
-// kvq: the command line. Exit codes: 0 ok, 2 usage error, 3 input error, 1 other errors (no GPU, internal).
+// kvq: the command line. Exit codes: 0 ok, 2 usage error, 3 input error, 4 corrupt input file (HDF5
+// cannot read it, or reading it crashed or hung the check process), 1 other errors (no GPU, internal).
 #include <fmt/format.h>
 
 #include "experiments/commands.hpp"
+#include "data/dump.hpp"
 #include "experiments/run_info.hpp"
 #include "quant/errors.hpp"
 
@@ -12,7 +14,7 @@ int main(int argc, char** argv) {
   std::vector<kvq::Command> commands = {
       kvq::add_sweep_command(app),     kvq::add_recommend_command(app), kvq::add_quantize_command(app),
       kvq::add_reference_command(app), kvq::add_inspect_command(app),   kvq::add_synth_command(app),
-      kvq::add_bench_cpu_command(app)};
+      kvq::add_bench_cpu_command(app), kvq::add_check_dump_command(app)};
   for (kvq::Command& c : kvq::add_gpu_commands(app)) commands.push_back(std::move(c));
   try {
     app.parse(argc, argv);
@@ -22,6 +24,9 @@ int main(int argc, char** argv) {
   try {
     for (const kvq::Command& c : commands)
       if (c.app->parsed()) return c.run();
+  } catch (const kvq::CorruptFileError& e) {
+    fmt::print(stderr, "kvq: error: {}\n", e.what());
+    return 4;
   } catch (const kvq::InputError& e) {
     fmt::print(stderr, "kvq: error: {}\n", e.what());
     return 3;

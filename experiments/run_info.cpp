@@ -3,8 +3,15 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+#include <openssl/evp.h>
+
 #include <ctime>
 #include <fstream>
+#include <memory>
+#include <vector>
+
+#include "quant/errors.hpp"
 
 #include "build_info.hpp"
 
@@ -20,6 +27,23 @@ std::string cpu_model() {
 }
 
 }  // namespace
+
+std::string file_sha256(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(fmt::format("{}: cannot open the file to hash it", path));
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) throw Error("OpenSSL: cannot start SHA-256");
+  std::vector<char> buf(1 << 20);
+  while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0)
+    EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(in.gcount()));
+  if (in.bad()) throw InputError(fmt::format("{}: read error while hashing the file", path));
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_DigestFinal_ex(ctx.get(), digest, &length);
+  std::string hex;
+  for (unsigned int i = 0; i < length; ++i) hex += fmt::format("{:02x}", digest[i]);
+  return hex;
+}
 
 std::string kvq_version() { return KVQ_VERSION; }
 std::string kvq_commit() { return KVQ_GIT_COMMIT; }

@@ -11,4 +11,7 @@ std::string kvq_commit();
 // {"kvq_version", "kvq_commit", "hostname", "cpu", "threads", "time_utc"}
 nlohmann::json run_info();
 
+// Hex SHA-256 of a file's bytes (OpenSSL), to record exactly which input a result came from.
+std::string file_sha256(const std::string& path);
+
 }  // namespace kvq

@@ -52,15 +52,19 @@ std::vector<SweepRow> sweep_layer(const KvLayer& layer, const std::vector<Scheme
     check_scheme_fits(pair.v, static_cast<int>(layer.kv_shape.head_dim));
   }
   const std::string where = layer.source + " layer " + std::to_string(layer.layer);
+  auto name = [&](const std::string& given, const char* tensor) { return given.empty() ? where + " " + tensor : given; };
   std::vector<double> ref_probs;
   AttentionOutput ref;
-  if (layer.has_queries()) ref = attention(attention_problem(layer, layer.k, layer.v), {}, {}, &ref_probs);
+  if (layer.has_queries()) {  // NaN queries would give NaN metrics and exit 0
+    check_finite(KvView::bnsh(layer.q.data(), layer.q_shape), name(options.q_name, "Q"), "attention needs finite queries");
+    ref = attention(attention_problem(layer, layer.k, layer.v), {}, {}, &ref_probs);
+  }
 
   std::map<std::string, Reconstruction> k_cache, v_cache;
   std::vector<SweepRow> rows;
   for (const SchemePair& pair : pairs) {
-    const Reconstruction& k = reconstruct(k_cache, layer.k, layer.kv_shape, pair.k, where + " K");
-    const Reconstruction& v = reconstruct(v_cache, layer.v, layer.kv_shape, pair.v, where + " V");
+    const Reconstruction& k = reconstruct(k_cache, layer.k, layer.kv_shape, pair.k, name(options.k_name, "K"));
+    const Reconstruction& v = reconstruct(v_cache, layer.v, layer.kv_shape, pair.v, name(options.v_name, "V"));
     SweepRow row;
     row.source = layer.source;
     row.layer = layer.layer;

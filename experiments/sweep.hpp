@@ -42,9 +42,12 @@ struct SweepRow {
 
 struct SweepOptions {
   int64_t top_k = 8;  // for the top-k overlap of attention probabilities
+  // Names of K, V and Q in error messages (e.g. "x.h5: /layers/3/k"); default "<source> layer <L> K".
+  std::string k_name, v_name, q_name;
 };
 
-// Throws SchemeError when a pair does not fit the layer's head_dim.
+// Throws SchemeError when a pair does not fit the layer's head_dim, InputError for non-finite K, V
+// (when a pair quantizes them) or Q.
 std::vector<SweepRow> sweep_layer(const KvLayer& layer, const std::vector<SchemePair>& pairs,
                                   const SweepOptions& options = {});
 

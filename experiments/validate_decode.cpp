@@ -3,12 +3,14 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <random>
 
 #include "data/dump.hpp"
 #include "experiments/decode_run.hpp"
+#include "experiments/dump_decode_cases.hpp"
 #include "quant/fbgemm_layout.hpp"
 #include "quant/quantize.hpp"
 #include "reference/attention.hpp"
@@ -141,6 +143,12 @@ struct Gate {
     report(results.back());
   }
 
+  void skip(const std::string& name, const Storage& st, const std::string& why) {
+    CaseResult r{v.name, name, st.name(), to_string(st.format), st.bsnh ? "BSNH" : "BNSH", "", "skipped: " + why, 0, true};
+    r.skipped = true;
+    add(r);
+  }
+
   // Runs one case; `k`, `v`, `q` default to random values. Returns the kernel's output.
   std::vector<float> run(const Case& c, std::vector<float> k = {}, std::vector<float> vv = {}, std::vector<float> q = {},
                          double softmax_scale = 0.0) {
@@ -190,6 +198,26 @@ Storage raw(KvFormat f, bool bsnh = false) { return {f, std::nullopt, std::nullo
 Storage quantized(const char* k, const char* v, bool fbgemm = false) {
   const Scheme sk = parse_scheme(k);
   return {fbgemm ? KvFormat::kInt4Fbgemm : sk.bits == 8 ? KvFormat::kInt8 : KvFormat::kInt4, sk, parse_scheme(v), false};
+}
+
+// Why no decode kernel reads storage `st` at `head_dim` (a dump's D may be anything), or "" when one
+// does; a variant's own limits are checked on the planned launch (Gate::run).
+std::string storage_unsupported_reason(const Storage& st, int64_t head_dim) {
+  const int d = static_cast<int>(head_dim);
+  if (!st.k) return decode_head_dim_supported(d) ? "" : fmt::format("head_dim {} (decode kernels take 8, 64, 128 or 256)", d);
+  const bool fbgemm = st.format == KvFormat::kInt4Fbgemm;
+  for (const Scheme& s : {*st.k, *st.v}) {
+    std::string why = decode_unsupported_reason(s, d, fbgemm);
+    if (why.empty()) {
+      try {
+        check_scheme_fits(s, d);
+      } catch (const SchemeError& e) {
+        why = e.what();
+      }
+    }
+    if (!why.empty()) return why;
+  }
+  return "";
 }
 
 }  // namespace
@@ -276,33 +304,27 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
                         Case{"T = 0", {"", 1, 4, 2, 0, 128}, {}, false, raw(KvFormat::kBf16)},
                         Case{"B = 0", {"", 0, 4, 2, 16, 128}, {}, false, raw(KvFormat::kBf16)}})
     g.run(c);
-  // The bundled real capture (D = 8): the query of positions 0, 17, 100 and the last one, each
-  // against its prefix (varlen over one sequence), every layer.
+  // A real dump (--dump; the bundled capture by default) as it is: every layer, every batch entry
+  // with its own seq_len, the layer's heads, D, ALiBi flag and softmax scale, and its own decode
+  // queries (experiments/dump_decode_cases.hpp). What the variant cannot run is reported skipped.
   if (!opt.bundled_dump.empty() && !opt.quick) {
     const DumpInfo info = open_dump(opt.bundled_dump);
+    const std::string file = std::filesystem::path(opt.bundled_dump).filename().string();
     for (size_t i = 0; i < info.layers.size(); ++i) {
       const KvLayer layer = read_layer(info, i);
-      if (!layer.has_queries() || layer.kv_shape.batch < 1) continue;
-      const KvShape kv = layer.kv_shape;
-      const std::vector<int64_t> positions = {0, 17, 100, kv.tokens - 1};
-      const int64_t nb = static_cast<int64_t>(positions.size());
-      std::vector<float> k, vv, q;
-      std::vector<int32_t> seq;
-      for (int64_t pos : positions) {  // batch entry = sequence 0 up to `pos`
-        const int64_t stride = kv.heads * kv.tokens * kv.head_dim;
-        k.insert(k.end(), layer.k.begin(), layer.k.begin() + stride);
-        vv.insert(vv.end(), layer.v.begin(), layer.v.begin() + stride);
-        for (int64_t h = 0; h < layer.q_shape.heads; ++h) {
-          const float* row = layer.q.data() + (h * layer.q_shape.tokens + std::min(pos, layer.q_shape.tokens - 1)) * kv.head_dim;
-          q.insert(q.end(), row, row + kv.head_dim);
-        }
-        seq.push_back(static_cast<int32_t>(pos + 1));
-      }
-      const DecodeShape s{"", nb, layer.q_shape.heads, kv.heads, kv.tokens, kv.head_dim};
+      check_finite_queries(info, i, layer);
+      const std::vector<DumpDecodeCase> cases = dump_decode_cases(layer, file);
       for (const Storage& st : {raw(KvFormat::kBf16), quantized("int8-head", "int8-head"),
-                                quantized("int4-head-asym", "int4-head-asym")})
-        g.run({"bundled dump layer " + std::to_string(layer.layer), s, seq, layer.alibi, st}, k, vv, q,
-              layer.softmax_scale);
+                                quantized("int4-head-asym", "int4-head-asym")}) {
+        const std::string why = cases.empty() ? "the layer has no decode queries (q)"
+                                              : storage_unsupported_reason(st, layer.kv_shape.head_dim);
+        if (!why.empty()) {
+          g.skip(fmt::format("dump {} layer {}", file, layer.layer), st, why);
+          continue;
+        }
+        for (const DumpDecodeCase& dc : cases)
+          g.run({"dump " + dc.label, dc.shape, dc.seq_lens, dc.alibi, st}, dc.k, dc.v, dc.q, dc.softmax_scale);
+      }
     }
   }
   // Reruns: bitwise identical outputs.

@@ -203,15 +203,17 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
     huge[((0 * 3 + 1) * 20 + 3) * D + 64] = 3e38f;
     c.compare("scale overflow", huge, shape, parse_scheme(std::string(name)), InputDtype::kFp32, CodeLayout::kPlanar);
   }
-  // The bundled real capture, every layer's K and V, every default scheme that fits its D.
+  // A real dump (the bundled capture by default), every layer's K and V, every default scheme that
+  // fits its D.
   if (!opt.bundled_dump.empty() && !opt.quick) {
     const DumpInfo info = open_dump(opt.bundled_dump);
+    const std::string file = std::filesystem::path(opt.bundled_dump).filename().string();
     for (size_t i = 0; i < info.layers.size(); ++i) {
       const KvLayer layer = read_layer(info, i);
       for (const SchemePair& pair : default_pairs(layer.kv_shape.head_dim)) {
-        c.compare("bundled dump K layer " + std::to_string(layer.layer), layer.k, layer.kv_shape, pair.k,
+        c.compare(fmt::format("dump {} K layer {}", file, layer.layer), layer.k, layer.kv_shape, pair.k,
                   InputDtype::kFp32, CodeLayout::kPlanar);
-        c.compare("bundled dump V layer " + std::to_string(layer.layer), layer.v, layer.kv_shape, pair.v,
+        c.compare(fmt::format("dump {} V layer {}", file, layer.layer), layer.v, layer.kv_shape, pair.v,
                   InputDtype::kFp32, CodeLayout::kPlanar);
       }
     }

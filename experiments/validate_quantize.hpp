@@ -21,7 +21,7 @@ struct CaseResult {
 struct ValidateOptions {
   bool quick = false;  // small shapes only (for compute-sanitizer)
   int reruns = 250;
-  std::string bundled_dump;  // empty: skip that case
+  std::string bundled_dump;  // a real dump (the bundled one, or --dump); empty: no real-dump cases
 };
 
 // Runs every case the variant supports; `report` is called after each case (for [OK]/[FAIL] lines).

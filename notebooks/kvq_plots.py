@@ -166,6 +166,7 @@ def plot_k_channel_magnitude(dump_path, out_dir):
                 k = np.where(mask[:, None, :, None], k, 0.0)
             rows.append(np.nanmax(np.abs(k), axis=(0, 1, 2)))
         source = f.attrs.get("source", "")
+        source = source.decode("utf-8") if isinstance(source, bytes) else source
     grid = np.stack(rows)
     fig, ax = plt.subplots(figsize=(max(6, 0.09 * grid.shape[1] + 3), 1.5 + 0.4 * grid.shape[0]))
     im = ax.imshow(grid, cmap="viridis", aspect="auto")

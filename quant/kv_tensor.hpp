@@ -56,7 +56,9 @@ struct QuantizedKv {
 // "[b, h, t, d]" for messages.
 std::string index_string(int64_t b, int64_t h, int64_t t, int64_t d);
 
-// Throws InputError naming `tensor_name` and the first (in [B, H, T, D] order) non-finite element.
-void check_finite(const KvView& x, const std::string& tensor_name);
+// Throws InputError naming `tensor_name` and the first (in [B, H, T, D] order) non-finite element;
+// `why` ends the message.
+void check_finite(const KvView& x, const std::string& tensor_name,
+                  const char* why = "quantizers accept finite input only");
 
 }  // namespace kvq

@@ -21,7 +21,7 @@ std::string index_string(int64_t b, int64_t h, int64_t t, int64_t d) {
   return fmt::format("[{}, {}, {}, {}]", b, h, t, d);
 }
 
-void check_finite(const KvView& x, const std::string& tensor_name) {
+void check_finite(const KvView& x, const std::string& tensor_name, const char* why) {
   const KvShape& s = x.shape;
   int64_t first_bad = std::numeric_limits<int64_t>::max();  // flat [B, H, T, D] index
 #pragma omp parallel for reduction(min : first_bad) schedule(static) if (s.numel() >= kParallelMinElements)
@@ -37,12 +37,12 @@ void check_finite(const KvView& x, const std::string& tensor_name) {
   if (first_bad == std::numeric_limits<int64_t>::max()) return;
   const int64_t d = first_bad % s.head_dim, r = first_bad / s.head_dim;
   const int64_t t = r % s.tokens, h = (r / s.tokens) % s.heads, b = r / (s.tokens * s.heads);
-  throw InputError(non_finite_message(tensor_name, x.at(b, h, t, d), b, h, t, d));
+  throw InputError(non_finite_message(tensor_name, x.at(b, h, t, d), b, h, t, d, why));
 }
 
-std::string non_finite_message(const std::string& tensor_name, float value, int64_t b, int64_t h, int64_t t, int64_t d) {
-  return fmt::format("{}: non-finite value {} at {} (quantizers accept finite input only)", tensor_name, value,
-                     index_string(b, h, t, d));
+std::string non_finite_message(const std::string& tensor_name, float value, int64_t b, int64_t h, int64_t t, int64_t d,
+                               const char* why) {
+  return fmt::format("{}: non-finite value {} at {} ({})", tensor_name, value, index_string(b, h, t, d), why);
 }
 
 std::string overflow_message(const std::string& tensor_name, const Scheme& scheme, int64_t group, const GroupBox& box,

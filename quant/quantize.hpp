@@ -15,7 +15,8 @@ std::vector<float> dequantize(const QuantizedKv& q);
 
 // The messages of the quantizers' input errors, shared by the CPU and GPU paths so that both
 // report a bad input identically.
-std::string non_finite_message(const std::string& tensor_name, float value, int64_t b, int64_t h, int64_t t, int64_t d);
+std::string non_finite_message(const std::string& tensor_name, float value, int64_t b, int64_t h, int64_t t, int64_t d,
+                               const char* why = "quantizers accept finite input only");
 std::string overflow_message(const std::string& tensor_name, const Scheme& scheme, int64_t group, const GroupBox& box,
                              const GroupStats& stats);
 

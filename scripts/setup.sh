@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake make g++ pkg-config libeigen3-dev libhdf5-dev doctest-dev libcli11-dev nlohmann-json3-dev
-          libfmt-dev python3-venv python3-dev)
+          libfmt-dev libssl-dev python3-venv python3-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

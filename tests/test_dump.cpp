@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <H5Cpp.h>
+#include <fmt/format.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -185,7 +186,8 @@ TEST_CASE("truncated files at several offsets give a clear error and print nothi
     CHECK(std::ftell(sink) == 0);
     std::fclose(sink);
     CHECK(msg.find(t + ": ") == 0);
-    const bool says_why = msg.find("truncated or corrupt") != std::string::npos || msg.find("not an HDF5 file") != std::string::npos;
+    const bool says_why = msg.find("truncated") != std::string::npos || msg.find("corrupt") != std::string::npos ||
+                          msg.find("not an HDF5 file") != std::string::npos;
     CHECK_MESSAGE(says_why, msg);
     fs::remove(t);
   }
@@ -275,4 +277,147 @@ TEST_CASE("schema violations name the dataset and say expected vs got") {
     CHECK(dump_error(path) == path + ": " + c.expected);
     fs::remove(path);
   }
+}
+
+namespace {
+
+// Flips one bit at `offset` of a copy of `path`.
+std::string flipped_copy(const std::string& path, uintmax_t offset, const std::string& name) {
+  const std::string t = temp_path(name);
+  fs::copy_file(path, t, fs::copy_options::overwrite_existing);
+  std::fstream f(t, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  const char c = static_cast<char>(f.get());
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.put(static_cast<char>(c ^ 0x10));
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("kvq writes the HDF5 1.10 format, fixed-length text and Fletcher32-checked chunks") {
+  const std::string path = write_sample("format.h5", StoredDtype::kBf16);
+  {
+    std::ifstream in(path, std::ios::binary);
+    char head[9] = {};
+    in.read(head, 9);
+    CHECK(std::string(head + 1, 3) == "HDF");
+    CHECK(static_cast<int>(head[8]) == 3);  // superblock version 3: checksummed, 1.10 format
+  }
+  H5::H5File f(path, H5F_ACC_RDONLY);
+  for (const char* name : {"/layers/0/k", "/layers/1/v", "/layers/1/q", "/seq_lens", "/tokens"}) {
+    CAPTURE(name);
+    const H5::DSetCreatPropList dcpl = f.openDataSet(name).getCreatePlist();
+    CHECK(dcpl.getLayout() == H5D_CHUNKED);
+    CHECK(dcpl.allFiltersAvail());
+    bool fletcher = false;
+    for (int i = 0; i < dcpl.getNfilters(); ++i) {
+      unsigned flags = 0, config = 0;
+      size_t n = 0;
+      char filter_name[64];
+      fletcher = fletcher || dcpl.getFilter(i, flags, n, nullptr, sizeof filter_name, filter_name, config) == H5Z_FILTER_FLETCHER32;
+    }
+    CHECK(fletcher);
+  }
+  const H5::Attribute source = f.openAttribute("source");
+  CHECK(!H5::StrType(source.getDataType().getId()).isVariableStr());  // inline: no unchecked global heap
+  f.close();
+  CHECK(open_dump(path).source == "synthetic:test");
+  fs::remove(path);
+}
+
+TEST_CASE("a flipped byte anywhere in a kvq-written file is a corrupt-file error, most of them a checksum mismatch") {
+  const std::string path = write_sample("flipall.h5");
+  const auto size = fs::file_size(path);
+  int corrupt = 0, checksum = 0, clean = 0;
+  // Every 13th byte: the superblock, object headers, B-tree / index nodes, attributes and chunks.
+  for (uintmax_t offset = 0; offset < size; offset += 13) {
+    CAPTURE(offset);
+    const std::string t = flipped_copy(path, offset, "flipone.h5");
+    try {
+      const DumpInfo info = open_dump(t);
+      for (size_t i = 0; i < info.layers.size(); ++i) read_layer(info, i);
+      read_tokens(info);
+      ++clean;  // unused bytes (free space, padding)
+    } catch (const CorruptFileError& e) {
+      ++corrupt;
+      checksum += std::string(e.what()).find("checksum mismatch") != std::string::npos;
+      CHECK(std::string(e.what()).find(t + ": ") == 0);
+    } catch (const DumpError& e) {  // a schema check saw it first (e.g. the superblock's signature)
+      ++corrupt;
+      CHECK(std::string(e.what()).find(t + ": ") == 0);
+    }
+    fs::remove(t);
+  }
+  MESSAGE(fmt::format("{} offsets: {} detected ({} checksum mismatches), {} harmless", (size + 12) / 13, corrupt, checksum, clean));
+  CHECK(checksum > corrupt / 2);
+  fs::remove(path);
+}
+
+TEST_CASE("a flipped data byte is caught by Fletcher32 when the layer is read") {
+  const std::string path = write_sample("fletcher.h5");
+  uintmax_t offset = 0;
+  {
+    H5::H5File f(path, H5F_ACC_RDONLY);
+    const H5::DataSet ds = f.openDataSet("/layers/1/v");
+    haddr_t addr = 0;
+    hsize_t chunk_size = 0;
+    const hsize_t origin[4] = {0, 0, 0, 0};
+    unsigned mask = 0;
+    REQUIRE(H5Dget_chunk_info_by_coord(ds.getId(), origin, &mask, &addr, &chunk_size) >= 0);
+    offset = addr + chunk_size / 2;
+  }
+  const std::string t = flipped_copy(path, offset, "fletcher_flip.h5");
+  const DumpInfo info = open_dump(t);  // metadata intact
+  CHECK_NOTHROW(read_layer(info, 0));
+  CHECK(test::message_of<CorruptFileError>([&] { read_layer(info, 1); }) ==
+        t + ": /layers/1/v: cannot read the data (checksum mismatch: the file is corrupt)");
+  fs::remove(t);
+  fs::remove(path);
+}
+
+TEST_CASE("declared sizes beyond any memory are refused before allocating") {
+  const std::string path = edited("huge.h5", [](H5::H5File& f) {
+    for (const char* name : {"/layers/0/k", "/layers/0/v"}) {
+      f.unlink(name);
+      const hsize_t dims[4] = {3, 2, hsize_t{1} << 46, 8}, chunk[4] = {1, 1, 1024, 8};
+      H5::DSetCreatPropList dcpl;
+      dcpl.setChunk(4, chunk);
+      f.createDataSet(name, H5::PredType::IEEE_F32LE, H5::DataSpace(4, dims), dcpl);  // no data: fill values
+    }
+    f.unlink("/layers/1");
+  });
+  CHECK(dump_error(path).find("declares more than 2^48 elements") != std::string::npos);
+  const std::string big = edited("big.h5", [](H5::H5File& f) {
+    for (const char* name : {"/layers/0/k", "/layers/0/v", "/layers/1/k", "/layers/1/v"}) {
+      f.unlink(name);
+      const hsize_t dims[4] = {3, 2, 16, hsize_t{1} << 36}, chunk[4] = {1, 1, 1, 1024};
+      H5::DSetCreatPropList dcpl;
+      dcpl.setChunk(4, chunk);
+      f.createDataSet(name, H5::PredType::IEEE_F32LE, H5::DataSpace(4, dims), dcpl);
+    }
+    f.unlink("/layers/0/q");
+    f.unlink("/layers/1/q");
+    for (const char* g : {"/layers/0", "/layers/1"}) {
+      H5::Group grp = f.openGroup(g);
+      grp.removeAttr("head_dim");
+      const int64_t d = int64_t{1} << 36;
+      grp.createAttribute("head_dim", H5::PredType::STD_I64LE, H5::DataSpace(H5S_SCALAR)).write(H5::PredType::NATIVE_INT64, &d);
+    }
+  });
+  CHECK(dump_error(big).find("GiB in memory, more than this machine's") != std::string::npos);
+  fs::remove(path);
+  fs::remove(big);
+}
+
+TEST_CASE("non-finite decode queries name the dataset and the first index") {
+  const std::string path = write_sample("nanq.h5");
+  const DumpInfo info = open_dump(path);
+  KvLayer l = read_layer(info, 1);
+  CHECK_NOTHROW(check_finite_queries(info, 1, l));
+  l.q[((2 * 4 + 3) * 2 + 1) * 8 + 5] = NAN;  // [b=2, h=3, i=1, d=5]
+  l.q.back() = INFINITY;
+  CHECK(test::message_of<InputError>([&] { check_finite_queries(info, 1, l); }) ==
+        path + ": /layers/1/q: non-finite value nan at [2, 3, 1, 5] (attention needs finite queries)");
+  fs::remove(path);
 }

@@ -2,12 +2,15 @@
 command line's exit codes. KVQ_BIN names the kvq binary (ctest sets it)."""
 import os
 import subprocess
+import sys
 
 import h5py
 import numpy as np
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "data"))
+import kvq_dump  # noqa: E402
 BUNDLED = os.path.join(ROOT, "data", "dumps", "stories260k.h5")
 
 
@@ -47,11 +50,11 @@ def test_quantize_output_round_trips_through_h5py(tmp_path, k_scheme, v_scheme):
     r = kvq("quantize", BUNDLED, "--k", k_scheme, "--v", v_scheme, "--out", out)
     assert r.returncode == 0, r.stderr
     with h5py.File(out) as f, h5py.File(BUNDLED) as src:
-        assert f.attrs["k_scheme"] == k_scheme and f.attrs["v_scheme"] == v_scheme
+        assert kvq_dump.text(f.attrs["k_scheme"]) == k_scheme and kvq_dump.text(f.attrs["v_scheme"]) == v_scheme
         for layer in f["layers"]:
             for name in ("k", "v"):
                 g = f[f"layers/{layer}/{name}"]
-                a = dict(g.attrs)
+                a = {key: kvq_dump.text(v) if isinstance(v, bytes) else v for key, v in g.attrs.items()}
                 original = src[f"layers/{layer}/{name}"][...]
                 q = unpack(g["codes"][...], a["bits"], a["asymmetric"])
                 s = expand(g["scales"][...], a["granularity"], a["group"], original.shape)
@@ -92,7 +95,7 @@ def test_reference_options_change_the_result(tmp_path):
 
 
 @pytest.mark.parametrize("args,code,message", [
-    (["sweep", BUNDLED, "--k", "int4-g3"], 3, "kvq: error: int4-g3: group size 3 does not divide head_dim 8"),
+    (["sweep", BUNDLED, "--k", "int4-g3"], 3, f"kvq: error: {BUNDLED}: int4-g3: group size 3 does not divide head_dim 8"),
     (["sweep", BUNDLED, "--k", "int5-head"], 3, "kvq: error: unknown scheme 'int5-head': bits 'int5' must be int8 or int4"),
     (["quantize", BUNDLED, "--k", "int8-head"], 2, "--v is required"),
     (["sweep", "/nonexistent.h5"], 2, "File does not exist"),

@@ -1,0 +1,148 @@
+"""kvq on inputs it has never seen: corrupt files end in one line naming the file (exit 4), a sweep
+over several dumps keeps the good ones' results, an interrupted sweep resumes, kvq's own files carry
+checksums, and non-finite queries are rejected like non-finite K and V. KVQ_BIN names the binary."""
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "data"))
+import kvq_dump  # noqa: E402
+
+CORPUS = os.path.join(ROOT, "tests", "fuzz", "corpus")
+BINARY = os.environ.get("KVQ_BIN", os.path.join(ROOT, "build", "experiments", "kvq"))
+# The corpus's hangs end in 2 s; one thread each, since tests run side by side on few cores.
+ENV = dict(os.environ, KVQ_DUMP_CHECK_SECONDS="2", OMP_NUM_THREADS="1")
+
+
+def kvq(*args):
+    return subprocess.run([BINARY, *map(str, args)], capture_output=True, text=True, env=ENV, timeout=300)
+
+
+def synth(path, layers=2, tokens=48, q_len=4):
+    r = kvq("synth", "--out", path, "--layers", layers, "--batch", 2, "--q-heads", 4, "--kv-heads", 2,
+            "--tokens", tokens, "--head-dim", 16, "--q-len", q_len)
+    assert r.returncode == 0, r.stderr
+    return path
+
+
+def one_line(r):
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", ["crash-0e4fbb9f9653.h5", "hang-8e5d0767eb0e.h5"])
+@pytest.mark.parametrize("command", [["inspect"], ["quantize", "--k", "int8-head", "--v", "int8-head", "--out", "{tmp}/q.h5"],
+                                     ["reference", "--out", "{tmp}/r.h5"], ["sweep", "--out", "{tmp}/s", "--no-latency"]])
+def test_inputs_that_crashed_or_hung_kvq_end_in_one_line(tmp_path, name, command):
+    path = os.path.join(CORPUS, name)
+    args = [command[0], path] + [a.format(tmp=tmp_path) for a in command[1:]]
+    r = kvq(*args)
+    assert r.returncode == 4, r.stderr
+    line = one_line(r)
+    assert line.startswith(f"kvq: error: {path}: ")
+    assert ("crashed" in line) if name.startswith("crash") else ("did not finish within 2 s" in line)
+
+
+def test_sweep_writes_the_good_dumps_and_reports_the_corrupt_one_then_resumes(tmp_path):
+    a, c = synth(tmp_path / "a.h5"), synth(tmp_path / "c.h5", layers=3, tokens=40)
+    bad = os.path.join(CORPUS, "crash-0e4fbb9f9653.h5")
+    out = tmp_path / "out"
+    r = kvq("sweep", a, bad, c, "--k", "int8-head,int4-g8-asym", "--v", "int8-head", "--out", out, "--no-latency")
+    assert r.returncode == 4
+    assert one_line(r).startswith(f"kvq: error: {bad}: the HDF5 library crashed")
+    with open(out / "sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == (2 + 3) * 2  # every layer of a and c, two pairs each
+    records = json.load(open(out / "sweep.json"))
+    assert [r["file"] for r in records] == [str(a), bad, str(c)]
+    assert "error" in records[1] and all(r["complete"] for r in records)
+    assert len(os.listdir(out / "checkpoint")) == 5  # kept for a rerun
+
+    good = tmp_path / "b.h5"
+    synth(good, layers=1, tokens=20)
+    r = kvq("sweep", a, good, c, "--k", "int8-head,int4-g8-asym", "--v", "int8-head", "--out", out, "--no-latency")
+    assert r.returncode == 0, r.stderr
+    assert "reused 5 finished layer(s)" in r.stdout
+    assert not (out / "checkpoint").exists()
+    with open(out / "sweep.csv") as f:
+        assert len(list(csv.DictReader(f))) == 12
+
+
+def test_an_interrupted_sweep_keeps_finished_layers_and_resumes_to_the_same_results(tmp_path):
+    dump = synth(tmp_path / "big.h5", layers=8, tokens=160, q_len=16)
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    proc = subprocess.Popen([BINARY, "sweep", str(dump), "--out", str(out), "--no-latency"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=ENV)
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if (out / "checkpoint").exists() and len(os.listdir(out / "checkpoint")) >= 2:
+            proc.send_signal(signal.SIGKILL)  # a crash: no chance to clean up
+            break
+        time.sleep(0.005)
+    proc.wait()
+    if proc.returncode == 0:
+        pytest.skip("the sweep finished before it could be interrupted")
+    done = [name for name in os.listdir(out / "checkpoint") if name.endswith(".json")]
+    records = json.load(open(out / "sweep.json"))
+    # The results files follow each checkpoint; the kill may fall between the two.
+    assert not records[0]["complete"] and len(json.loads(records[0]["layers"])) >= len(done) - 1 >= 1
+    r = kvq("sweep", dump, "--out", out, "--no-latency")
+    assert r.returncode == 0, r.stderr
+    assert f"reused {len(done)} finished layer(s)" in r.stdout
+    assert kvq("sweep", dump, "--out", fresh, "--no-latency").returncode == 0
+    for name in ("sweep.csv", "sweep_heads.csv"):
+        assert (out / name).read_bytes() == (fresh / name).read_bytes(), name
+
+
+def test_nan_in_queries_is_one_line_naming_the_dataset_and_index(tmp_path):
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=(2, 4, 5, 8)).astype(np.float32)
+    q[1, 2, 3, 4] = np.nan
+    layers = [{"k": rng.normal(size=(2, 2, 5, 8)), "v": rng.normal(size=(2, 2, 5, 8)), "q": q, "num_q_heads": 4}]
+    path = tmp_path / "nanq.h5"
+    kvq_dump.write_dump(path, layers, source="test", created_by="test", rope="none")
+    want = f"kvq: error: {path}: /layers/0/q: non-finite value nan at [1, 2, 3, 4] (attention needs finite queries)"
+    r = kvq("sweep", path, "--k", "int8-head", "--v", "int8-head", "--out", tmp_path / "s", "--no-latency")
+    assert (r.returncode, one_line(r)) == (3, want)
+    r = kvq("reference", path, "--out", tmp_path / "r.h5")
+    assert (r.returncode, one_line(r)) == (3, want)
+    r = kvq("inspect", path)  # reports the count; computes nothing from Q
+    assert r.returncode == 0 and any(line.split()[:1] == ["Q"] and line.endswith(" 1") for line in r.stdout.splitlines())
+
+
+def test_kvq_files_carry_checksums_and_a_flipped_data_byte_is_a_checksum_error(tmp_path):
+    path = synth(tmp_path / "s.h5", layers=1, tokens=64)
+    ref = tmp_path / "ref.h5"
+    assert kvq("reference", path, "--out", ref).returncode == 0
+    written = tmp_path / "py.h5"
+    kvq_dump.write_dump(written, [{"k": np.ones((1, 1, 4, 8)), "v": np.ones((1, 1, 4, 8))}], source="t",
+                        created_by="t", rope="none", dtype="bfloat16")
+    for f in (path, ref, written):
+        with open(f, "rb") as fh:
+            assert fh.read(9)[8] == 3  # superblock v3: the HDF5 1.10 format, checksummed metadata
+        with h5py.File(f) as h:
+            datasets = []
+            h.visititems(lambda n, o: datasets.append(o) if isinstance(o, h5py.Dataset) else None)
+            assert datasets and all(d.fletcher32 for d in datasets)
+    with h5py.File(path) as h:
+        info = h["layers/0/k"].id.get_chunk_info(0)
+        offset = info.byte_offset + info.size // 2
+    data = bytearray(open(path, "rb").read())
+    data[offset] ^= 0x04
+    bad = tmp_path / "flipped.h5"
+    bad.write_bytes(bytes(data))
+    r = kvq("inspect", bad)
+    assert r.returncode == 4
+    assert one_line(r) == f"kvq: error: {bad}: /layers/0/k: cannot read the data (checksum mismatch: the file is corrupt)"
+
