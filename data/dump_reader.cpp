@@ -180,10 +180,13 @@ class Reader {
   std::string path_;
 };
 
+// Canonical decimal only: "00" or "+1" would alias another layer's index (and kvq's outputs name
+// layers by index).
 std::optional<int> layer_index(const std::string& name) {
   int v = -1;
   const auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), v);
-  if (ec != std::errc() || end != name.data() + name.size() || v < 0) return std::nullopt;
+  if (ec != std::errc() || end != name.data() + name.size() || v < 0 || (name.size() > 1 && name[0] == '0'))
+    return std::nullopt;
   return v;
 }
 
@@ -194,7 +197,7 @@ LayerInfo read_layer_info(const Reader& r, const H5::Group& layers, const std::s
   LayerInfo info;
   info.name = name;
   const auto index = layer_index(name);
-  if (!index) r.fail(where, "layer group names must be layer indices 0, 1, ...");
+  if (!index) r.fail(where, "layer group names must be layer indices 0, 1, ... (decimal, no leading zeros)");
   info.index = *index;
   if (r.child_type(layers, "/layers", name) != H5O_TYPE_GROUP) r.fail(where, "expected a group");
   const H5::Group g = r.guarded(where, "open the group", [&] { return layers.openGroup(name); });

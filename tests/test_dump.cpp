@@ -264,7 +264,9 @@ TEST_CASE("schema violations name the dataset and say expected vs got") {
        },
        "/layers/1: attribute num_kv_heads is 4 but k has 2 heads"},
       {"layer name", [](H5::H5File& f) { f.move("/layers/1", "/layers/last"); },
-       "/layers/last: layer group names must be layer indices 0, 1, ..."},
+       "/layers/last: layer group names must be layer indices 0, 1, ... (decimal, no leading zeros)"},
+      {"layer name aliasing another", [](H5::H5File& f) { f.move("/layers/1", "/layers/00"); },
+       "/layers/00: layer group names must be layer indices 0, 1, ... (decimal, no leading zeros)"},
       {"no layers", [](H5::H5File& f) {
          f.unlink("/layers/0");
          f.unlink("/layers/1");

@@ -247,6 +247,17 @@ def chunk_mutation(rng, path):
     return "chunk", f"chunk bytes of {name} at {offset} (+{size})"
 
 
+def commit_seed():
+    """A seed from the checkout's commit: each commit gets fresh mutants, and a CI run of a commit
+    replays exactly the batch its author ran. None outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        return int(head[:8], 16) if len(head) >= 8 else None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
 def make_mutant(rng, seeds, out_path):
     seed_name = rng.choice(sorted(seeds))
     seed = seeds[seed_name]
@@ -341,7 +352,8 @@ def main(argv=None):
     ap.add_argument("--corpus", help="run every file of this directory (with every command) instead of mutants")
     ap.add_argument("--count", type=int, default=500, help="fresh mutants to run")
     ap.add_argument("--seed", type=int, default=int(os.environ["KVQ_FUZZ_SEED"]) if "KVQ_FUZZ_SEED" in os.environ else None,
-                    help="RNG seed (default: $KVQ_FUZZ_SEED, else random; printed either way)")
+                    help="RNG seed (default: $KVQ_FUZZ_SEED, else from the checkout's commit, else random; "
+                         "printed either way)")
     ap.add_argument("--commands", default="inspect,sweep,reference,quantize",
                     help="mutants run inspect plus one of these in turn; corpus files run them all")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -351,7 +363,9 @@ def main(argv=None):
     ap.add_argument("--show", type=int, default=10, help="failures to print in full")
     args = ap.parse_args(argv)
     commands = args.commands.split(",")
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    seed = args.seed if args.seed is not None else commit_seed()
+    if seed is None:
+        seed = random.SystemRandom().randrange(1 << 31)
     work = tempfile.mkdtemp(prefix="kvq_fuzz_")
     try:
         jobs = []  # (path, origin, commands)
