@@ -16,6 +16,17 @@
 #include "quant/float_formats.hpp"
 #include "quant/host_device.hpp"
 
+// Tuning knobs for experiments (experiments/tune_decode_tc.sh builds the kernels with others).
+#ifndef KVQ_TC_STEP_BYTES
+#define KVQ_TC_STEP_BYTES 4096  // K+V code bytes per warp step
+#endif
+#ifndef KVQ_TC_STAGES
+#define KVQ_TC_STAGES 3  // shared-memory stages per warp ring
+#endif
+#ifndef KVQ_TC_MIN_CTAS
+#define KVQ_TC_MIN_CTAS 0  // resident CTAs per SM to budget registers for (0: what shared memory allows)
+#endif
+
 namespace kvq::detail {
 
 template <KvFormat F, int D>
@@ -34,15 +45,16 @@ struct TcTraits {
   static constexpr int kVStride = kRowWords + 4;
   // About 4 KB of K+V codes per warp step (16..64 keys), two steps in flight per warp.
   static constexpr int kStepTokens = [] {
-    int t = 4096 / (8 * kRowWords) / 16 * 16;
+    int t = KVQ_TC_STEP_BYTES / (8 * kRowWords) / 16 * 16;
     return t < 16 ? 16 : t > 64 ? 64 : t;
   }();
   static constexpr int kMTiles = kStepTokens / 16;
   static constexpr int kCodeWords = kStepTokens * (kKStride + kVStride);
-  static constexpr int kStages = 3;
+  static constexpr int kStages = KVQ_TC_STAGES;
   // CTAs per SM the shared memory allows (227 KB, 1 KB reserved per CTA; parameters not counted):
   // the register budget __launch_bounds__ asks for.
   static constexpr int kMinCtas = [] {
+    if (KVQ_TC_MIN_CTAS > 0) return KVQ_TC_MIN_CTAS;
     const int n = 232448 / (kWarps * kStages * kCodeWords * 4 + 3000 + 1024);
     return n < 1 ? 1 : n > 4 ? 4 : n;
   }();

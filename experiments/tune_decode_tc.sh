@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Tile experiments for the tensor-core decode kernels: builds kvq once per configuration of the
+# tile knobs (gpu/decode_tc_traits.cuh: KVQ_TC_STEP_BYTES, KVQ_TC_STAGES, KVQ_TC_MIN_CTAS), records
+# each kernel's registers and spills, and times every configuration with `kvq bench` in one run.
+#
+#   OUT=results/tune KVQ_TC_CONFIGS="default KVQ_TC_STAGES=2 KVQ_TC_STAGES=2,KVQ_TC_STEP_BYTES=8192" \
+#     bash experiments/tune_decode_tc.sh
+# A configuration is a comma-separated list of NAME=VALUE ("default": the traits as committed).
+# KVQ_SHAPES / KVQ_SCHEMES narrow the benchmark; KVQ_BENCH_ARGS adds kvq bench options (e.g. --splits 4).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-results/tune}
+mkdir -p "$OUT"
+build=${KVQ_BUILD_DIR:-build-tune}
+configs=${KVQ_TC_CONFIGS:-default}
+schemes=${KVQ_SCHEMES:-bf16,int8-head,int8-tensor,int4-head-asym,int4-g32-asym}
+export KVQ_COMMIT=${KVQ_COMMIT:-$(git rev-parse --short=12 HEAD 2> /dev/null || echo unknown)}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/gpu.txt"
+echo "commit $KVQ_COMMIT" >> "$OUT/gpu.txt"
+
+for config in $configs; do
+  defs=${config//,/;}
+  [[ $config == default ]] && defs=""
+  echo "== configuration $config"
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" \
+    -DKVQ_TC_TUNING="$defs" > "$OUT/configure.log" 2>&1
+  cmake --build "$build" --target kvq -j "$(nproc)" > "$OUT/build-$config.log" 2>&1 || {
+    tail -n 40 "$OUT/build-$config.log"
+    exit 1
+  }
+  cp "$build/experiments/kvq" "$build/kvq-$config"
+  # registers and spills of the tensor-core kernels
+  cuobjdump --dump-resource-usage "$build/kvq-$config" 2> /dev/null | grep -A1 "decode_tc_kernel" |
+    grep -v "^--" > "$OUT/resources-$config.txt" || true
+done
+for config in $configs; do
+  echo "== bench $config"
+  # shellcheck disable=SC2086
+  "$build/kvq-$config" bench --variant '^decode-tc$' --schemes "$schemes" --shapes "${KVQ_SHAPES:-.}" \
+    --csv "$OUT/decode-$config.csv" ${KVQ_BENCH_ARGS:-} > "$OUT/bench-$config.log"
+  grep "decode-tc" "$OUT/bench-$config.log" || true
+done
