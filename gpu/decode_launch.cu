@@ -54,12 +54,12 @@ const void* kernel_of(const DecodeParams& p);
 // The tensor-core kernel of p's format and head_dim, and its dynamic shared memory.
 std::pair<const void*, int> tc_kernel_of(const DecodeParams& p) {
   switch (p.format) {
-    case KvFormat::kBf16: return {DecodeTcKernels<KvFormat::kBf16>::kernel(p.head_dim), DecodeTcKernels<KvFormat::kBf16>::smem_bytes(p)};
-    case KvFormat::kFp16: return {DecodeTcKernels<KvFormat::kFp16>::kernel(p.head_dim), DecodeTcKernels<KvFormat::kFp16>::smem_bytes(p)};
-    case KvFormat::kInt8: return {DecodeTcKernels<KvFormat::kInt8>::kernel(p.head_dim), DecodeTcKernels<KvFormat::kInt8>::smem_bytes(p)};
-    case KvFormat::kInt4: return {DecodeTcKernels<KvFormat::kInt4>::kernel(p.head_dim), DecodeTcKernels<KvFormat::kInt4>::smem_bytes(p)};
+    case KvFormat::kBf16: return {DecodeTcKernels<KvFormat::kBf16>::kernel(p), DecodeTcKernels<KvFormat::kBf16>::smem_bytes(p)};
+    case KvFormat::kFp16: return {DecodeTcKernels<KvFormat::kFp16>::kernel(p), DecodeTcKernels<KvFormat::kFp16>::smem_bytes(p)};
+    case KvFormat::kInt8: return {DecodeTcKernels<KvFormat::kInt8>::kernel(p), DecodeTcKernels<KvFormat::kInt8>::smem_bytes(p)};
+    case KvFormat::kInt4: return {DecodeTcKernels<KvFormat::kInt4>::kernel(p), DecodeTcKernels<KvFormat::kInt4>::smem_bytes(p)};
     case KvFormat::kInt4Fbgemm:
-      return {DecodeTcKernels<KvFormat::kInt4Fbgemm>::kernel(p.head_dim), DecodeTcKernels<KvFormat::kInt4Fbgemm>::smem_bytes(p)};
+      return {DecodeTcKernels<KvFormat::kInt4Fbgemm>::kernel(p), DecodeTcKernels<KvFormat::kInt4Fbgemm>::smem_bytes(p)};
   }
   return {nullptr, 0};
 }

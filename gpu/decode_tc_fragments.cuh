@@ -30,13 +30,16 @@ struct TcSource {
   const uint8_t* scales = nullptr;  // planar parameters
   const uint8_t* zeros = nullptr;
   int64_t first_param = 0;  // element index of (t = 0, group 0)
-  int64_t param_bytes = 0;  // size of the whole scale (or zero) array
   float tensor_scale = 1.0f, tensor_zero = 0.0f;
-  int zero_words = 0;  // planar asymmetric: the zero points' words follow the scales' in a stage
   const uint8_t* lane_src = nullptr;  // 16-byte copies: this lane's first chunk of row 0
   int64_t pass_bytes = 0;             // 16-byte copies: bytes between the rows of consecutive passes
-  // Planar per-row parameters: (t = 0, group 0) of this (b, h) and the arrays' ends; null otherwise.
-  const uint8_t *scale_row = nullptr, *zero_row = nullptr, *scale_end = nullptr, *zero_end = nullptr;
+  // Planar per-row parameters (token, head, gG). A step's span of them starts at the same offset
+  // within a word in every step (steps start at multiples of 16 keys), so a lane copies the same
+  // word of every step: scale_lane / zero_lane is that word at t = 0 (null without per-row params).
+  const uint8_t *scale_lane = nullptr, *zero_lane = nullptr, *scale_end = nullptr, *zero_end = nullptr;
+  int param_words = 0;   // words of one step's span (the zero points' follow the scales' in a stage)
+  int param_offset = 0;  // the span's first element within its first word (fp16: 0 or 1)
+  int param_row_bytes = 0;  // parameter bytes per key
 };
 
 // The words of row (b, h) rows and params of `op` for this CTA.
@@ -58,7 +61,7 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const DecodeP
     s.pass_bytes = (32 / chunks) * op.stride_t;
   }
   const int pbytes = op.fp32_params ? 4 : 2;
-  s.zero_words = (step_tokens * s.groups * pbytes + 3) / 4 + 1;  // tc_param_words' `one`
+  int64_t param_bytes = 0;  // the whole scale (or zero) array
   switch (op.mode) {
     case ParamMode::kTensor:
       s.tensor_scale = op.fp32_params ? __ldg(static_cast<const float*>(op.scales))
@@ -68,33 +71,36 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const DecodeP
                                        : __half2float(__ushort_as_half(__ldg(static_cast<const uint16_t*>(op.zeros))));
       break;
     case ParamMode::kToken:
-      s.first_param = b * p.tokens, s.param_bytes = p.batch * p.tokens * pbytes;
+      s.first_param = b * p.tokens, param_bytes = p.batch * p.tokens * pbytes;
       break;
     case ParamMode::kHead:
     case ParamMode::kGroup:
       s.first_param = (b * p.kv_heads + h) * p.tokens * s.groups;
-      s.param_bytes = p.batch * p.kv_heads * p.tokens * s.groups * pbytes;
+      param_bytes = p.batch * p.kv_heads * p.tokens * s.groups * pbytes;
       break;
     default: break;
   }
   s.scales = static_cast<const uint8_t*>(op.scales), s.zeros = static_cast<const uint8_t*>(op.zeros);
-  if (s.param_bytes > 0) {
-    s.scale_row = s.scales + s.first_param * pbytes, s.scale_end = s.scales + s.param_bytes;
-    if (op.asymmetric) s.zero_row = s.zeros + s.first_param * pbytes, s.zero_end = s.zeros + s.param_bytes;
+  if (param_bytes > 0) {
+    const int64_t first_word = s.first_param * pbytes / 4, lane = threadIdx.x % 32;
+    s.param_offset = static_cast<int>(s.first_param * pbytes % 4) / pbytes;
+    s.param_words = tc_param_words(op, step_tokens, D) / (op.asymmetric ? 2 : 1);
+    s.param_row_bytes = s.groups * pbytes;
+    s.scale_lane = s.scales + 4 * (first_word + lane), s.scale_end = s.scales + param_bytes;
+    if (op.asymmetric) s.zero_lane = s.zeros + 4 * (first_word + lane), s.zero_end = s.zeros + param_bytes;
   }
   return s;
 }
 
-// Copies `count` parameters starting at `first` (maybe mid-word for fp16) as whole 4-byte words.
-// A last word that reaches past `end` (the array's end: fp16, odd total) is read with a plain load.
-__device__ __forceinline__ void copy_param_span(uint32_t* dst, const uint8_t* first, int bytes, const uint8_t* end,
-                                                int lane) {
-  const uint8_t* start = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(first) & ~uintptr_t{3});
-  const int words = static_cast<int>((first + bytes - start + 3) / 4);
-  for (int w = lane; w < words; w += 32) {
-    const uint8_t* src = start + 4 * w;
-    if (src + 4 <= end) cp_async4(smem_address(dst + w), src, true);
-    else dst[w] = __ldg(reinterpret_cast<const uint16_t*>(src));
+// One step's parameter span: `words` words, lane w + 32k from lane_src + 128k. The array's last
+// word may hold only a half (fp16, odd total): cp.async copies what is there and zero-fills the rest.
+__device__ __forceinline__ void copy_param_words(uint32_t* dst, const uint8_t* lane_src, const uint8_t* end,
+                                                 const uint8_t* any_valid, int words, int lane) {
+#pragma unroll 1
+  for (int w = lane; w < words; w += 32, lane_src += 128) {
+    const int64_t left = end - lane_src;
+    const int bytes = left >= 4 ? 4 : left > 0 ? static_cast<int>(left) : 0;
+    cp_async4_partial(smem_address(dst + w), bytes > 0 ? lane_src : any_valid, bytes);
   }
 }
 
@@ -126,43 +132,58 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
       cp_async4(smem_address(dst), s.rows + (ok ? (t0 + r) * s.stride_t + w * 4 : 0), ok);
     }
   }
-  if (s.scale_row) {
-    const int pbytes = s.fp32_params ? 4 : 2;
-    const int offset = static_cast<int>(t0) * s.groups * pbytes, bytes = n * s.groups * pbytes;
-    copy_param_span(params, s.scale_row + offset, bytes, s.scale_end, lane);
-    if (s.asymmetric) copy_param_span(params + s.zero_words, s.zero_row + offset, bytes, s.zero_end, lane);
+  if (s.scale_lane) {  // whole spans: rows past n copy their neighbours' parameters, never used
+    const int64_t advance = t0 * s.param_row_bytes;
+    copy_param_words(params, s.scale_lane + advance, s.scale_end, s.scales, s.param_words, lane);
+    if (s.asymmetric)
+      copy_param_words(params + s.param_words, s.zero_lane + advance, s.zero_end, s.zeros, s.param_words, lane);
   }
 }
 
-// Scale and zero point of row r, group g of a stage's parameters (0 for rows past the step, whose
-// stage words are stale). `span_offset`: span_offset(s, t0) of the step.
+// Scale and zero point of group `grp` of the lane's rows 16 mt + g (h = 0) and + 8 (h = 1) of every
+// m-tile of a stage (0 for rows past the step, whose stage words are stale). One set of branches on
+// the (warp-uniform) parameter mode per call, not per row.
 struct RowParams {
   float scale, zero;
 };
-__device__ __forceinline__ int span_offset(const TcSource& s, int64_t t0) {
-  return s.fp32_params ? 0 : static_cast<int>((s.first_param + t0 * s.groups) & 1);  // fp16: odd element = mid-word
-}
 __device__ __forceinline__ float param_at(const uint32_t* words, int index, bool fp32) {
   return fp32 ? __uint_as_float(words[index])
               : __half2float(__ushort_as_half(reinterpret_cast<const uint16_t*>(words)[index]));
 }
-// Branches only on warp-uniform values; rows past the step read in-bounds stale words and are
-// replaced by selects.
-__device__ __forceinline__ RowParams row_params(const TcSource& s, const uint32_t* params, int offset, int r, int g,
-                                                int n) {
-  if (s.mode == ParamMode::kTensor) return {s.tensor_scale, s.tensor_zero};
-  RowParams out;
-  if (s.mode == ParamMode::kInlineRow) {
-    const uint32_t w = params[r * s.inline_words + g];
-    out = {__half2float(__ushort_as_half(static_cast<uint16_t>(w & 0xffffu))),
-           __half2float(__ushort_as_half(static_cast<uint16_t>(w >> 16)))};
-  } else {
-    const int index = offset + r * s.groups + g;
-    out = {param_at(params, index, s.fp32_params),
-           s.asymmetric ? param_at(params + s.zero_words, index, s.fp32_params) : 0.0f};
+template <int kMTiles>
+__device__ __forceinline__ void tile_params(const TcSource& s, const uint32_t* params, int g, int grp, int n,
+                                            RowParams (&out)[kMTiles][2]) {
+  if (s.mode == ParamMode::kTensor) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) out[mt][0] = out[mt][1] = {s.tensor_scale, s.tensor_zero};
+    return;
   }
-  const bool live = r < n;
-  return {live ? out.scale : 0.0f, live ? out.zero : 0.0f};
+  if (s.mode == ParamMode::kInlineRow) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t w = params[(16 * mt + g + 8 * h) * s.inline_words + grp];
+        out[mt][h] = {__half2float(__ushort_as_half(static_cast<uint16_t>(w & 0xffffu))),
+                      __half2float(__ushort_as_half(static_cast<uint16_t>(w >> 16)))};
+      }
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int index = s.param_offset + (16 * mt + g + 8 * h) * s.groups + grp;
+        out[mt][h] = {param_at(params, index, s.fp32_params),
+                      s.asymmetric ? param_at(params + s.param_words, index, s.fp32_params) : 0.0f};
+      }
+  }
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const bool live = 16 * mt + g + 8 * h < n;
+      out[mt][h] = {live ? out[mt][h].scale : 0.0f, live ? out[mt][h].zero : 0.0f};
+    }
 }
 
 // Which of the lane's 4 consecutive elements d + kQPerm[k] sits at k position {2c, 2c+1, 2c+8, 2c+9}[k]

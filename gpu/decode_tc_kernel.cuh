@@ -37,6 +37,8 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 16);
 }
 
+__host__ __device__ constexpr int ilog2(int x) { return x > 1 ? 1 + ilog2(x / 2) : 0; }
+
 __device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }  // e in [-126, 127]
 
 __device__ __forceinline__ float fast_exp2(float x) {  // 2^-22 relative error, far below the fp16 rounding of P
@@ -84,7 +86,11 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b
   }
 }
 
-template <KvFormat F, int D>
+// kKSlicesPerGroup / kVPairsPerGroup: K k-slices per K scale group and V m-tile pairs per V scale
+// group when known at compile time (0: read from p). The common shapes -- one group per row, and
+// groups of 32 -- get their own kernels: the group boundaries in the unrolled loops are then
+// constants and the loops straight-line code.
+template <KvFormat F, int D, int kKSlicesPerGroup, int kVPairsPerGroup>
 __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMinCtas)
     decode_tc_kernel(const DecodeParams p) {
   using Tr = TcTraits<F, D>;
@@ -114,7 +120,8 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
   const TcSource vs = tc_source<D>(p.v, p, b, hk, Tr::kRowWords, kST);
   const int k_groups = Tr::kQuantized ? ks.groups : 1, v_groups = Tr::kQuantized ? vs.groups : 1;
   // Groups are powers of two (they divide D and hold whole k-slices): shifts, not divisions, in the loops.
-  const int k_shift = __ffs(Tr::kSlices / k_groups) - 1, v_shift = __ffs(Tr::kSlices / 2 / v_groups) - 1;
+  const int k_shift = kKSlicesPerGroup > 0 ? ilog2(kKSlicesPerGroup) : __ffs(Tr::kSlices / k_groups) - 1;
+  const int v_shift = kVPairsPerGroup > 0 ? ilog2(kVPairsPerGroup) : __ffs(Tr::kSlices / 2 / v_groups) - 1;
   tc_prologue<F, D>(pro, p, b, hk, hb, group_size, k_groups);
   __syncthreads();
 
@@ -180,7 +187,6 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
     const uint32_t* vc = st + kST * Tr::kKStride;
     const int64_t t0 = step_start(s);
     const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
-    const int k_off = span_offset(ks, t0), v_off = span_offset(vs, t0);
 
     // ---- QK: scores of keys (16 mt + g, + 8) x heads (2c, 2c + 1), log2 domain. The m-tiles and
     // two accumulators per m-tile (even / odd k-slices) are independent MMA chains.
@@ -202,10 +208,11 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
           const int grp = j >> k_shift;
           const float qs0 = ks.asymmetric ? pro.q_sum[grp][2 * c] : 0.0f;
           const float qs1 = ks.asymmetric ? pro.q_sum[grp][2 * c + 1] : 0.0f;
+          RowParams kp[Tr::kMTiles][2];
+          tile_params(ks, st + lay.k_params, g, grp, n, kp);
 #pragma unroll
           for (int mt = 0; mt < Tr::kMTiles; ++mt) {
-            const RowParams p0 = row_params(ks, st + lay.k_params, k_off, 16 * mt + g, grp, n);
-            const RowParams p1 = row_params(ks, st + lay.k_params, k_off, 16 * mt + g + 8, grp, n);
+            const RowParams p0 = kp[mt][0], p1 = kp[mt][1];
             float* t = total[mt];
             const float* a0 = acc[mt][0];
             const float* a1 = acc[mt][1];
@@ -256,36 +263,41 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
       for (int i = 0; i < Tr::kSlices / 2; ++i) z_acc[i][0] *= alpha[0], z_acc[i][1] *= alpha[1];
     }
 
-    // ---- PV, one k-step of 16 keys per m-tile of the QK result
+    // ---- PV: m-tile pairs i of D, each over the step's m-tiles (16-key k-steps) in order. P'
+    // (the PV operand) is rebuilt at each V scale group's first pair.
+    uint32_t pb[Tr::kMTiles][2];
 #pragma unroll
-    for (int mt = 0; mt < Tr::kMTiles; ++mt) {
-      const int r0 = 16 * mt + g, r1 = r0 + 8;
-      uint32_t b0 = 0, b1 = 0;
-      float z0 = 0.0f, z1 = 0.0f;  // the group's zero points of keys r0, r1
+    for (int i = 0; i < Tr::kSlices / 2; ++i) {
+      if constexpr (Tr::kQuantized) {
+        if ((i & ((1 << v_shift) - 1)) == 0) {
+          const int grp = i >> v_shift;
+          RowParams vp[Tr::kMTiles][2];
+          tile_params(vs, st + lay.v_params, g, grp, n, vp);
 #pragma unroll
-      for (int i = 0; i < Tr::kSlices / 2; ++i) {
-        if constexpr (Tr::kQuantized) {
-          if ((i & ((1 << v_shift) - 1)) == 0) {  // P' of this V scale group
-            const int grp = i >> v_shift;
-            const RowParams p0 = row_params(vs, st + lay.v_params, v_off, r0, grp, n);
-            const RowParams p1 = row_params(vs, st + lay.v_params, v_off, r1, grp, n);
-            const float f0 = p0.scale * v_fold, f1 = p1.scale * v_fold;
-            b0 = transpose_8x8(pack_rounded<false>(sc[mt][0] * f0, sc[mt][1] * f0));
-            b1 = transpose_8x8(pack_rounded<false>(sc[mt][2] * f1, sc[mt][3] * f1));
-            z0 = p0.zero, z1 = p1.zero;
+          for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+            const float f0 = vp[mt][0].scale * v_fold, f1 = vp[mt][1].scale * v_fold;
+            pb[mt][0] = transpose_8x8(pack_rounded<false>(sc[mt][0] * f0, sc[mt][1] * f0));
+            pb[mt][1] = transpose_8x8(pack_rounded<false>(sc[mt][2] * f1, sc[mt][3] * f1));
+            if (vs.asymmetric) {  // sum(p z) per V group, kept at its first pair
+              const float z0 = vp[mt][0].zero, z1 = vp[mt][1].zero;
+              z_acc[i][0] = __fmaf_rn(sc[mt][0], z0, __fmaf_rn(sc[mt][2], z1, z_acc[i][0]));
+              z_acc[i][1] = __fmaf_rn(sc[mt][1], z0, __fmaf_rn(sc[mt][3], z1, z_acc[i][1]));
+            }
           }
-          if (vs.asymmetric && (i & ((1 << v_shift) - 1)) == 0) {  // sum(p z) per V group, kept at its first pair
-            z_acc[i][0] = __fmaf_rn(sc[mt][0], z0, __fmaf_rn(sc[mt][2], z1, z_acc[i][0]));
-            z_acc[i][1] = __fmaf_rn(sc[mt][1], z0, __fmaf_rn(sc[mt][3], z1, z_acc[i][1]));
-          }
-        } else if (i == 0) {
-          b0 = transpose_8x8(pack_rounded<Tr::kBf16Mma>(sc[mt][0], sc[mt][1]));
-          b1 = transpose_8x8(pack_rounded<Tr::kBf16Mma>(sc[mt][2], sc[mt][3]));
         }
+      } else if (i == 0) {
+#pragma unroll
+        for (int mt = 0; mt < Tr::kMTiles; ++mt) {
+          pb[mt][0] = transpose_8x8(pack_rounded<Tr::kBf16Mma>(sc[mt][0], sc[mt][1]));
+          pb[mt][1] = transpose_8x8(pack_rounded<Tr::kBf16Mma>(sc[mt][2], sc[mt][3]));
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTiles; ++mt) {
         uint32_t lo[4], hi[4];
         v_fragments<F, Tr::kVStride>(vc, 16 * mt + 2 * c, i, g, !vs.asymmetric, lo, hi);
-        mma_16816<Tr::kBf16Mma>(o[2 * i], lo, b0, b1);
-        mma_16816<Tr::kBf16Mma>(o[2 * i + 1], hi, b0, b1);
+        mma_16816<Tr::kBf16Mma>(o[2 * i], lo, pb[mt][0], pb[mt][1]);
+        mma_16816<Tr::kBf16Mma>(o[2 * i + 1], hi, pb[mt][0], pb[mt][1]);
       }
     }
   }
@@ -364,20 +376,46 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
   }
 }
 
-// Launch of one format's tensor-core kernels, dispatched over D.
+// The scale-group shapes with kernels of their own (decode_tc_kernel's template arguments).
+enum class TcGroupShape { kRow, kG32, kAny };
+inline TcGroupShape tc_group_shape(const DecodeParams& p) {
+  const bool quantized = p.format == KvFormat::kInt8 || p.format == KvFormat::kInt4 || p.format == KvFormat::kInt4Fbgemm;
+  auto row = [&](const KvOperand& op) { return op.group <= 0 || op.group == p.head_dim; };
+  if (!quantized || (row(p.k) && row(p.v))) return TcGroupShape::kRow;
+  if (p.k.group == 32 && p.v.group == 32) return TcGroupShape::kG32;
+  return TcGroupShape::kAny;
+}
+
+// Launch of one format's tensor-core kernels, dispatched over D and the group shape.
 template <KvFormat F>
 struct DecodeTcKernels {
-  static const void* kernel(int head_dim);
+  static const void* kernel(const DecodeParams& p);
   static int smem_bytes(const DecodeParams& p);
   static void launch(const DecodeParams& p, cudaStream_t stream);
 };
 
+template <KvFormat F, int D>
+const void* tc_kernel_for(TcGroupShape shape) {
+  constexpr int kSlices = TcTraits<F, D>::kSlices;
+  if constexpr (!TcTraits<F, D>::kQuantized) {
+    return reinterpret_cast<const void*>(&decode_tc_kernel<F, D, kSlices, kSlices / 2>);
+  } else {
+    switch (shape) {
+      case TcGroupShape::kRow: return reinterpret_cast<const void*>(&decode_tc_kernel<F, D, kSlices, kSlices / 2>);
+      case TcGroupShape::kG32: return reinterpret_cast<const void*>(&decode_tc_kernel<F, D, 2, 1>);
+      case TcGroupShape::kAny: break;
+    }
+    return reinterpret_cast<const void*>(&decode_tc_kernel<F, D, 0, 0>);
+  }
+}
+
 template <KvFormat F>
-const void* DecodeTcKernels<F>::kernel(int head_dim) {
-  switch (head_dim) {
-    case 64: return reinterpret_cast<const void*>(&decode_tc_kernel<F, 64>);
-    case 128: return reinterpret_cast<const void*>(&decode_tc_kernel<F, 128>);
-    case 256: return reinterpret_cast<const void*>(&decode_tc_kernel<F, 256>);
+const void* DecodeTcKernels<F>::kernel(const DecodeParams& p) {
+  const TcGroupShape shape = tc_group_shape(p);
+  switch (p.head_dim) {
+    case 64: return tc_kernel_for<F, 64>(shape);
+    case 128: return tc_kernel_for<F, 128>(shape);
+    case 256: return tc_kernel_for<F, 256>(shape);
   }
   return nullptr;
 }
@@ -394,7 +432,7 @@ int DecodeTcKernels<F>::smem_bytes(const DecodeParams& p) {
 
 template <KvFormat F>
 void DecodeTcKernels<F>::launch(const DecodeParams& p, cudaStream_t stream) {
-  const void* fn = kernel(p.head_dim);
+  const void* fn = kernel(p);
   if (!fn) throw CudaError("decode-tc: no kernel for this head_dim");
   const int64_t head_blocks = (p.q_heads / p.kv_heads + 7) / 8;
   const int64_t ctas = p.batch * p.kv_heads * p.splits * head_blocks;
@@ -404,8 +442,9 @@ void DecodeTcKernels<F>::launch(const DecodeParams& p, cudaStream_t stream) {
     int device = 0, optin = 0;
     KVQ_CUDA_CHECK(cudaGetDevice(&device));
     KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    for (int d : {64, 128, 256})
-      KVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel(d), cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    for (TcGroupShape shape : {TcGroupShape::kRow, TcGroupShape::kG32, TcGroupShape::kAny})
+      for (const void* k : {tc_kernel_for<F, 64>(shape), tc_kernel_for<F, 128>(shape), tc_kernel_for<F, 256>(shape)})
+        KVQ_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
     return true;
   }();
   (void)opted_in;
