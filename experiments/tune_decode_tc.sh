@@ -18,25 +18,28 @@ export KVQ_COMMIT=${KVQ_COMMIT:-$(git rev-parse --short=12 HEAD 2> /dev/null || 
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/gpu.txt"
 echo "commit $KVQ_COMMIT" >> "$OUT/gpu.txt"
 
+tag() { echo "$1" | tr -c 'A-Za-z0-9_\n' '-'; }  # a file-name-safe label
 for config in $configs; do
   defs=${config//,/;}
   [[ $config == default ]] && defs=""
+  name=$(tag "$config")
   echo "== configuration $config"
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" \
     -DKVQ_TC_TUNING="$defs" > "$OUT/configure.log" 2>&1
-  cmake --build "$build" --target kvq -j "$(nproc)" > "$OUT/build-$config.log" 2>&1 || {
-    tail -n 40 "$OUT/build-$config.log"
+  cmake --build "$build" --target kvq -j "$(nproc)" > "$OUT/build-$name.log" 2>&1 || {
+    tail -n 40 "$OUT/build-$name.log"
     exit 1
   }
-  cp "$build/experiments/kvq" "$build/kvq-$config"
+  cp "$build/experiments/kvq" "$build/kvq-$name"
   # registers and spills of the tensor-core kernels
-  cuobjdump --dump-resource-usage "$build/kvq-$config" 2> /dev/null | grep -A1 "decode_tc_kernel" |
-    grep -v "^--" > "$OUT/resources-$config.txt" || true
+  cuobjdump --dump-resource-usage "$build/kvq-$name" 2> /dev/null | grep -A1 "decode_tc_kernel" |
+    grep -v "^--" > "$OUT/resources-$name.txt" || true
 done
 for config in $configs; do
+  name=$(tag "$config")
   echo "== bench $config"
   # shellcheck disable=SC2086
-  "$build/kvq-$config" bench --variant '^decode-tc$' --schemes "$schemes" --shapes "${KVQ_SHAPES:-.}" \
-    --csv "$OUT/decode-$config.csv" ${KVQ_BENCH_ARGS:-} > "$OUT/bench-$config.log"
-  grep "decode-tc" "$OUT/bench-$config.log" || true
+  "$build/kvq-$name" bench --variant '^decode-tc$' --schemes "$schemes" --shapes "${KVQ_SHAPES:-.}" \
+    --csv "$OUT/decode-$name.csv" ${KVQ_BENCH_ARGS:-} > "$OUT/bench-$name.log"
+  grep "decode-tc" "$OUT/bench-$name.log" || true
 done
