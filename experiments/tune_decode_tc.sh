@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Tile experiments for the tensor-core decode kernels: builds kvq once per configuration of the
-# tile knobs (gpu/decode_tc_traits.cuh: KVQ_TC_STEP_BYTES, KVQ_TC_STAGES, KVQ_TC_MIN_CTAS), records
+# tile knobs (gpu/decode_tc_traits.cuh: KVQ_TC_STEP_TOKENS, KVQ_TC_STAGES, KVQ_TC_MIN_CTAS), records
 # each kernel's registers and spills, and times every configuration with `kvq bench` in one run.
 #
-#   OUT=results/tune KVQ_TC_CONFIGS="default KVQ_TC_STAGES=2 KVQ_TC_STAGES=2,KVQ_TC_STEP_BYTES=8192" \
+#   OUT=results/tune KVQ_TC_CONFIGS="default KVQ_TC_STAGES=2 KVQ_TC_STAGES=2,KVQ_TC_STEP_TOKENS=64" \
 #     bash experiments/tune_decode_tc.sh
 # A configuration is a comma-separated list of NAME=VALUE ("default": the traits as committed).
 # KVQ_SHAPES / KVQ_SCHEMES narrow the benchmark; KVQ_BENCH_ARGS adds kvq bench options (e.g. --splits 4).

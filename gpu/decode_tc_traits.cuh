@@ -16,15 +16,16 @@
 #include "quant/float_formats.hpp"
 #include "quant/host_device.hpp"
 
-// Tuning knobs for experiments (experiments/tune_decode_tc.sh builds the kernels with others).
-#ifndef KVQ_TC_STEP_BYTES
-#define KVQ_TC_STEP_BYTES 4096  // K+V code bytes per warp step
+// Tuning knobs for experiments (experiments/tune_decode_tc.sh builds the kernels with others);
+// 0 keeps the default of TcTraits.
+#ifndef KVQ_TC_STEP_TOKENS
+#define KVQ_TC_STEP_TOKENS 0  // keys per warp step (a multiple of 16, at most 64)
 #endif
 #ifndef KVQ_TC_STAGES
-#define KVQ_TC_STAGES 3  // shared-memory stages per warp ring
+#define KVQ_TC_STAGES 0  // shared-memory stages per warp ring
 #endif
 #ifndef KVQ_TC_MIN_CTAS
-#define KVQ_TC_MIN_CTAS 0  // resident CTAs per SM to budget registers for (0: what shared memory allows)
+#define KVQ_TC_MIN_CTAS 0  // resident CTAs per SM to budget registers for
 #endif
 
 namespace kvq::detail {
@@ -43,18 +44,20 @@ struct TcTraits {
   // 2c = 0, 2, 4, 6: these paddings put each of those reads in 32 different banks.
   static constexpr int kKStride = kRowWords + (kBits == 16 ? 8 : 4);
   static constexpr int kVStride = kRowWords + 4;
-  // About 4 KB of K+V codes per warp step (16..64 keys), two steps in flight per warp.
-  static constexpr int kStepTokens = [] {
-    int t = KVQ_TC_STEP_BYTES / (8 * kRowWords) / 16 * 16;
-    return t < 16 ? 16 : t > 64 ? 64 : t;
-  }();
+  // Measured on the H100 (experiments/tune_decode_tc.sh): 32 keys per step for int8 and int4 (16
+  // for bf16, whose rows are 4x larger); a warp consumes a step far slower than memory delivers the
+  // next, so two stages suffice for the quantized formats, and the shared memory saved buys a third
+  // CTA per SM at 168 registers (fewer registers spill).
+  static constexpr int kStepTokens = KVQ_TC_STEP_TOKENS > 0 ? KVQ_TC_STEP_TOKENS : kQuantized ? 32 : 16;
   static constexpr int kMTiles = kStepTokens / 16;
   static constexpr int kCodeWords = kStepTokens * (kKStride + kVStride);
-  static constexpr int kStages = KVQ_TC_STAGES;
-  // CTAs per SM the shared memory allows (227 KB, 1 KB reserved per CTA; parameters not counted):
-  // the register budget __launch_bounds__ asks for.
+  static constexpr int kStages = KVQ_TC_STAGES > 0 ? KVQ_TC_STAGES : kQuantized ? 2 : 3;
+  // The register budget __launch_bounds__ asks for: CTAs per SM, 3 (168 registers) for the
+  // quantized formats up to D = 128, else what shared memory allows (227 KB less 1 KB per CTA,
+  // parameters not counted).
   static constexpr int kMinCtas = [] {
     if (KVQ_TC_MIN_CTAS > 0) return KVQ_TC_MIN_CTAS;
+    if (kQuantized && D <= 128) return 3;
     const int n = 232448 / (kWarps * kStages * kCodeWords * 4 + 3000 + 1024);
     return n < 1 ? 1 : n > 4 ? 4 : n;
   }();
