@@ -55,7 +55,7 @@ fi
 phase=${KVQ_PHASE:-all}
 if [[ $phase != bench ]]; then
 step "GPU and CPU test suites (ctest, C++)" tests.log \
-  ctest --test-dir "$build" --output-on-failure -j 4 -E "^python_"
+  ctest --test-dir "$build" --output-on-failure -j 4 -E "^python_|^fuzz_"  # those run in CI
 step "Hugging Face capture test (torch, transformers)" capture_hf.log python3 tests/python/run_hf_tests.py
 
 sanitize() {  # every tool on the quick gate; any finding fails
