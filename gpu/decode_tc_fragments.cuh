@@ -200,11 +200,15 @@ inline constexpr uint32_t kFp16Magic = 0x64006400u;  // 1024.0 in both halves
 __device__ __forceinline__ uint32_t int8_pair(uint32_t biased, bool sym) {
   return hsub2(biased, sym ? 0x64806480u : kFp16Magic);  // 1152 or 1024
 }
+// Symmetric int4 codes are two's-complement nibbles: flipping their top bit (x ^ 8 = x + 8) makes
+// them unsigned; the flip rides in the LOP3 that inserts the nibbles into 1024.0 (select_xor).
 __device__ __forceinline__ uint32_t nibble_pair_low(uint32_t x, bool sym) {  // nibbles in bits 0..3
-  return hsub2(and_or(x, 0x000f000fu, kFp16Magic), sym ? 0x64086408u : kFp16Magic);  // 1032 or 1024
+  return hsub2(select_xor(x, 0x000f000fu, kFp16Magic | (sym ? 0x00080008u : 0u)),
+               sym ? 0x64086408u : kFp16Magic);  // 1032 or 1024
 }
 __device__ __forceinline__ uint32_t nibble_pair_high(uint32_t x, bool sym) {  // nibbles in bits 4..7: 1024 + 16u
-  return hfma2(and_or(x, 0x00f000f0u, kFp16Magic), 0x2c002c00u, sym ? 0xd480d480u : 0xd400d400u);  // /16 - 72 or - 64
+  return hfma2(select_xor(x, 0x00f000f0u, kFp16Magic | (sym ? 0x00800080u : 0u)), 0x2c002c00u,
+               sym ? 0xd480d480u : 0xd400d400u);  // /16 - 72 or - 64
 }
 
 // A fragment of k-slice j for keys `row` and row + 8 of a stage's K codes.
@@ -222,10 +226,9 @@ __device__ __forceinline__ void k_fragment(const uint32_t* kc, int row, int j, i
     a[2] = int8_pair(__byte_perm(w0, 0x64646464u, 0x4342), sym);
     a[3] = int8_pair(__byte_perm(w1, 0x64646464u, 0x4342), sym);
   } else {  // int4: 4 nibbles (2 bytes) per key; [b0, 0, b1, 0] puts nibbles 0,2 low and 1,3 high
-    const uint32_t flip = sym ? 0x8888u : 0u;
     const uint16_t* h = reinterpret_cast<const uint16_t*>(kc);
-    const uint32_t x0 = __byte_perm(h[(row * kStride + 2 * j) * 2 + c] ^ flip, 0u, 0x4140);
-    const uint32_t x1 = __byte_perm(h[((row + 8) * kStride + 2 * j) * 2 + c] ^ flip, 0u, 0x4140);
+    const uint32_t x0 = __byte_perm(h[(row * kStride + 2 * j) * 2 + c], 0u, 0x4140);
+    const uint32_t x1 = __byte_perm(h[((row + 8) * kStride + 2 * j) * 2 + c], 0u, 0x4140);
     a[0] = nibble_pair_low(x0, sym), a[1] = nibble_pair_low(x1, sym);
     a[2] = nibble_pair_high(x0, sym), a[3] = nibble_pair_high(x1, sym);
   }
@@ -251,17 +254,18 @@ __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i,
     uint32_t w[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) w[k] = vc[rows[k] * kStride + 8 * i + g] ^ flip;
-    auto pair = [&](uint32_t a, uint32_t b, int e) {  // (a.byte e, b.byte e) as 1024 + u
-      return int8_pair(and_or(__byte_perm(a, b, ((4 + e) << 8) | e), 0x00ff00ffu, kFp16Magic), sym);
-    };
-    lo[0] = pair(w[0], w[1], 0), lo[1] = pair(w[0], w[1], 1), lo[2] = pair(w[2], w[3], 0), lo[3] = pair(w[2], w[3], 1);
-    hi[0] = pair(w[0], w[1], 2), hi[1] = pair(w[0], w[1], 3), hi[2] = pair(w[2], w[3], 2), hi[3] = pair(w[2], w[3], 3);
+    // Interleave two keys' bytes, [a.e, b.e, a.e+1, b.e+1], then each pair into 1024.0's mantissas.
+    const uint32_t ab01 = __byte_perm(w[0], w[1], 0x5140), ab23 = __byte_perm(w[0], w[1], 0x7362);
+    const uint32_t cd01 = __byte_perm(w[2], w[3], 0x5140), cd23 = __byte_perm(w[2], w[3], 0x7362);
+    auto low = [&](uint32_t t) { return int8_pair(__byte_perm(t, 0x64646464u, 0x4140), sym); };
+    auto high = [&](uint32_t t) { return int8_pair(__byte_perm(t, 0x64646464u, 0x4342), sym); };
+    lo[0] = low(ab01), lo[1] = high(ab01), lo[2] = low(cd01), lo[3] = high(cd01);
+    hi[0] = low(ab23), hi[1] = high(ab23), hi[2] = low(cd23), hi[3] = high(cd23);
   } else {
-    const uint32_t flip = sym ? 0x8888u : 0u;
     const uint16_t* h = reinterpret_cast<const uint16_t*>(vc);
     uint32_t x[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) x[k] = h[(rows[k] * kStride + 4 * i) * 2 + g] ^ flip;
+    for (int k = 0; k < 4; ++k) x[k] = h[(rows[k] * kStride + 4 * i) * 2 + g];
     // [A.b0, ., B.b0, .]: nibbles 0 (low) and 1 (high) of keys A, B; [A.b1, ., B.b1, .]: nibbles 2, 3
     const uint32_t a01 = __byte_perm(x[0], x[1], 0x0400), a23 = __byte_perm(x[0], x[1], 0x0501);
     const uint32_t b01 = __byte_perm(x[2], x[3], 0x0400), b23 = __byte_perm(x[2], x[3], 0x0501);

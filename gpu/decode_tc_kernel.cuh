@@ -233,8 +233,8 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
       for (int e = 0; e < 4; ++e) {
         const int r = 16 * mt + g + (e < 2 ? 0 : 8);
         const float dot = Tr::kQuantized ? total[mt][e] : acc[mt][0][e] + acc[mt][1][e];
-        const float dist = static_cast<float>(len - 1 - (t0 + r));
-        sc[mt][e] = r < n ? dot * factor[e % 2] - slope[e % 2] * dist : -INFINITY;
+        sc[mt][e] = r < n ? dot * factor[e % 2] : -INFINITY;
+        if (p.alibi_slopes) sc[mt][e] -= slope[e % 2] * static_cast<float>(len - 1 - (t0 + r));  // -inf stays
       }
 
     // ---- online softmax over the step (per head: lanes with the same c hold it)

@@ -170,10 +170,10 @@ __device__ __forceinline__ uint32_t pack_rounded(float lo, float hi) {
   return r;
 }
 
-// (x & mask) | magic in one LOP3 (the compiler emits two when both are immediates).
-__device__ __forceinline__ uint32_t and_or(uint32_t x, uint32_t mask, uint32_t magic) {
+// Bits of x where mask is set, xor c; c elsewhere (LOP3 table 0x6a: mask ? x ^ c : c).
+__device__ __forceinline__ uint32_t select_xor(uint32_t x, uint32_t mask, uint32_t c) {
   uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(r) : "r"(x), "r"(mask), "r"(magic));
+  asm("lop3.b32 %0, %1, %2, %3, 0x6a;\n" : "=r"(r) : "r"(x), "r"(mask), "r"(c));
   return r;
 }
 
