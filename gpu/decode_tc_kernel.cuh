@@ -89,12 +89,11 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b
 
 // Split-K without a merge kernel: each CTA counts its arrival once its partials are visible; the
 // last of its (b, KV head, head block) merges all splits (decode_merge.cuh, the merge kernel's
-// arithmetic) and re-zeroes the counter. `scratch`: 17 words of shared memory no longer in use
-// (dynamic: a static __shared__ would lower the dynamic limit the launch opts into).
+// arithmetic) and re-zeroes the counter. `scratch`: 16 floats of shared memory no longer in use.
 template <int D>
 __device__ void merge_if_last(const DecodeParams& p, int64_t b, int64_t hk, int64_t hb, int64_t group_size,
                               float* scratch) {
-  int& is_last = *reinterpret_cast<int*>(scratch + 16);
+  __shared__ int is_last;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
