@@ -37,12 +37,7 @@ DecodeParams DecodeRun::plan(const DecodeVariant& variant, int sm_count, int for
   if (static_cast<int64_t>(partial_o_.size()) < partial_o_floats(p)) partial_o_ = DeviceBuffer<float>(partial_o_floats(p));
   if (static_cast<int64_t>(partial_lse_.size()) < partial_lse_floats(p))
     partial_lse_ = DeviceBuffer<float>(partial_lse_floats(p));
-  if (static_cast<int64_t>(split_counters_.size()) < split_counter_count(p)) {
-    split_counters_ = DeviceBuffer<uint32_t>(split_counter_count(p));
-    split_counters_.fill_bytes(0);  // the kernels leave them zero
-  }
   p.partial_o = partial_o_.data(), p.partial_lse = partial_lse_.data();
-  p.split_counters = split_counter_count(p) > 0 ? split_counters_.data() : nullptr;
   return p;
 }
 

@@ -36,7 +36,6 @@ class DecodeRun {
   DeviceBuffer<uint16_t> q_, out_;
   DeviceBuffer<int32_t> seq_lens_;
   DeviceBuffer<float> slopes_, lse_, partial_o_, partial_lse_;
-  DeviceBuffer<uint32_t> split_counters_;
 };
 
 }  // namespace kvq

@@ -1,7 +1,6 @@
 // GPU decode attention (Tq = 1) over a K/V cache stored raw (bf16 / fp16) or quantized (int8 /
 // int4 planar, int4 FBGEMM rows), dequantized inside the kernel with the codec's own decode().
-// One kernel template covers every format; split-K partials merge by LSE in a second kernel (or,
-// for the tensor-core kernels given split_counters, in the last CTA of each split group).
+// One kernel template covers every format; split-K partials merge by LSE in a second kernel.
 // DESIGN.md "Attention" is the definition; reference/attention.hpp is the fp64 truth.
 #pragma once
 
@@ -59,10 +58,6 @@ struct DecodeParams {
   int heads_per_cta = 0;  // query heads sharing one CTA's K/V reads: 1, 2, 4 or 8
   float* partial_o = nullptr;    // [splits, B, Hq, D] when splits > 1
   float* partial_lse = nullptr;  // [splits, B, Hq]
-  // Tensor-core kernels with splits > 1: [split_counter_count] zeroed counters; the last CTA of each
-  // (b, KV head, head block) then merges the partials itself (no merge kernel) and re-zeroes its
-  // counter. Launches sharing counters must not overlap. nullptr: a merge kernel follows.
-  uint32_t* split_counters = nullptr;
 };
 
 // The operand of a quantized tensor in the layouts gpu/quantize.hpp writes: planar codes BNSH
@@ -97,7 +92,6 @@ int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens)
 // Floats of partial_o and partial_lse needed for p.splits.
 int64_t partial_o_floats(const DecodeParams& p);
 int64_t partial_lse_floats(const DecodeParams& p);
-int64_t split_counter_count(const DecodeParams& p);
 
 // Throws InputError for a malformed problem (dims, D, Hq % Hkv, missing buffers).
 void check_decode_params(const DecodeParams& p);

@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "gpu/decode_kernel.cuh"
-#include "gpu/decode_merge.cuh"
 #include "gpu/decode_tc_kernel.cuh"
 #include "quant/errors.hpp"
 #include "quant/fbgemm_layout.hpp"
@@ -26,13 +25,28 @@ extern template struct DecodeTcKernels<KvFormat::kInt8>;
 extern template struct DecodeTcKernels<KvFormat::kInt4>;
 extern template struct DecodeTcKernels<KvFormat::kInt4Fbgemm>;
 
-// One CTA per (b, query head), one thread per d: the split-K merge (decode_merge.cuh).
+// One CTA per (b, query head), one thread per d: O = sum_s exp(LSE_s - LSE) O_s over the splits
+// that saw keys, in split order (DESIGN.md's merge; reference/attention.cpp merge_partials).
 __global__ void merge_splits_kernel(const DecodeParams p) {
   const int64_t bh = blockIdx.x;
-  const SplitLse l = merge_split_lse(p, bh);
-  for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x)
-    p.out[bh * p.head_dim + d] = fp32_to_bf16_bits(merge_split_value(p, bh, d, l));
-  if (threadIdx.x == 0) p.lse[bh] = l.lse;
+  const int64_t stride = p.batch * p.q_heads;
+  float mx = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, p.partial_lse[s * stride + bh]);
+  float lse = -INFINITY, sum = 0.0f;
+  if (mx != -INFINITY) {
+    for (int s = 0; s < p.splits; ++s) sum += exp_natural(p.partial_lse[s * stride + bh] - mx);
+    lse = mx + logf(sum);
+  }
+  for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
+    float o = 0.0f;
+    if (mx != -INFINITY)
+      for (int s = 0; s < p.splits; ++s) {
+        const float w = exp_natural(p.partial_lse[s * stride + bh] - lse);
+        o = __fmaf_rn(w, p.partial_o[(s * stride + bh) * p.head_dim + d], o);
+      }
+    p.out[bh * p.head_dim + d] = fp32_to_bf16_bits(o);
+  }
+  if (threadIdx.x == 0) p.lse[bh] = lse;
 }
 
 const void* kernel_of(const DecodeParams& p);
@@ -248,10 +262,6 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
 
 int64_t partial_o_floats(const DecodeParams& p) { return p.splits > 1 ? p.splits * p.batch * p.q_heads * p.head_dim : 0; }
 int64_t partial_lse_floats(const DecodeParams& p) { return p.splits > 1 ? p.splits * p.batch * p.q_heads : 0; }
-int64_t split_counter_count(const DecodeParams& p) {
-  if (p.splits <= 1 || p.family != DecodeFamily::kTensorCore) return 0;
-  return p.batch * p.kv_heads * ((p.q_heads / p.kv_heads + 7) / 8);
-}
 
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   check_decode_params(p);
@@ -268,8 +278,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     case KvFormat::kInt4Fbgemm: detail::DecodeFormatKernels<KvFormat::kInt4Fbgemm>::launch(p, stream); break;
   }
   KVQ_CHECK_LAUNCH();
-  const bool merged_in_kernel = p.family == DecodeFamily::kTensorCore && p.split_counters;
-  if (p.splits > 1 && !merged_in_kernel) {
+  if (p.splits > 1) {
     const int threads = std::min(p.head_dim, 128);
     detail::merge_splits_kernel<<<static_cast<unsigned>(p.batch * p.q_heads), threads, 0, stream>>>(p);
     KVQ_CHECK_LAUNCH();

@@ -19,7 +19,6 @@
 #include <cmath>
 
 #include "gpu/cuda_check.hpp"
-#include "gpu/decode_merge.cuh"
 #include "gpu/decode_tc_fragments.cuh"
 #include "quant/float_formats.hpp"
 
@@ -84,37 +83,6 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b
       pro.factor[i] = p.softmax_scale * kTcLog2e * pow2(-exponent);
       pro.slope[i] = ok && p.alibi_slopes ? p.alibi_slopes[hk * group_size + in_group] * kTcLog2e : 0.0f;
     }
-  }
-}
-
-// Split-K without a merge kernel: each CTA counts its arrival once its partials are visible; the
-// last of its (b, KV head, head block) merges all splits (decode_merge.cuh, the merge kernel's
-// arithmetic) and re-zeroes the counter. `scratch`: 16 floats of shared memory no longer in use.
-template <int D>
-__device__ void merge_if_last(const DecodeParams& p, int64_t b, int64_t hk, int64_t hb, int64_t group_size,
-                              float* scratch) {
-  __shared__ int is_last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int64_t head_blocks = (group_size + 7) / 8;
-    uint32_t* counter = p.split_counters + (b * p.kv_heads + hk) * head_blocks + hb;
-    is_last = atomicAdd(counter, 1u) == static_cast<uint32_t>(p.splits - 1);
-    if (is_last) *counter = 0u;  // every split has arrived: ready for the next launch
-  }
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  SplitLse* head_lse = reinterpret_cast<SplitLse*>(scratch);
-  if (threadIdx.x < 8 && hb * 8 + threadIdx.x < group_size)
-    head_lse[threadIdx.x] = merge_split_lse(p, b * p.q_heads + hk * group_size + hb * 8 + threadIdx.x);
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < 8 * D; idx += blockDim.x) {
-    const int i = idx / D, d = idx % D;
-    if (hb * 8 + i >= group_size) continue;
-    const int64_t bh = b * p.q_heads + hk * group_size + hb * 8 + i;
-    p.out[bh * D + d] = fp32_to_bf16_bits(merge_split_value(p, bh, d, head_lse[i]));
-    if (d == 0) p.lse[bh] = head_lse[i].lse;
   }
 }
 
@@ -406,7 +374,6 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
       if (d == 0) p.partial_lse[(split * p.batch + b) * p.q_heads + h] = head_lse[i];
     }
   }
-  if (p.splits > 1 && p.split_counters) merge_if_last<D>(p, b, hk, hb, group_size, reinterpret_cast<float*>(stages));
 }
 
 // The scale-group shapes with kernels of their own (decode_tc_kernel's template arguments).
