@@ -16,7 +16,8 @@ const char* kSchemes[] = {"int8-tensor",    "int8-token",      "int8-head",     
                           "int8-g8-asym",   "int8-head-asym",  "int8-chan-t32",   "int4-tensor",    "int4-token-asym",
                           "int4-head",      "int4-head-asym",  "int4-g64-asym",   "int4-g32-asym",  "int4-g16-asym",
                           "int4-g32",       "int4-g2-asym",    "int4-chan-t32-asym", "int8-head-fp32", "int4-g32-asym-fp32",
-                          "int8-token-fp32"};
+                          "int8-token-fp32", "int4-token",     "int8-token-asym", "int4-token-asym-fp32",
+                          "int8-tensor-asym", "int4-tensor-asym", "int8-tensor-fp32"};
 const InputDtype kDtypes[] = {InputDtype::kBf16, InputDtype::kFp16, InputDtype::kFp32};
 
 float round_to(float x, InputDtype dt) {
@@ -173,6 +174,11 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
                 CodeLayout::kPlanar);
     }
   }
+  // Shapes unlike the bundled data: D = 8, D / 8 not a power of two, odd T, many or one head.
+  for (const KvShape& shape : {KvShape{1, 5, 3, 8}, KvShape{3, 1, 11, 40}, KvShape{2, 7, 3, 24}, KvShape{1, 16, 5, 256}})
+    for (const char* name : kSchemes)
+      c.compare("random odd shape", random_values(shape.numel(), 9, shape.head_dim), shape, parse_scheme(name),
+                InputDtype::kBf16, CodeLayout::kPlanar);
   // Ten million values and more, at kernel-sized shapes.
   if (!opt.quick)
     for (const char* name : {"int4-g32-asym", "int8-head", "int8-tensor", "int4-token-asym"}) {
@@ -189,11 +195,13 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
   // Hostile shapes: no tokens, no batch, one token, around the 8-rows-per-block tile.
   for (const KvShape& shape : {KvShape{2, 2, 0, D}, KvShape{0, 2, 5, D}, KvShape{1, 1, 1, D}, KvShape{1, 1, 7, D},
                                KvShape{1, 1, 8, D}, KvShape{1, 1, 9, D}, KvShape{3, 1, 33, D}})
-    for (const char* name : {"int8-head", "int4-g32-asym", "int8-tensor", "int4-chan-t32-asym", "int8-token"})
+    for (const char* name : {"int8-head", "int4-g32-asym", "int8-tensor", "int4-chan-t32-asym", "int8-token",
+                             "int4-token-asym", "int4-tensor-asym"})
       c.compare("hostile shape", random_values(shape.numel(), 5, D), shape, parse_scheme(name), InputDtype::kBf16,
                 CodeLayout::kPlanar);
   // Bad input: the GPU must fail with the CPU's message.
-  for (const char* name : {"int8-head", "int4-g32-asym", "int8-tensor", "int8-token", "int4-chan-t32-asym"}) {
+  for (const char* name : {"int8-head", "int4-g32-asym", "int8-tensor", "int8-token", "int4-chan-t32-asym",
+                           "int4-tensor-asym", "int4-token-asym"}) {
     const KvShape shape{2, 3, 20, D};
     std::vector<float> bad = random_values(shape.numel(), 6, D);
     bad[((1 * 3 + 2) * 20 + 5) * D + 17] = NAN;
@@ -219,7 +227,7 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
     }
   }
   // Reruns: bitwise identical outputs every time.
-  for (const char* name : {"int4-g32-asym", "int8-tensor"}) {
+  for (const char* name : {"int4-g32-asym", "int8-tensor", "int4-token-asym"}) {
     const Scheme s = parse_scheme(name);
     const KvShape shape{4, 8, opt.quick ? 16 : 512, D};
     if (!v.accepts(s, D, CodeLayout::kPlanar, InputDtype::kBf16)) continue;
