@@ -9,10 +9,11 @@
 #include <type_traits>
 
 #include "gpu/quantize_common.cuh"
+#include "gpu/quantize_wide_plan.hpp"
 
 namespace kvq::detail {
 
-inline constexpr int kChunkElems = 8;
+inline constexpr int kChunkElems = kWideChunk;
 
 template <InputDtype DT>
 struct InputChunk {

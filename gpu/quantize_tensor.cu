@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "gpu/quantize_chunk.cuh"
+#include "gpu/quantize_wide_plan.hpp"
 
 namespace kvq {
 namespace {
@@ -25,22 +26,6 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kUnroll = 4;    // chunks in flight per thread
 constexpr int kMaxWaves = 4;  // pass 2 grid: at most this many rounds of resident blocks
-
-struct TensorPlan {
-  int64_t chunks = 0;      // numel / 8
-  int chunks_per_row = 0;  // D / 8
-  bool contiguous = false; // BNSH without gaps: chunk c starts at input element 8c
-  int partials = 0;        // pass 1 blocks, each writing p.partials[block]
-};
-
-// Input element offset of chunk c.
-__device__ __forceinline__ int64_t chunk_offset(const QuantizeParams& p, const TensorPlan& plan, int64_t c) {
-  if (plan.contiguous) return c * kChunkElems;
-  const KvShape& s = p.shape;
-  const int64_t r = c / plan.chunks_per_row, d0 = (c - r * plan.chunks_per_row) * kChunkElems;
-  const int64_t t = r % s.tokens, bh = r / s.tokens;
-  return detail::element_offset(p, bh / s.heads, bh % s.heads, t, d0);
-}
 
 template <InputDtype DT, bool ASYM>
 __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p, TensorPlan plan) {
@@ -55,7 +40,7 @@ __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p
     Chunk chunk[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (c0 + u * stride < plan.chunks) chunk[u].load(input + chunk_offset(p, plan, c0 + u * stride));
+      if (c0 + u * stride < plan.chunks) chunk[u].load(input + tensor_chunk_offset(p, plan, c0 + u * stride));
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (c0 + u * stride < plan.chunks) detail::add_chunk<ASYM>(st, chunk[u]);
@@ -63,7 +48,7 @@ __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p
   if (!st.all_finite(ASYM)) {  // rare: find this thread's non-finite elements
     for (int64_t c = blockIdx.x * int64_t(kThreads) + threadIdx.x; c < plan.chunks; c += stride) {
       Chunk chunk;
-      chunk.load(input + chunk_offset(p, plan, c));
+      chunk.load(input + tensor_chunk_offset(p, plan, c));
       detail::report_non_finite(p, chunk, static_cast<unsigned long long>(c * kChunkElems));
     }
   }
@@ -94,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams 
     Chunk chunk[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (i0 + u * stride < plan.chunks) chunk[u].load(input + chunk_offset(p, plan, last - (i0 + u * stride)));
+      if (i0 + u * stride < plan.chunks) chunk[u].load(input + tensor_chunk_offset(p, plan, last - (i0 + u * stride)));
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = last - (i0 + u * stride);
@@ -148,11 +133,7 @@ void launch_quantize_tensor2pass(const QuantizeParams& p, cudaStream_t stream) {
   if (p.layout != CodeLayout::kPlanar) throw InputError("quantize-tensor2pass: writes the planar layout only");
   const KvShape& s = p.shape;
   if (s.numel() == 0) return;  // no group: nothing stored, as on the CPU
-  TensorPlan plan;
-  plan.chunks = s.numel() / kChunkElems;
-  plan.chunks_per_row = static_cast<int>(s.head_dim / kChunkElems);
-  plan.contiguous = p.stride_t == s.head_dim && p.stride_h == s.tokens * s.head_dim &&
-                    p.stride_b == s.heads * s.tokens * s.head_dim;
+  const TensorPlan plan = make_tensor_plan(p);
   switch (p.in_dtype) {
     case InputDtype::kFp32: dispatch_scheme<InputDtype::kFp32>(p, plan, stream); break;
     case InputDtype::kFp16: dispatch_scheme<InputDtype::kFp16>(p, plan, stream); break;

@@ -3,13 +3,15 @@
 // S = Hkv D / 8 chunks of 8 elements (chunk c: head c / (D/8), elements 8 (c % (D/8)) ..+8) and owned
 // by a team of L lanes of one warp (L a power of two, 1..32): lane j takes chunks j, j + L, j + 2L ..
 // so that the team's loads of one step are contiguous pieces of a head row. L is the smallest team
-// that leaves at most K chunks a lane (K = 4, or 8 for large tokens): the token is then read once,
-// held in registers, reduced with xor-shuffles inside the team and encoded from the registers.
-// Tokens larger than 32 K chunks (Hkv D > 2048) read their further chunks twice, the second time
-// from L1/L2. Scales and zero points come from the codec's group_params(), codes from encode().
+// that leaves at most K chunks a lane (K = 4, or 8 for large tokens of 16-bit input): the token is
+// then read once, held in registers, reduced with xor-shuffles inside the team and encoded from the
+// registers. Tokens of more than 32 K chunks (16-bit input: Hkv D > 2048) read their further chunks
+// twice, the second time from L1/L2. Scales and zero points come from the codec's group_params(),
+// codes from encode(). The plan (gpu/quantize_wide_plan.hpp) is tested on the CPU.
 #include <algorithm>
 
 #include "gpu/quantize_chunk.cuh"
+#include "gpu/quantize_wide_plan.hpp"
 
 namespace kvq {
 namespace {
@@ -20,21 +22,6 @@ using detail::kChunkElems;
 constexpr int kThreads = 256;
 constexpr int kMaxWaves = 4;  // grid: at most this many rounds of resident blocks; the warps loop
 
-struct TokenPlan {
-  int64_t tokens = 0;        // B * T: the groups
-  int chunks_per_token = 0;  // S = Hkv * D / 8
-  int chunks_per_row = 0;    // D / 8
-  int row_log2 = -1;         // log2(D / 8) when a power of two (shifts, not divisions), else -1
-  int lanes_log2 = 0;        // team size L = 1 << lanes_log2
-  bool narrow = false;       // tokens and T fit 32 bits: 32-bit division for (b, t)
-};
-
-// Chunk c of a token: its head and first element along D.
-__device__ __forceinline__ void chunk_position(const TokenPlan& plan, int c, int& h, int& d0) {
-  h = plan.row_log2 >= 0 ? c >> plan.row_log2 : c / plan.chunks_per_row;
-  d0 = (c - h * plan.chunks_per_row) * kChunkElems;
-}
-
 template <InputDtype DT, bool ASYM, int BITS, int K>
 __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, TokenPlan plan) {
   using Chunk = InputChunk<DT>;
@@ -42,26 +29,19 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
   const Scheme scheme = detail::fixed_scheme<ASYM, BITS>(p.scheme);
   const KvShape& s = p.shape;
   const Storage* input = static_cast<const Storage*>(p.input);
-  const int L = 1 << plan.lanes_log2, lane = threadIdx.x & 31, j = lane & (L - 1);
-  const int S = plan.chunks_per_token;
-  const int lane_chunks = j < S ? (S - j + L - 1) >> plan.lanes_log2 : 0;
-  const int64_t team_stride = (int64_t(gridDim.x) * kThreads) >> plan.lanes_log2;
-  // The loop runs on the warp's first team, so all 32 lanes reach every shuffle.
-  const int64_t warp_first = (blockIdx.x * int64_t(kThreads) + threadIdx.x - lane) >> plan.lanes_log2;
-  for (int64_t first = warp_first; first < plan.tokens; first += team_stride) {
-    const int64_t token = first + (lane >> plan.lanes_log2);
+  const TeamWalk walk = token_walk(plan, blockIdx.x * int64_t(kThreads) + threadIdx.x, int64_t(gridDim.x) * kThreads);
+  const int j = walk.j, L = 1 << plan.lanes_log2;
+  const int lane_chunks = token_lane_chunks(plan, j);
+  for (int64_t first = walk.warp_first; first < plan.tokens; first += walk.stride) {  // uniform across the warp
+    const int64_t token = first + walk.team_in_warp;
     const bool active = token < plan.tokens;
     int64_t b = 0, t = 0;
-    if (active) {
-      b = plan.narrow ? int64_t(uint32_t(token) / uint32_t(s.tokens)) : token / s.tokens;
-      t = token - b * s.tokens;
-    }
+    if (active) token_coordinates(plan, s, token, b, t);
     const int n = active ? lane_chunks : 0;
     const Storage* src = input + b * p.stride_b + t * p.stride_t;
     auto load = [&](Chunk& c, int k) {
-      int h, d0;
-      chunk_position(plan, j + (k << plan.lanes_log2), h, d0);
-      c.load(src + h * p.stride_h + d0);
+      const ChunkPos at = token_chunk(plan, j, k);
+      c.load(src + at.h * p.stride_h + at.d0);
     };
 
     Chunk cache[K];
@@ -81,19 +61,13 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
     st = detail::shuffle_merge(st, L, ASYM);
     if (!active) continue;
 
-    // Codes of head h start at element ((b Hkv + h) T + t) D of the planar [B, Hkv, T, D] array.
-    const int64_t code_base = (b * s.heads * s.tokens + t) * s.head_dim, head_step = s.tokens * s.head_dim;
-    auto code_index = [&](int k, int& h, int& d0) {
-      chunk_position(plan, j + (k << plan.lanes_log2), h, d0);
-      return code_base + h * head_step + d0;  // flat [B, Hkv, T, D] index of the chunk's element 0
-    };
+    // flat [B, Hkv, T, D] index of the chunk's element 0: also where its codes go
+    auto flat_index = [&](const ChunkPos& at) { return token_flat_index(s, b, t, at); };
     if (!finite) {  // rare: report this lane's first non-finite element
       for (int k = 0; k < n; ++k) {
-        int h, d0;
-        const int64_t flat = code_index(k, h, d0);
         Chunk c;
-        c.load(src + h * p.stride_h + d0);
-        detail::report_non_finite(p, c, static_cast<unsigned long long>(flat));
+        load(c, k);
+        detail::report_non_finite(p, c, static_cast<unsigned long long>(flat_index(token_chunk(plan, j, k))));
       }
     }
     const GroupParams gp = group_params(st, scheme);
@@ -103,19 +77,12 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
       if (ASYM) detail::store_param(p.zeros, token, gp.zero, scheme.scale_dtype);
     }
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if (k < n) {
-        int h, d0;
-        const int64_t flat = code_index(k, h, d0);
-        detail::encode_chunk<ASYM, BITS>(p.codes + flat * BITS / 8, cache[k], gp, scheme);
-      }
-    }
+    for (int k = 0; k < K; ++k)
+      if (k < n) detail::encode_chunk<ASYM, BITS>(p.codes + flat_index(token_chunk(plan, j, k)) * BITS / 8, cache[k], gp, scheme);
     for (int k = K; k < n; ++k) {
-      int h, d0;
-      const int64_t flat = code_index(k, h, d0);
       Chunk c;
-      c.load(src + h * p.stride_h + d0);
-      detail::encode_chunk<ASYM, BITS>(p.codes + flat * BITS / 8, c, gp, scheme);
+      load(c, k);
+      detail::encode_chunk<ASYM, BITS>(p.codes + flat_index(token_chunk(plan, j, k)) * BITS / 8, c, gp, scheme);
     }
   }
 }
@@ -134,22 +101,15 @@ void launch_kernel(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t 
 
 // The one place where run-time scheme and dtype become template arguments.
 template <InputDtype DT>
-void dispatch_scheme(const QuantizeParams& p, const TokenPlan& plan, int k, cudaStream_t stream) {
+void dispatch_scheme(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t stream) {
   const bool asym = p.scheme.asymmetric, int8 = p.scheme.bits == 8;
-  if (k == 4 || DT == InputDtype::kFp32) {
+  if (plan.cached == 4 || DT == InputDtype::kFp32) {
     if (asym) int8 ? launch_kernel<DT, true, 8, 4>(p, plan, stream) : launch_kernel<DT, true, 4, 4>(p, plan, stream);
     else int8 ? launch_kernel<DT, false, 8, 4>(p, plan, stream) : launch_kernel<DT, false, 4, 4>(p, plan, stream);
   } else if constexpr (DT != InputDtype::kFp32) {
     if (asym) int8 ? launch_kernel<DT, true, 8, 8>(p, plan, stream) : launch_kernel<DT, true, 4, 8>(p, plan, stream);
     else int8 ? launch_kernel<DT, false, 8, 8>(p, plan, stream) : launch_kernel<DT, false, 4, 8>(p, plan, stream);
   }
-}
-
-int log2_if_power_of_two(int64_t x) {
-  if (x <= 0 || (x & (x - 1)) != 0) return -1;
-  int l = 0;
-  while ((int64_t{1} << l) < x) ++l;
-  return l;
 }
 
 }  // namespace
@@ -164,25 +124,14 @@ void launch_quantize_tokenteam(const QuantizeParams& p, cudaStream_t stream) {
     throw InputError("quantize-tokenteam: needs token granularity and D a multiple of 8");
   if (p.layout != CodeLayout::kPlanar) throw InputError("quantize-tokenteam: writes the planar layout only");
   const KvShape& s = p.shape;
-  TokenPlan plan;
-  plan.tokens = s.batch * s.tokens;
-  if (plan.tokens == 0) return;
+  if (s.batch * s.tokens == 0) return;
   if (s.heads * s.head_dim / kChunkElems > (int64_t{1} << 30))
-    throw InputError("quantize-tokenteam: a token of more than 2^33 elements");
-  plan.chunks_per_row = static_cast<int>(s.head_dim / kChunkElems);
-  plan.chunks_per_token = static_cast<int>(s.heads * plan.chunks_per_row);
-  plan.row_log2 = log2_if_power_of_two(plan.chunks_per_row);
-  plan.narrow = plan.tokens < (int64_t{1} << 32);
-  // K = 4 chunks a lane (64 bytes of 16-bit input in flight) when a warp holds the token that way;
-  // larger tokens of 16-bit input take K = 8 (fp32 chunks are twice the registers: K = 4 would
-  // spill at 8), and the chunks beyond 32 K are read twice.
-  const int k = plan.chunks_per_token <= 32 * 4 || p.in_dtype == InputDtype::kFp32 ? 4 : 8;
-  const int64_t lanes = ceil_div(plan.chunks_per_token, k);
-  while (plan.lanes_log2 < 5 && (int64_t{1} << plan.lanes_log2) < lanes) ++plan.lanes_log2;
+    throw InputError("quantize-tokenteam: tokens of more than 2^33 elements are not supported");
+  const TokenPlan plan = make_token_plan(s, p.in_dtype);
   switch (p.in_dtype) {
-    case InputDtype::kFp32: dispatch_scheme<InputDtype::kFp32>(p, plan, k, stream); break;
-    case InputDtype::kFp16: dispatch_scheme<InputDtype::kFp16>(p, plan, k, stream); break;
-    case InputDtype::kBf16: dispatch_scheme<InputDtype::kBf16>(p, plan, k, stream); break;
+    case InputDtype::kFp32: dispatch_scheme<InputDtype::kFp32>(p, plan, stream); break;
+    case InputDtype::kFp16: dispatch_scheme<InputDtype::kFp16>(p, plan, stream); break;
+    case InputDtype::kBf16: dispatch_scheme<InputDtype::kBf16>(p, plan, stream); break;
   }
 }
 
