@@ -16,9 +16,18 @@ const char* kSchemes[] = {"int8-tensor",    "int8-token",      "int8-head",     
                           "int8-g8-asym",   "int8-head-asym",  "int8-chan-t32",   "int4-tensor",    "int4-token-asym",
                           "int4-head",      "int4-head-asym",  "int4-g64-asym",   "int4-g32-asym",  "int4-g16-asym",
                           "int4-g32",       "int4-g2-asym",    "int4-chan-t32-asym", "int8-head-fp32", "int4-g32-asym-fp32",
-                          "int8-token-fp32", "int4-token",     "int8-token-asym", "int4-token-asym-fp32",
-                          "int8-tensor-asym", "int4-tensor-asym", "int8-tensor-fp32"};
+                          "int8-token-fp32"};
 const InputDtype kDtypes[] = {InputDtype::kBf16, InputDtype::kFp16, InputDtype::kFp32};
+
+// The per-token and per-tensor schemes beyond kSchemes: every symmetry and scale dtype of both.
+const char* kWideSchemes[] = {"int4-token",       "int8-token-asym",  "int4-token-asym-fp32",
+                              "int8-tensor-asym", "int4-tensor-asym", "int8-tensor-fp32"};
+
+std::vector<const char*> gate_schemes() {
+  std::vector<const char*> all(std::begin(kSchemes), std::end(kSchemes));
+  all.insert(all.end(), std::begin(kWideSchemes), std::end(kWideSchemes));
+  return all;
+}
 
 float round_to(float x, InputDtype dt) {
   return dt == InputDtype::kFp32 ? x : dt == InputDtype::kFp16 ? round_to_fp16(x) : round_to_bf16(x);
@@ -159,7 +168,7 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
   Checker c{v, report, {}};
   const int64_t D = 128;
   // Random values, every scheme x dtype x layout the variant takes; BSNH strides once per scheme.
-  for (const char* name : kSchemes) {
+  for (const char* name : gate_schemes()) {
     const Scheme s = parse_scheme(name);
     for (InputDtype dt : kDtypes)
       for (CodeLayout layout : {CodeLayout::kPlanar, CodeLayout::kFbgemm}) {
@@ -176,7 +185,7 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
   }
   // Shapes unlike the bundled data: D = 8, D / 8 not a power of two, odd T, many or one head.
   for (const KvShape& shape : {KvShape{1, 5, 3, 8}, KvShape{3, 1, 11, 40}, KvShape{2, 7, 3, 24}, KvShape{1, 16, 5, 256}})
-    for (const char* name : kSchemes)
+    for (const char* name : gate_schemes())
       c.compare("random odd shape", random_values(shape.numel(), 9, shape.head_dim), shape, parse_scheme(name),
                 InputDtype::kBf16, CodeLayout::kPlanar);
   // Ten million values and more, at kernel-sized shapes.
@@ -187,7 +196,7 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
                 CodeLayout::kPlanar);
     }
   // Specials, every scheme, fp32 input so that the values arrive exactly.
-  for (const char* name : kSchemes)
+  for (const char* name : gate_schemes())
     for (CodeLayout layout : {CodeLayout::kPlanar, CodeLayout::kFbgemm}) {
       const KvShape shape{1, 2, 20, D};
       c.compare("specials", special_values(shape), shape, parse_scheme(name), InputDtype::kFp32, layout);

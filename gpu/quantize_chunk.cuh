@@ -50,24 +50,25 @@ struct InputChunk {
   }
 };
 
-// Adds x to the part of GroupStats the scheme's parameters read (symmetric: amax; asymmetric: the
-// min and max keys), with GroupStats' own functions; the other fields keep their initial values,
-// so merging and group_params() give what the CPU's full statistics give.
-template <bool ASYM>
-__device__ __forceinline__ void add_to_stats(GroupStats& st, float x) {
-  if constexpr (ASYM) {
-    const int32_t k = GroupStats::key_of(x);
-    st.lo_key = min(st.lo_key, k);
-    st.hi_key = max(st.hi_key, k);
-  } else {
-    st.amax = GroupStats::max_magnitude(st.amax, x);
-  }
-}
-
-template <bool ASYM, InputDtype DT>
+// Adds the chunk to a group's statistics with the codec's own accumulator: every field, as on the
+// CPU, so that the merged statistics equal the CPU's whatever group_params() reads of them.
+template <InputDtype DT>
 __device__ __forceinline__ void add_chunk(GroupStats& st, const InputChunk<DT>& c) {
 #pragma unroll
-  for (int e = 0; e < kChunkElems; ++e) add_to_stats<ASYM>(st, c[e]);
+  for (int e = 0; e < kChunkElems; ++e) st.add(c[e]);
+}
+
+// Merges every field of the statistics of `lanes` neighbouring lanes (a power of two dividing 32)
+// by xor-shuffles; all 32 lanes must call it.
+__device__ __forceinline__ GroupStats merge_lanes(GroupStats st, int lanes) {
+  for (int offset = 1; offset < lanes; offset <<= 1) {
+    GroupStats other;
+    other.lo_key = __shfl_xor_sync(0xffffffffu, st.lo_key, offset);
+    other.hi_key = __shfl_xor_sync(0xffffffffu, st.hi_key, offset);
+    other.amax = __shfl_xor_sync(0xffffffffu, st.amax, offset);
+    st.merge(other);
+  }
+  return st;
 }
 
 // The scheme with its symmetry and bit width fixed at compile time, so that encode() folds its
@@ -114,10 +115,10 @@ __device__ __forceinline__ void report_non_finite(const QuantizeParams& p, const
 
 // Block-wide merge of every thread's statistics (kThreads a multiple of 32); the result is returned
 // to every thread. `scratch` holds one GroupStats' fields per warp. Merging is exact in any order.
-template <int kThreads, bool ASYM>
+template <int kThreads>
 __device__ __forceinline__ GroupStats block_merge(GroupStats st, int32_t* lo, int32_t* hi, float* amax) {
   constexpr int kWarps = kThreads / 32;
-  st = shuffle_merge(st, 32, ASYM);
+  st = merge_lanes(st, 32);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) lo[warp] = st.lo_key, hi[warp] = st.hi_key, amax[warp] = st.amax;
   __syncthreads();

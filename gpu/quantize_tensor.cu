@@ -27,7 +27,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kUnroll = 4;    // chunks in flight per thread
 constexpr int kMaxWaves = 4;  // pass 2 grid: at most this many rounds of resident blocks
 
-template <InputDtype DT, bool ASYM>
+template <InputDtype DT>
 __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p, TensorPlan plan) {
   using Chunk = InputChunk<DT>;
   using Storage = typename Chunk::Storage;
@@ -43,16 +43,16 @@ __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p
       if (c0 + u * stride < plan.chunks) chunk[u].load(input + tensor_chunk_offset(p, plan, c0 + u * stride));
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (c0 + u * stride < plan.chunks) detail::add_chunk<ASYM>(st, chunk[u]);
+      if (c0 + u * stride < plan.chunks) detail::add_chunk(st, chunk[u]);
   }
-  if (!st.all_finite(ASYM)) {  // rare: find this thread's non-finite elements
+  if (!st.all_finite(p.scheme.asymmetric)) {  // rare: find this thread's non-finite elements
     for (int64_t c = blockIdx.x * int64_t(kThreads) + threadIdx.x; c < plan.chunks; c += stride) {
       Chunk chunk;
       chunk.load(input + tensor_chunk_offset(p, plan, c));
       detail::report_non_finite(p, chunk, static_cast<unsigned long long>(c * kChunkElems));
     }
   }
-  st = detail::block_merge<kThreads, ASYM>(st, lo, hi, amax);
+  st = detail::block_merge<kThreads>(st, lo, hi, amax);
   if (threadIdx.x == 0) p.partials[blockIdx.x] = st;
 }
 
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams 
   const Scheme scheme = detail::fixed_scheme<ASYM, BITS>(p.scheme);
   GroupStats st;
   for (int i = threadIdx.x; i < plan.partials; i += kThreads) st.merge(p.partials[i]);
-  st = detail::block_merge<kThreads, ASYM>(st, lo, hi, amax);
+  st = detail::block_merge<kThreads>(st, lo, hi, amax);
   const GroupParams gp = group_params(st, scheme);
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (gp.overflow) atomicMin(p.first_overflow, 0ull);
@@ -100,10 +100,10 @@ void launch_passes(const QuantizeParams& p, TensorPlan plan, cudaStream_t stream
   const int sms = device_sms();
   const int64_t needed = ceil_div(plan.chunks, int64_t(kThreads) * kUnroll);
   int resident = 0;
-  KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, tensor_stats_kernel<DT, ASYM>, kThreads, 0));
+  KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, tensor_stats_kernel<DT>, kThreads, 0));
   // Pass 1: one resident wave (its blocks stride over everything), at most kMaxPartials blocks.
   plan.partials = static_cast<int>(std::min<int64_t>({needed, int64_t(sms) * std::max(resident, 1), kMaxPartials}));
-  tensor_stats_kernel<DT, ASYM><<<plan.partials, kThreads, 0, stream>>>(p, plan);
+  tensor_stats_kernel<DT><<<plan.partials, kThreads, 0, stream>>>(p, plan);
   KVQ_CHECK_LAUNCH();
   KVQ_CUDA_CHECK(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, tensor_encode_kernel<DT, ASYM, BITS>, kThreads, 0));
@@ -122,9 +122,11 @@ void dispatch_scheme(const QuantizeParams& p, const TensorPlan& plan, cudaStream
 
 }  // namespace
 
+// One stored scale group: a scheme that stores no scale at all (none yet; scale-free codes would
+// come with one) is not this kernel's.
 bool tensor2pass_supports(const Scheme& s, int64_t head_dim) {
   return s.granularity == Granularity::kTensor && (s.bits == 8 || s.bits == 4) && head_dim > 0 &&
-         head_dim % kChunkElems == 0;
+         head_dim % kChunkElems == 0 && num_groups(s, KvShape{1, 1, 1, head_dim}) == 1;
 }
 
 void launch_quantize_tensor2pass(const QuantizeParams& p, cudaStream_t stream) {

@@ -51,14 +51,14 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
     GroupStats st;
 #pragma unroll
     for (int k = 0; k < K; ++k)
-      if (k < n) detail::add_chunk<ASYM>(st, cache[k]);
+      if (k < n) detail::add_chunk(st, cache[k]);
     for (int k = K; k < n; ++k) {
       Chunk c;
       load(c, k);
-      detail::add_chunk<ASYM>(st, c);
+      detail::add_chunk(st, c);
     }
     const bool finite = st.all_finite(ASYM);  // this lane's chunks, before the merge
-    st = detail::shuffle_merge(st, L, ASYM);
+    st = detail::merge_lanes(st, L);
     if (!active) continue;
 
     // flat [B, Hkv, T, D] index of the chunk's element 0: also where its codes go
