@@ -64,8 +64,8 @@ const std::vector<QuantizeVariant>& quantize_variants() {
        "planar and FBGEMM layouts; fp32/fp16/bf16 input", false, groupthread_accepts, launch_quantize_groupthread},
       {"quantize-tokenteam",
        "one pass: a team of 1-32 lanes of a warp per (b,t) token (the smallest that leaves <= 4 chunks a lane; 8 for "
-       "tokens above 1024 elements), 8-element chunks read once into registers with 16-byte loads, xor-shuffle "
-       "reduction inside the team, codes encoded from the registers",
+       "16-bit tokens above 1024 elements, larger ones re-read the rest), 8-element chunks read once into registers "
+       "with 16-byte loads, xor-shuffle reduction inside the team, codes encoded from the registers",
        "token granularity; any D that is a multiple of 8; any Hkv and strides; planar layout; fp32/fp16/bf16 input",
        false, tokenteam_accepts, launch_quantize_tokenteam},
       {"quantize-tensor2pass",
