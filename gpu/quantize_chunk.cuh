@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "gpu/quantize_common.cuh"
+#include "gpu/quantize_stats16.hpp"
 #include "gpu/quantize_wide_plan.hpp"
 
 namespace kvq::detail {
@@ -50,13 +51,31 @@ struct InputChunk {
   }
 };
 
-// Adds the chunk to a group's statistics with the codec's own accumulator: every field, as on the
-// CPU, so that the merged statistics equal the CPU's whatever group_params() reads of them.
+// A lane's running statistics of its chunks. 16-bit input: two elements a word with 16x2 SIMD
+// (PackedStats16); fp32: the codec's own accumulator. finish() gives the GroupStats the codec's
+// add() gives over the same elements, every field, so the merged statistics equal the CPU's
+// whatever group_params() reads of them.
 template <InputDtype DT>
-__device__ __forceinline__ void add_chunk(GroupStats& st, const InputChunk<DT>& c) {
+struct LaneStats {
+  PackedStats16 packed;
+  bool any = false;
+  __device__ __forceinline__ void add(const InputChunk<DT>& c) {
 #pragma unroll
-  for (int e = 0; e < kChunkElems; ++e) st.add(c[e]);
-}
+    for (int i = 0; i < InputChunk<DT>::kWords; ++i) packed.add(c.w[i]);
+    any = true;
+  }
+  __device__ __forceinline__ GroupStats finish() const { return any ? packed.finish(DT) : GroupStats{}; }
+};
+
+template <>
+struct LaneStats<InputDtype::kFp32> {
+  GroupStats st;
+  __device__ __forceinline__ void add(const InputChunk<InputDtype::kFp32>& c) {
+#pragma unroll
+    for (int e = 0; e < kChunkElems; ++e) st.add(c[e]);
+  }
+  __device__ __forceinline__ GroupStats finish() const { return st; }
+};
 
 // Merges every field of the statistics of `lanes` neighbouring lanes (a power of two dividing 32)
 // by xor-shuffles; all 32 lanes must call it.

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p
   __shared__ float amax[kWarps];
   const Storage* input = static_cast<const Storage*>(p.input);
   const int64_t stride = int64_t(gridDim.x) * kThreads;
-  GroupStats st;
+  detail::LaneStats<DT> acc;
   for (int64_t c0 = blockIdx.x * int64_t(kThreads) + threadIdx.x; c0 < plan.chunks; c0 += kUnroll * stride) {
     Chunk chunk[kUnroll];
 #pragma unroll
@@ -43,8 +43,9 @@ __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p
       if (c0 + u * stride < plan.chunks) chunk[u].load(input + tensor_chunk_offset(p, plan, c0 + u * stride));
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (c0 + u * stride < plan.chunks) detail::add_chunk(st, chunk[u]);
+      if (c0 + u * stride < plan.chunks) acc.add(chunk[u]);
   }
+  GroupStats st = acc.finish();
   if (!st.all_finite(p.scheme.asymmetric)) {  // rare: find this thread's non-finite elements
     for (int64_t c = blockIdx.x * int64_t(kThreads) + threadIdx.x; c < plan.chunks; c += stride) {
       Chunk chunk;

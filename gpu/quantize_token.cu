@@ -48,15 +48,16 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
 #pragma unroll
     for (int k = 0; k < K; ++k)  // every load before any arithmetic
       if (k < n) load(cache[k], k);
-    GroupStats st;
+    detail::LaneStats<DT> acc;
 #pragma unroll
     for (int k = 0; k < K; ++k)
-      if (k < n) detail::add_chunk(st, cache[k]);
+      if (k < n) acc.add(cache[k]);
     for (int k = K; k < n; ++k) {
       Chunk c;
       load(c, k);
-      detail::add_chunk(st, c);
+      acc.add(c);
     }
+    GroupStats st = acc.finish();
     const bool finite = st.all_finite(ASYM);  // this lane's chunks, before the merge
     st = detail::merge_lanes(st, L);
     if (!active) continue;

@@ -1,7 +1,8 @@
 // Host side of the wide-group quantize variants (no device needed): the launch plans of
 // quantize-tokenteam and quantize-tensor2pass (gpu/quantize_wide_plan.hpp) put every chunk of every
 // token or tensor exactly once, at the input offset its strides give and at its planar code offset;
-// a host replay of the per-token walk through the codec gives the CPU quantizer's bytes.
+// a host replay of the per-token walk through the codec gives the CPU quantizer's bytes; the packed
+// 16-bit statistics (gpu/quantize_stats16.hpp) equal the codec's GroupStats over every pattern.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <random>
 
 #include "experiments/validate_quantize.hpp"
+#include "gpu/quantize_stats16.hpp"
 #include "gpu/quantize_wide_plan.hpp"
 #include "quant/quantize.hpp"
 
@@ -174,4 +176,53 @@ TEST_CASE("tensor2pass plan: chunk c starts at element 8c of the logical tensor,
         CHECK(plan.contiguous == (!bsnh && pad == 0));  // BSNH is never taken for contiguous
         for (int64_t c = 0; c < plan.chunks; ++c) CHECK(tensor_chunk_offset(p, plan, c) == stored_offset(p, 8 * c));
       }
+}
+
+namespace {
+
+float half_value(uint16_t bits, InputDtype dt) {
+  return dt == InputDtype::kFp16 ? fp16_bits_to_fp32(bits) : bf16_bits_to_fp32(bits);
+}
+
+// Field by field, bits and all (NaN amax included).
+void check_same_stats(const GroupStats& packed, const GroupStats& codec) {
+  CHECK(packed.lo_key == codec.lo_key);
+  CHECK(packed.hi_key == codec.hi_key);
+  CHECK(float_bits(packed.amax) == float_bits(codec.amax));
+}
+
+}  // namespace
+
+TEST_CASE("packed 16-bit statistics equal the codec's GroupStats for every bf16 and fp16 pattern") {
+  for (InputDtype dt : {InputDtype::kBf16, InputDtype::kFp16}) {
+    CAPTURE(to_string(dt));
+    // Every pattern alone, and beside each neighbour pattern in the other half.
+    for (uint32_t a = 0; a < 0x10000; ++a) {
+      const uint32_t b = (a * 40503u + 17u) & 0xffffu;  // a permutation of the patterns
+      PackedStats16 packed;
+      packed.add(a | (a << 16));
+      GroupStats codec;
+      codec.add(half_value(uint16_t(a), dt));
+      check_same_stats(packed.finish(dt), codec);
+      packed.add(a | (b << 16));
+      codec.add(half_value(uint16_t(b), dt));
+      check_same_stats(packed.finish(dt), codec);
+    }
+    // Groups of many words: random patterns, and finite ones around signed zeros in both orders.
+    std::mt19937 rng(3);
+    for (int group = 0; group < 2000; ++group) {
+      PackedStats16 packed;
+      GroupStats codec;
+      const int words = 1 + group % 64;
+      for (int i = 0; i < words; ++i) {
+        uint32_t w = rng();
+        if (group % 3 == 0) w &= 0x80038003u;          // tiny values and +-0
+        if (group % 3 == 1) w = (w & 0xbfffbfffu);     // no inf or NaN
+        packed.add(w);
+        codec.add(half_value(uint16_t(w & 0xffff), dt));
+        codec.add(half_value(uint16_t(w >> 16), dt));
+      }
+      check_same_stats(packed.finish(dt), codec);
+    }
+  }
 }
