@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <regex>
 
 #include "experiments/bench_shapes.hpp"
 #include "experiments/commands.hpp"
@@ -91,7 +92,8 @@ int run_validate(const ValidateArgs& a) {
     nlohmann::json s = {{"variant", v->name}, {"cases", ok + failed}, {"failed", failed}, {"values_checked", values}};
     if (!v->incumbent && !a.quick) {  // time against the incumbent on a mid-size decode cache
       const QuantizeVariant& base = incumbent_quantize_variant();
-      for (const char* name : {"int8-head", "int4-g32-asym"}) {
+      for (const char* name : {"int8-head", "int4-g32-asym", "int8-token", "int4-token-asym", "int8-tensor", "int4-tensor-asym"}) {
+        if (!v->accepts(parse_scheme(name), 128, CodeLayout::kPlanar, InputDtype::kBf16)) continue;
         TimedCase tc({32, 8, 1024, 128}, parse_scheme(name), CodeLayout::kPlanar);
         const double mine = tc.time(*v, 30).median_us, theirs = tc.time(base, 30).median_us;
         fmt::print("[TIME] {} vs {} on {} bf16 [32, 8, 1024, 128]: {:.1f} us vs {:.1f} us, ratio {:.3f}\n", v->name,
@@ -134,6 +136,7 @@ int run_validate(const ValidateArgs& a) {
 
 struct BenchArgs {
   std::string csv = "results/bench-quantize/quantize_bandwidth.csv";
+  std::string schemes = ".";  // regex over the cases' scheme names
   int reps = 30;
 };
 
@@ -156,10 +159,19 @@ int run_bench_quantize(const BenchArgs& a) {
       {"int8-g32", CodeLayout::kPlanar},        {"int4-head-asym", CodeLayout::kPlanar},
       {"int4-g64-asym", CodeLayout::kPlanar},   {"int4-g32-asym", CodeLayout::kPlanar},
       {"int4-head-asym", CodeLayout::kFbgemm},  {"int4-g32-asym", CodeLayout::kFbgemm},
-      {"int8-token", CodeLayout::kPlanar},      {"int8-tensor", CodeLayout::kPlanar},
-      {"int4-tensor", CodeLayout::kPlanar}};
+      {"int8-token", CodeLayout::kPlanar},      {"int4-token-asym", CodeLayout::kPlanar},
+      {"int8-tensor", CodeLayout::kPlanar},     {"int4-tensor", CodeLayout::kPlanar},
+      {"int8-tensor-asym", CodeLayout::kPlanar}};
+  const std::regex wanted = [&] {
+    try {
+      return std::regex(a.schemes);
+    } catch (const std::regex_error& e) {
+      throw InputError(fmt::format("--schemes '{}': not a valid regular expression ({})", a.schemes, e.what()));
+    }
+  }();
   for (int64_t hkv : {1, 8})
     for (const auto& [name, layout] : cases) {
+      if (!std::regex_search(name, wanted)) continue;
       const KvShape shape{128, hkv, 8192, 128};
       const Scheme s = parse_scheme(name);
       TimedCase tc(shape, s, layout);
@@ -210,6 +222,7 @@ std::vector<Command> add_gpu_commands(CLI::App& parent) {
   CLI::App* bench = parent.add_subcommand(
       "bench-quantize", "Quantize bandwidth at B=128 T=8192 Hkv={1,8} D=128 bf16, beside the device copy bandwidth");
   bench->add_option("--csv", ba->csv, "CSV of the timings")->capture_default_str();
+  bench->add_option("--schemes", ba->schemes, "Regex over the cases' scheme names")->capture_default_str();
   bench->add_option("--reps", ba->reps, "Timed graph replays per case")->capture_default_str()->check(CLI::PositiveNumber);
   out.push_back({bench, [ba] { return run_bench_quantize(*ba); }});
   for (Command& c : add_bench_command(parent)) out.push_back(std::move(c));

@@ -19,6 +19,16 @@ const char* kSchemes[] = {"int8-tensor",    "int8-token",      "int8-head",     
                           "int8-token-fp32"};
 const InputDtype kDtypes[] = {InputDtype::kBf16, InputDtype::kFp16, InputDtype::kFp32};
 
+// The per-token and per-tensor schemes beyond kSchemes: every symmetry and scale dtype of both.
+const char* kWideSchemes[] = {"int4-token",       "int8-token-asym",  "int4-token-asym-fp32",
+                              "int8-tensor-asym", "int4-tensor-asym", "int8-tensor-fp32"};
+
+std::vector<const char*> gate_schemes() {
+  std::vector<const char*> all(std::begin(kSchemes), std::end(kSchemes));
+  all.insert(all.end(), std::begin(kWideSchemes), std::end(kWideSchemes));
+  return all;
+}
+
 float round_to(float x, InputDtype dt) {
   return dt == InputDtype::kFp32 ? x : dt == InputDtype::kFp16 ? round_to_fp16(x) : round_to_bf16(x);
 }
@@ -158,7 +168,7 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
   Checker c{v, report, {}};
   const int64_t D = 128;
   // Random values, every scheme x dtype x layout the variant takes; BSNH strides once per scheme.
-  for (const char* name : kSchemes) {
+  for (const char* name : gate_schemes()) {
     const Scheme s = parse_scheme(name);
     for (InputDtype dt : kDtypes)
       for (CodeLayout layout : {CodeLayout::kPlanar, CodeLayout::kFbgemm}) {
@@ -173,6 +183,11 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
                 CodeLayout::kPlanar);
     }
   }
+  // Shapes unlike the bundled data: D = 8, D / 8 not a power of two, odd T, many or one head.
+  for (const KvShape& shape : {KvShape{1, 5, 3, 8}, KvShape{3, 1, 11, 40}, KvShape{2, 7, 3, 24}, KvShape{1, 16, 5, 256}})
+    for (const char* name : gate_schemes())
+      c.compare("random odd shape", random_values(shape.numel(), 9, shape.head_dim), shape, parse_scheme(name),
+                InputDtype::kBf16, CodeLayout::kPlanar);
   // Ten million values and more, at kernel-sized shapes.
   if (!opt.quick)
     for (const char* name : {"int4-g32-asym", "int8-head", "int8-tensor", "int4-token-asym"}) {
@@ -181,7 +196,7 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
                 CodeLayout::kPlanar);
     }
   // Specials, every scheme, fp32 input so that the values arrive exactly.
-  for (const char* name : kSchemes)
+  for (const char* name : gate_schemes())
     for (CodeLayout layout : {CodeLayout::kPlanar, CodeLayout::kFbgemm}) {
       const KvShape shape{1, 2, 20, D};
       c.compare("specials", special_values(shape), shape, parse_scheme(name), InputDtype::kFp32, layout);
@@ -189,11 +204,13 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
   // Hostile shapes: no tokens, no batch, one token, around the 8-rows-per-block tile.
   for (const KvShape& shape : {KvShape{2, 2, 0, D}, KvShape{0, 2, 5, D}, KvShape{1, 1, 1, D}, KvShape{1, 1, 7, D},
                                KvShape{1, 1, 8, D}, KvShape{1, 1, 9, D}, KvShape{3, 1, 33, D}})
-    for (const char* name : {"int8-head", "int4-g32-asym", "int8-tensor", "int4-chan-t32-asym", "int8-token"})
+    for (const char* name : {"int8-head", "int4-g32-asym", "int8-tensor", "int4-chan-t32-asym", "int8-token",
+                             "int4-token-asym", "int4-tensor-asym"})
       c.compare("hostile shape", random_values(shape.numel(), 5, D), shape, parse_scheme(name), InputDtype::kBf16,
                 CodeLayout::kPlanar);
   // Bad input: the GPU must fail with the CPU's message.
-  for (const char* name : {"int8-head", "int4-g32-asym", "int8-tensor", "int8-token", "int4-chan-t32-asym"}) {
+  for (const char* name : {"int8-head", "int4-g32-asym", "int8-tensor", "int8-token", "int4-chan-t32-asym",
+                           "int4-tensor-asym", "int4-token-asym"}) {
     const KvShape shape{2, 3, 20, D};
     std::vector<float> bad = random_values(shape.numel(), 6, D);
     bad[((1 * 3 + 2) * 20 + 5) * D + 17] = NAN;
@@ -219,7 +236,7 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
     }
   }
   // Reruns: bitwise identical outputs every time.
-  for (const char* name : {"int4-g32-asym", "int8-tensor"}) {
+  for (const char* name : {"int4-g32-asym", "int8-tensor", "int4-token-asym"}) {
     const Scheme s = parse_scheme(name);
     const KvShape shape{4, 8, opt.quick ? 16 : 512, D};
     if (!v.accepts(s, D, CodeLayout::kPlanar, InputDtype::kBf16)) continue;

@@ -103,6 +103,16 @@ bool rowwarp_supports(const Scheme& s, int64_t head_dim);
 void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream);
 bool groupthread_supports(const Scheme& s, int64_t head_dim);
 
+// Per-token (token granularity, D a multiple of 8, planar): a team of 1-32 lanes of one warp per
+// (b, t) token, its Hkv x D elements read once into registers in 8-element chunks, reduced with
+// xor-shuffles, encoded from the registers.
+void launch_quantize_tokenteam(const QuantizeParams& p, cudaStream_t stream);
+bool tokenteam_supports(const Scheme& s, int64_t head_dim);
+// Per-tensor (tensor granularity, D a multiple of 8, planar): a deterministic two-pass, a partial
+// statistics pass into p.partials, then an encode pass whose blocks each merge the partials.
+void launch_quantize_tensor2pass(const QuantizeParams& p, cudaStream_t stream);
+bool tensor2pass_supports(const Scheme& s, int64_t head_dim);
+
 // Statistics of groups [g0, g1) into p.stats (the generic stats pass; also used to describe an
 // overflowing group in error messages).
 void launch_group_stats(const QuantizeParams& p, int64_t g0, int64_t g1, cudaStream_t stream);

@@ -35,6 +35,14 @@ bool rowwarp_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, Input
   return rowwarp_supports(s, head_dim) && generic_accepts(s, head_dim, layout, dtype);
 }
 
+bool tokenteam_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype dtype) {
+  return tokenteam_supports(s, head_dim) && layout == CodeLayout::kPlanar && generic_accepts(s, head_dim, layout, dtype);
+}
+
+bool tensor2pass_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype dtype) {
+  return tensor2pass_supports(s, head_dim) && layout == CodeLayout::kPlanar && generic_accepts(s, head_dim, layout, dtype);
+}
+
 }  // namespace
 
 const std::vector<QuantizeVariant>& quantize_variants() {
@@ -54,6 +62,18 @@ const std::vector<QuantizeVariant>& quantize_variants() {
        "16-byte loads in 8-element chunks, two passes over the segment (the second from L1)",
        "head and gG granularities with G a multiple of 8 (above 32: 32 x a power of two); any D that G divides; "
        "planar and FBGEMM layouts; fp32/fp16/bf16 input", false, groupthread_accepts, launch_quantize_groupthread},
+      {"quantize-tokenteam",
+       "one pass: a team of 1-32 lanes of a warp per (b,t) token (the smallest that leaves <= 4 chunks a lane; 8 for "
+       "16-bit tokens above 1024 elements, larger ones re-read the rest), 8-element chunks read once into registers "
+       "with 16-byte loads, xor-shuffle reduction inside the team, codes encoded from the registers",
+       "token granularity; any D that is a multiple of 8; any Hkv and strides; planar layout; fp32/fp16/bf16 input",
+       false, tokenteam_accepts, launch_quantize_tokenteam},
+      {"quantize-tensor2pass",
+       "deterministic two-pass: partial min/max/amax per block of one resident wave (4 16-byte loads in flight per "
+       "thread), then an encode pass whose blocks each merge the partials and run the codec, walking the tensor "
+       "backwards to reuse what pass 1 left in L2",
+       "tensor granularity; any D that is a multiple of 8; any strides; planar layout; fp32/fp16/bf16 input", false,
+       tensor2pass_accepts, launch_quantize_tensor2pass},
   };
   return variants;
 }

@@ -1,0 +1,155 @@
+// 8-element chunks for the quantize variants of the wide groups (per-token, per-tensor): one
+// 16-byte load of 16-bit input (two of fp32), the chunk's contribution to a group's statistics, and
+// its 8 codes encoded by the codec and packed into one aligned store. D must be a multiple of 8, so
+// a chunk never crosses a (b, h, t) row and its codes start on an 8-byte (int8) or 4-byte (int4)
+// boundary of the planar code array.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "gpu/quantize_common.cuh"
+#include "gpu/quantize_stats16.hpp"
+#include "gpu/quantize_wide_plan.hpp"
+
+namespace kvq::detail {
+
+inline constexpr int kChunkElems = kWideChunk;
+
+template <InputDtype DT>
+struct InputChunk {
+  using Storage = std::conditional_t<DT == InputDtype::kFp32, float, uint16_t>;
+  static constexpr int kWords = kChunkElems * int(sizeof(Storage)) / 4;  // 4 (16-bit) or 8 (fp32)
+  uint32_t w[kWords];
+
+  // Strided views may leave a chunk unaligned: then element by element.
+  __device__ __forceinline__ void load(const Storage* src) {
+    if (reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+#pragma unroll
+      for (int i = 0; i < kWords / 4; ++i) {
+        const uint4 v = reinterpret_cast<const uint4*>(src)[i];
+        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) {
+        if constexpr (DT == InputDtype::kFp32) w[i] = __float_as_uint(src[i]);
+        else w[i] = uint32_t(src[2 * i]) | (uint32_t(src[2 * i + 1]) << 16);
+      }
+    }
+  }
+
+  // Element e as fp32, exactly (the codec's conversions).
+  __device__ __forceinline__ float operator[](int e) const {
+    if constexpr (DT == InputDtype::kFp32) {
+      return __uint_as_float(w[e]);
+    } else {
+      const uint16_t bits = static_cast<uint16_t>(w[e / 2] >> (16 * (e % 2)));
+      if constexpr (DT == InputDtype::kFp16) return fp16_bits_to_fp32(bits);
+      else return bf16_bits_to_fp32(bits);
+    }
+  }
+};
+
+// A lane's running statistics of its chunks. 16-bit input: two elements a word with 16x2 SIMD
+// (PackedStats16); fp32: the codec's own accumulator. finish() gives the GroupStats the codec's
+// add() gives over the same elements, every field, so the merged statistics equal the CPU's
+// whatever group_params() reads of them.
+template <InputDtype DT>
+struct LaneStats {
+  PackedStats16 packed;
+  bool any = false;
+  __device__ __forceinline__ void add(const InputChunk<DT>& c) {
+#pragma unroll
+    for (int i = 0; i < InputChunk<DT>::kWords; ++i) packed.add(c.w[i]);
+    any = true;
+  }
+  __device__ __forceinline__ GroupStats finish() const { return any ? packed.finish(DT) : GroupStats{}; }
+};
+
+template <>
+struct LaneStats<InputDtype::kFp32> {
+  GroupStats st;
+  __device__ __forceinline__ void add(const InputChunk<InputDtype::kFp32>& c) {
+#pragma unroll
+    for (int e = 0; e < kChunkElems; ++e) st.add(c[e]);
+  }
+  __device__ __forceinline__ GroupStats finish() const { return st; }
+};
+
+// Merges every field of the statistics of `lanes` neighbouring lanes (a power of two dividing 32)
+// by xor-shuffles; all 32 lanes must call it.
+__device__ __forceinline__ GroupStats merge_lanes(GroupStats st, int lanes) {
+  for (int offset = 1; offset < lanes; offset <<= 1) {
+    GroupStats other;
+    other.lo_key = __shfl_xor_sync(0xffffffffu, st.lo_key, offset);
+    other.hi_key = __shfl_xor_sync(0xffffffffu, st.hi_key, offset);
+    other.amax = __shfl_xor_sync(0xffffffffu, st.amax, offset);
+    st.merge(other);
+  }
+  return st;
+}
+
+// The scheme with its symmetry and bit width fixed at compile time, so that encode() folds its
+// constants and drops the other branch.
+template <bool ASYM, int BITS>
+__device__ __forceinline__ Scheme fixed_scheme(Scheme s) {
+  s.asymmetric = ASYM;
+  s.bits = BITS;
+  return s;
+}
+
+// Encodes the chunk with the codec and stores its codes at `dst` (planar: 8 bytes for int8, 4 for
+// int4 with element 2i in the low nibble).
+template <bool ASYM, int BITS, InputDtype DT>
+__device__ __forceinline__ void encode_chunk(uint8_t* dst, const InputChunk<DT>& c, const GroupParams& gp,
+                                             const Scheme& s) {
+  if constexpr (BITS == 8) {
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int e = 0; e < kChunkElems; ++e) w[e / 4] |= uint32_t(code_to_byte(encode(c[e], gp, s))) << (8 * (e % 4));
+    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+  } else {
+    static_assert(BITS == 4, "int8 or int4 codes");
+    uint32_t w = 0;
+#pragma unroll
+    for (int e = 0; e < kChunkElems; e += 2)
+      w |= uint32_t(pack_nibbles(encode(c[e], gp, s), encode(c[e + 1], gp, s))) << (4 * e);
+    *reinterpret_cast<uint32_t*>(dst) = w;
+  }
+}
+
+// Rare path: the flat [B, H, T, D] index of the chunk's first non-finite element into first_bad.
+// `flat0` is the flat index of element 0.
+template <InputDtype DT>
+__device__ __forceinline__ void report_non_finite(const QuantizeParams& p, const InputChunk<DT>& c,
+                                                  unsigned long long flat0) {
+  for (int e = 0; e < kChunkElems; ++e) {
+    if (!is_finite_float(c[e])) {
+      atomicMin(p.first_bad, flat0 + e);
+      return;
+    }
+  }
+}
+
+// Block-wide merge of every thread's statistics (kThreads a multiple of 32); the result is returned
+// to every thread. `scratch` holds one GroupStats' fields per warp. Merging is exact in any order.
+template <int kThreads>
+__device__ __forceinline__ GroupStats block_merge(GroupStats st, int32_t* lo, int32_t* hi, float* amax) {
+  constexpr int kWarps = kThreads / 32;
+  st = merge_lanes(st, 32);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) lo[warp] = st.lo_key, hi[warp] = st.hi_key, amax[warp] = st.amax;
+  __syncthreads();
+  GroupStats all;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    GroupStats o;
+    o.lo_key = lo[w], o.hi_key = hi[w], o.amax = amax[w];
+    all.merge(o);
+  }
+  __syncthreads();  // the scratch may be reused right after
+  return all;
+}
+
+}  // namespace kvq::detail

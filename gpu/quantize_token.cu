@@ -1,0 +1,139 @@
+// The per-token quantize variant (token granularity, D a multiple of 8). A token (b, t) is one scale
+// group of Hkv x D elements, Hkv rows of D that BNSH stores T x D apart. The token is cut into
+// S = Hkv D / 8 chunks of 8 elements (chunk c: head c / (D/8), elements 8 (c % (D/8)) ..+8) and owned
+// by a team of L lanes of one warp (L a power of two, 1..32): lane j takes chunks j, j + L, j + 2L ..
+// so that the team's loads of one step are contiguous pieces of a head row. L is the smallest team
+// that leaves at most K chunks a lane (K = 4, or 8 for large tokens of 16-bit input): the token is
+// then read once, held in registers, reduced with xor-shuffles inside the team and encoded from the
+// registers. Tokens of more than 32 K chunks (16-bit input: Hkv D > 2048) read their further chunks
+// twice, the second time from L1/L2. Scales and zero points come from the codec's group_params(),
+// codes from encode(). The plan (gpu/quantize_wide_plan.hpp) is tested on the CPU.
+#include <algorithm>
+
+#include "gpu/quantize_chunk.cuh"
+#include "gpu/quantize_wide_plan.hpp"
+
+namespace kvq {
+namespace {
+
+using detail::InputChunk;
+using detail::kChunkElems;
+
+constexpr int kThreads = 256;
+constexpr int kMaxWaves = 4;  // grid: at most this many rounds of resident blocks; the warps loop
+
+template <InputDtype DT, bool ASYM, int BITS, int K>
+__global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, TokenPlan plan) {
+  using Chunk = InputChunk<DT>;
+  using Storage = typename Chunk::Storage;
+  const Scheme scheme = detail::fixed_scheme<ASYM, BITS>(p.scheme);
+  const KvShape& s = p.shape;
+  const Storage* input = static_cast<const Storage*>(p.input);
+  const TeamWalk walk = token_walk(plan, blockIdx.x * int64_t(kThreads) + threadIdx.x, int64_t(gridDim.x) * kThreads);
+  const int j = walk.j, L = 1 << plan.lanes_log2;
+  const int lane_chunks = token_lane_chunks(plan, j);
+  for (int64_t first = walk.warp_first; first < plan.tokens; first += walk.stride) {  // uniform across the warp
+    const int64_t token = first + walk.team_in_warp;
+    const bool active = token < plan.tokens;
+    int64_t b = 0, t = 0;
+    if (active) token_coordinates(plan, s, token, b, t);
+    const int n = active ? lane_chunks : 0;
+    const Storage* src = input + b * p.stride_b + t * p.stride_t;
+    auto load = [&](Chunk& c, int k) {
+      const ChunkPos at = token_chunk(plan, j, k);
+      c.load(src + at.h * p.stride_h + at.d0);
+    };
+
+    Chunk cache[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k)  // every load before any arithmetic
+      if (k < n) load(cache[k], k);
+    detail::LaneStats<DT> acc;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (k < n) acc.add(cache[k]);
+    for (int k = K; k < n; ++k) {
+      Chunk c;
+      load(c, k);
+      acc.add(c);
+    }
+    GroupStats st = acc.finish();
+    const bool finite = st.all_finite(ASYM);  // this lane's chunks, before the merge
+    st = detail::merge_lanes(st, L);
+    if (!active) continue;
+
+    // flat [B, Hkv, T, D] index of the chunk's element 0: also where its codes go
+    auto flat_index = [&](const ChunkPos& at) { return token_flat_index(s, b, t, at); };
+    if (!finite) {  // rare: report this lane's first non-finite element
+      for (int k = 0; k < n; ++k) {
+        Chunk c;
+        load(c, k);
+        detail::report_non_finite(p, c, static_cast<unsigned long long>(flat_index(token_chunk(plan, j, k))));
+      }
+    }
+    const GroupParams gp = group_params(st, scheme);
+    if (j == 0) {
+      if (gp.overflow) atomicMin(p.first_overflow, static_cast<unsigned long long>(token));
+      detail::store_param(p.scales, token, gp.scale, scheme.scale_dtype);
+      if (ASYM) detail::store_param(p.zeros, token, gp.zero, scheme.scale_dtype);
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (k < n) detail::encode_chunk<ASYM, BITS>(p.codes + flat_index(token_chunk(plan, j, k)) * BITS / 8, cache[k], gp, scheme);
+    for (int k = K; k < n; ++k) {
+      Chunk c;
+      load(c, k);
+      detail::encode_chunk<ASYM, BITS>(p.codes + flat_index(token_chunk(plan, j, k)) * BITS / 8, c, gp, scheme);
+    }
+  }
+}
+
+template <InputDtype DT, bool ASYM, int BITS, int K>
+void launch_kernel(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t stream) {
+  int device = 0, sms = 0, resident = 0;
+  KVQ_CUDA_CHECK(cudaGetDevice(&device));
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, token_kernel<DT, ASYM, BITS, K>, kThreads, 0));
+  const int64_t needed = ceil_div(plan.tokens << plan.lanes_log2, kThreads);
+  const int blocks = static_cast<int>(std::min<int64_t>(needed, int64_t(sms) * std::max(resident, 1) * kMaxWaves));
+  token_kernel<DT, ASYM, BITS, K><<<blocks, kThreads, 0, stream>>>(p, plan);
+  KVQ_CHECK_LAUNCH();
+}
+
+// The one place where run-time scheme and dtype become template arguments.
+template <InputDtype DT>
+void dispatch_scheme(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t stream) {
+  const bool asym = p.scheme.asymmetric, int8 = p.scheme.bits == 8;
+  if (plan.cached == 4 || DT == InputDtype::kFp32) {
+    if (asym) int8 ? launch_kernel<DT, true, 8, 4>(p, plan, stream) : launch_kernel<DT, true, 4, 4>(p, plan, stream);
+    else int8 ? launch_kernel<DT, false, 8, 4>(p, plan, stream) : launch_kernel<DT, false, 4, 4>(p, plan, stream);
+  } else if constexpr (DT != InputDtype::kFp32) {
+    if (asym) int8 ? launch_kernel<DT, true, 8, 8>(p, plan, stream) : launch_kernel<DT, true, 4, 8>(p, plan, stream);
+    else int8 ? launch_kernel<DT, false, 8, 8>(p, plan, stream) : launch_kernel<DT, false, 4, 8>(p, plan, stream);
+  }
+}
+
+}  // namespace
+
+bool tokenteam_supports(const Scheme& s, int64_t head_dim) {
+  return s.granularity == Granularity::kToken && (s.bits == 8 || s.bits == 4) && head_dim > 0 &&
+         head_dim % kChunkElems == 0;
+}
+
+void launch_quantize_tokenteam(const QuantizeParams& p, cudaStream_t stream) {
+  if (!tokenteam_supports(p.scheme, p.shape.head_dim))
+    throw InputError("quantize-tokenteam: needs token granularity and D a multiple of 8");
+  if (p.layout != CodeLayout::kPlanar) throw InputError("quantize-tokenteam: writes the planar layout only");
+  const KvShape& s = p.shape;
+  if (s.batch * s.tokens == 0) return;
+  if (s.heads * s.head_dim / kChunkElems > (int64_t{1} << 30))
+    throw InputError("quantize-tokenteam: tokens of more than 2^33 elements are not supported");
+  const TokenPlan plan = make_token_plan(s, p.in_dtype);
+  switch (p.in_dtype) {
+    case InputDtype::kFp32: dispatch_scheme<InputDtype::kFp32>(p, plan, stream); break;
+    case InputDtype::kFp16: dispatch_scheme<InputDtype::kFp16>(p, plan, stream); break;
+    case InputDtype::kBf16: dispatch_scheme<InputDtype::kBf16>(p, plan, stream); break;
+  }
+}
+
+}  // namespace kvq

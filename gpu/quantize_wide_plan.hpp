@@ -1,0 +1,126 @@
+// Launch plans of the wide-group quantize variants (quantize-tokenteam, quantize-tensor2pass): which
+// lane reads which 8-element chunk, and where its input and codes are. Host and device code, so the
+// CPU tests check the index arithmetic (every chunk exactly once, at the right input and code
+// offsets) on machines without a GPU.
+#pragma once
+
+#include "gpu/quantize.hpp"
+#include "quant/groups.hpp"
+
+namespace kvq {
+
+inline constexpr int kWideChunk = 8;  // elements per chunk: one 16-byte load of 16-bit input
+
+// ---- per-token --------------------------------------------------------------------------------
+// Token (b, t) holds S = Hkv D / 8 chunks; chunk c is head c / (D/8), elements 8 (c % (D/8)) ..+8.
+// A team of L = 2^lanes_log2 lanes owns a token; lane j takes chunks j, j + L, j + 2L, ...
+struct TokenPlan {
+  int64_t tokens = 0;        // B * T: the groups
+  int chunks_per_token = 0;  // S
+  int chunks_per_row = 0;    // D / 8
+  int row_log2 = -1;         // log2(D / 8) when a power of two (shifts, not divisions), else -1
+  int lanes_log2 = 0;        // team size L = 1 << lanes_log2, 1..32
+  int cached = 4;            // K: chunks a lane keeps in registers (4, or 8 for large 16-bit tokens)
+  bool narrow = false;       // tokens fit 32 bits: 32-bit division for (b, t)
+};
+
+KVQ_HD int log2_if_power_of_two(int64_t x) {
+  if (x <= 0 || (x & (x - 1)) != 0) return -1;
+  int l = 0;
+  while ((int64_t{1} << l) < x) ++l;
+  return l;
+}
+
+// K = 4 chunks a lane (64 bytes of 16-bit input in flight) when a warp holds the token that way;
+// larger tokens of 16-bit input take K = 8 (fp32 chunks are twice the registers: K = 8 would
+// spill), and the chunks beyond 32 K are read twice. L is the smallest team with at most K chunks
+// a lane, so every lane has K loads in flight whatever Hkv is.
+inline TokenPlan make_token_plan(const KvShape& s, InputDtype dt) {
+  TokenPlan plan;
+  plan.tokens = s.batch * s.tokens;
+  plan.chunks_per_row = static_cast<int>(s.head_dim / kWideChunk);
+  plan.chunks_per_token = static_cast<int>(s.heads * plan.chunks_per_row);
+  plan.row_log2 = log2_if_power_of_two(plan.chunks_per_row);
+  plan.narrow = plan.tokens < (int64_t{1} << 32);
+  plan.cached = plan.chunks_per_token <= 32 * 4 || dt == InputDtype::kFp32 ? 4 : 8;
+  const int64_t lanes = ceil_div(plan.chunks_per_token, plan.cached);
+  while (plan.lanes_log2 < 5 && (int64_t{1} << plan.lanes_log2) < lanes) ++plan.lanes_log2;
+  return plan;
+}
+
+// How many chunks lane j of a team owns.
+KVQ_HD int token_lane_chunks(const TokenPlan& plan, int j) {
+  const int L = 1 << plan.lanes_log2, S = plan.chunks_per_token;
+  return j < S ? (S - j + L - 1) >> plan.lanes_log2 : 0;
+}
+
+struct ChunkPos {
+  int h, d0;  // head, first element along D
+};
+
+// The k-th chunk of lane j.
+KVQ_HD ChunkPos token_chunk(const TokenPlan& plan, int j, int k) {
+  const int c = j + (k << plan.lanes_log2);
+  const int h = plan.row_log2 >= 0 ? c >> plan.row_log2 : c / plan.chunks_per_row;
+  return {h, (c - h * plan.chunks_per_row) * kWideChunk};
+}
+
+// Where a lane's teams are: the grid walks the tokens in steps of all its teams; the loop runs on
+// the warp's first team (warp_first), so that all 32 lanes reach every shuffle, and the lane's own
+// token is warp_first + team_in_warp. `thread` is the global thread index, `threads` the grid's.
+struct TeamWalk {
+  int64_t warp_first = 0, stride = 0;
+  int team_in_warp = 0, j = 0;  // j: the lane's rank in its team
+};
+
+KVQ_HD TeamWalk token_walk(const TokenPlan& plan, int64_t thread, int64_t threads) {
+  const int lane = static_cast<int>(thread & 31);
+  TeamWalk w;
+  w.warp_first = (thread - lane) >> plan.lanes_log2;
+  w.stride = threads >> plan.lanes_log2;
+  w.team_in_warp = lane >> plan.lanes_log2;
+  w.j = lane & ((1 << plan.lanes_log2) - 1);
+  return w;
+}
+
+// Flat [B, H, T, D] index of element d0 of head h of token (b, t): the chunk's code index too.
+KVQ_HD int64_t token_flat_index(const KvShape& s, int64_t b, int64_t t, const ChunkPos& at) {
+  return ((b * s.heads + at.h) * s.tokens + t) * s.head_dim + at.d0;
+}
+
+// (b, t) of token `token`.
+KVQ_HD void token_coordinates(const TokenPlan& plan, const KvShape& s, int64_t token, int64_t& b, int64_t& t) {
+  b = plan.narrow ? int64_t(uint32_t(token) / uint32_t(s.tokens)) : token / s.tokens;
+  t = token - b * s.tokens;
+}
+
+// ---- per-tensor -------------------------------------------------------------------------------
+// Chunks in logical [B, H, T, D] order: chunk c holds flat elements 8c .. 8c+7, and its codes start
+// at byte c * bits of the planar code array.
+struct TensorPlan {
+  int64_t chunks = 0;       // numel / 8
+  int chunks_per_row = 0;   // D / 8
+  bool contiguous = false;  // BNSH without gaps: chunk c starts at input element 8c
+  int partials = 0;         // pass 1 blocks, each writing p.partials[block]
+};
+
+inline TensorPlan make_tensor_plan(const QuantizeParams& p) {
+  const KvShape& s = p.shape;
+  TensorPlan plan;
+  plan.chunks = s.numel() / kWideChunk;
+  plan.chunks_per_row = static_cast<int>(s.head_dim / kWideChunk);
+  plan.contiguous = p.stride_t == s.head_dim && p.stride_h == s.tokens * s.head_dim &&
+                    p.stride_b == s.heads * s.tokens * s.head_dim;
+  return plan;
+}
+
+// Input element offset of chunk c.
+KVQ_HD int64_t tensor_chunk_offset(const QuantizeParams& p, const TensorPlan& plan, int64_t c) {
+  if (plan.contiguous) return c * kWideChunk;
+  const KvShape& s = p.shape;
+  const int64_t r = c / plan.chunks_per_row, d0 = (c - r * plan.chunks_per_row) * kWideChunk;
+  const int64_t t = r % s.tokens, bh = r / s.tokens;
+  return (bh / s.heads) * p.stride_b + (bh % s.heads) * p.stride_h + t * p.stride_t + d0;
+}
+
+}  // namespace kvq
