@@ -16,6 +16,12 @@ class AppendQuantizer:
 
     def __init__(self, scheme, name="cache"):
         self.scheme = scheme if isinstance(scheme, _core.Scheme) else _core.parse_scheme(scheme)
+        if self.scheme.hadamard or self.scheme.window is not None:
+            raise _core.SchemeError(f"{self.scheme.name}: +had and +w<W> are not in the quantize-on-append cache yet "
+                                    "(kvq sweep measures them)")
+        if self.scheme.scale_free:
+            raise _core.SchemeError(f"{self.scheme.name}: scale-free FP8 is not in the quantize-on-append cache yet; "
+                                    "use fp8-e4m3-token, -head or -g<G>")
         if self.scheme.granularity == "tensor":
             raise _core.SchemeError(f"{self.scheme.name}: a per-tensor scale needs the whole cache, which quantize-on-"
                                     "append does not have; use token, head, g<G> or chan-t<N> granularity")
