@@ -217,5 +217,10 @@ def test_scheme_objects_and_default_pairs():
     assert len({kvq.parse_scheme("int8-head"), kvq.parse_scheme("int8-head-sym-fp16")}) == 1
     pairs = kvq.default_pairs(128)
     assert (kvq.parse_scheme("int4-chan-t32-asym"), kvq.parse_scheme("int4-token-asym")) in pairs
-    assert len(pairs) == 2 * (7 * 2 + 1)  # tensor, token, head, g64, g32, g16, g8; sym and asym; + per-channel K
+    # tensor, token, head, g64, g32, g16, g8; sym and asym; + per-channel K; FP8; rotated INT4; KIVI
+    assert len(pairs) == 2 * (7 * 2 + 1) + 5 + 2 + 2
+    assert (kvq.parse_scheme("int4-chan-t32-asym+w128"), kvq.parse_scheme("int4-g32-asym+w128")) in pairs
+    had = kvq.parse_scheme("int4-g32-asym+had")
+    assert had.hadamard and had.window is None and had.format == "int"
+    assert kvq.parse_scheme("fp8-e4m3").scale_free and kvq.parse_scheme("fp8-e5m2-head").format == "fp8-e5m2"
     assert kvq.bits_per_element("int4-g32-asym", (1, 8, 100, 128)) == 4 + 2 * 16 / 32
