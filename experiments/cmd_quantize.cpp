@@ -71,7 +71,7 @@ int run(const QuantizeArgs& a) {
   f.set_attr("/", "created_by", "kvq quantize " + kvq_version() + " (" + kvq_commit() + ")");
   f.set_attr("/", "k_scheme", to_string(k_scheme));
   f.set_attr("/", "v_scheme", to_string(v_scheme));
-  fmt::print("{:>5}  {:<20} {:>8}  {:<20} {:>8}\n", "layer", "K scheme", "SQNR dB", "V scheme", "SQNR dB");
+  fmt::print("{:>5}  {:<23} {:>8}  {:<23} {:>8}\n", "layer", "K scheme", "SQNR dB", "V scheme", "SQNR dB");
   for (size_t i : layers) {
     const int index = info.layers[i].index;
     const KvLayer layer = read_layer(info, i);
@@ -82,7 +82,7 @@ int run(const QuantizeArgs& a) {
         f, group + "/k", quantize(KvView::bnsh(layer.k.data(), layer.kv_shape), k_scheme, where + " K", lens), layer.k);
     const double vs = write_tensor(
         f, group + "/v", quantize(KvView::bnsh(layer.v.data(), layer.kv_shape), v_scheme, where + " V", lens), layer.v);
-    fmt::print("{:>5}  {:<20} {:>8.2f}  {:<20} {:>8.2f}\n", index, to_string(k_scheme), ks, to_string(v_scheme), vs);
+    fmt::print("{:>5}  {:<23} {:>8.2f}  {:<23} {:>8.2f}\n", index, to_string(k_scheme), ks, to_string(v_scheme), vs);
   }
   f.close();
   fmt::print("wrote {}\n", a.out);

@@ -96,7 +96,7 @@ def test_reference_options_change_the_result(tmp_path):
 
 @pytest.mark.parametrize("args,code,message", [
     (["sweep", BUNDLED, "--k", "int4-g3"], 3, f"kvq: error: {BUNDLED}: int4-g3: group size 3 does not divide head_dim 8"),
-    (["sweep", BUNDLED, "--k", "int5-head"], 3, "kvq: error: unknown scheme 'int5-head': bits 'int5' must be int8 or int4"),
+    (["sweep", BUNDLED, "--k", "int5-head"], 3, "kvq: error: unknown scheme 'int5-head': bits 'int5' must be int8, int4 or fp8"),
     (["quantize", BUNDLED, "--k", "int8-head"], 2, "--v is required"),
     (["sweep", "/nonexistent.h5"], 2, "File does not exist"),
     (["sweep", BUNDLED, "--layers", "9"], 3, "none of the requested --layers [9] exist (the dump has layers 0..4)"),
