@@ -1,6 +1,8 @@
 // The hardware FP8 conversions against the codec's software fp8(), over every finite fp32 pattern.
 #include <doctest/doctest.h>
 
+#include <ios>
+
 #include "gpu/fp8_check.hpp"
 
 using namespace kvq;
