@@ -216,3 +216,18 @@ TEST_CASE("fp8 schemes reject non-finite input and overflowing scales like the i
             .find("fp8-e4m3-head group 0") != std::string::npos);
   CHECK_NOTHROW(quantize(KvView::bnsh(big.data(), {1, 1, 1, 8}), parse_scheme("fp8-e4m3-head-fp32"), "K"));
 }
+
+TEST_CASE("golden: fp8-e5m2-g4, two hand-computed groups (one at the fp16 minimum scale)") {
+  // Group 0, amax 3: 3 / 57344 = 5.2e-5 is below fp16's smallest normal, so s = minpos = 2^-14 and
+  // x / s = 16384 x:  1 -> 2^14 -> 0x74;  2 -> 2^15 -> 0x78;  -3 -> -1.5*2^15 -> 0xfa;  0.5 -> 2^13 -> 0x70.
+  // Group 1, amax 448: s = 448 / 57344 = 2^-7, x / s = 128 x:  448 -> 57344 -> 0x7b;
+  //   -100 -> -12800 = -1.5625*2^13 -> mantissa 2.25/4 -> 2/4: -1.5*2^13 -> 0xf2;
+  //   0.001f -> 0.128 = 1.024*2^-3 -> 0x30;  7 -> 896 = 1.75*2^9 -> 0x63.
+  const std::vector<float> x = {1.0f, 2.0f, -3.0f, 0.5f, 448.0f, -100.0f, 0.001f, 7.0f};
+  const QuantizedKv q = quantize(KvView::bnsh(x.data(), {1, 1, 1, 8}), parse_scheme("fp8-e5m2-g4"), "K");
+  CHECK(q.scales == std::vector<float>{std::ldexp(1.0f, -14), std::ldexp(1.0f, -7)});
+  CHECK(q.codes == std::vector<uint8_t>{0x74, 0x78, 0xfa, 0x70, 0x7b, 0xf2, 0x30, 0x63});
+  const std::vector<float> x_hat = dequantize(q);
+  CHECK(x_hat[5] == -96.0f);
+  CHECK(x_hat[6] == 0.0009765625f);
+}

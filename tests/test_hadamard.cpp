@@ -129,3 +129,12 @@ TEST_CASE("+had schemes: a head_dim that is not a power of two is an error, quan
   CHECK(a.scales == b.scales);
   CHECK(a.zeros == b.zeros);
 }
+
+TEST_CASE("golden: int8-head+had on one hand-computed row") {
+  // (1, 2, 3, 4) rotates to (5, -1, -2, 0). amax 5: s = rd(5 / 127) = 1290 * 2^-15 = 0.03936767578125
+  // (fp16), codes round(x / s): 127.008 -> 127, -25.40 -> -25 (0xe7), -50.80 -> -51 (0xcd), 0.
+  const std::vector<float> x = {1.0f, 2.0f, 3.0f, 4.0f};
+  const QuantizedKv q = quantize(KvView::bnsh(x.data(), {1, 1, 1, 4}), parse_scheme("int8-head+had"), "K");
+  CHECK(q.scales == std::vector<float>{0.03936767578125f});
+  CHECK(q.codes == std::vector<uint8_t>{0x7f, 0xe7, 0xcd, 0x00});
+}

@@ -152,3 +152,15 @@ TEST_CASE("memory of a window: quantized tokens cost their codes and scales, win
   CHECK(bytes_per_token_per_head(parse_scheme("int4-chan-t32-asym+w37"), shape) ==
         doctest::Approx((32 * 4 + 68 * 16 + 8 * 4) / 100.0));
 }
+
+TEST_CASE("golden: int4-token-asym+w1 on two hand-computed tokens") {
+  // T = 2, W = 1: token 0 quantized (lo 0, hi 3: z = 0, s = rd(3 / 15) = fp16(0.2) = 0.199951171875,
+  // codes 0 and round(15.004) = 15 -> byte 0xf0), token 1 kept (code byte 0, its group's scale and
+  // zero point 0, values exact).
+  const std::vector<float> x = {0.0f, 3.0f, 100.0f, -100.0f};
+  const QuantizedKv q = quantize(KvView::bnsh(x.data(), {1, 1, 2, 2}), parse_scheme("int4-token-asym+w1"), "K");
+  CHECK(q.scales == std::vector<float>{0.199951171875f, 0.0f});
+  CHECK(q.zeros == std::vector<float>{0.0f, 0.0f});
+  CHECK(q.codes == std::vector<uint8_t>{0xf0, 0x00});
+  CHECK(dequantize(q) == std::vector<float>{0.0f, 2.999267578125f, 100.0f, -100.0f});
+}
