@@ -186,7 +186,7 @@ def check_storage(name, head_dim):
         return
     scheme = kvq.parse_scheme(name)
     scheme.fits(head_dim)
-    if scheme.granularity == "tensor":
+    if scheme.granularity == "tensor" or scheme.hadamard:
         kvq.AppendQuantizer(scheme)  # raises the refusal with its reason
 
 
@@ -197,10 +197,9 @@ def eval_pairs(k_list, v_list, head_dim):
         pairs = [(k, v) for k in (k_list or v_list).split(",") for v in (v_list or k_list).split(",")]
     else:
         pairs = [("none", "none"), ("bf16", "bf16"), ("fp16", "fp16")]
-        # Per-tensor (and scale-free) scales need the whole cache; rotation and windows are not in the
-        # streaming cache yet.
+        # Per-tensor scales need the whole cache; rotation is not in the streaming cache yet.
         pairs += [(k.name, v.name) for k, v in kvq.default_pairs(head_dim)
-                  if all(s.granularity != "tensor" and not s.hadamard and s.window is None for s in (k, v))]
+                  if all((s.granularity != "tensor" or s.scale_free) and not s.hadamard for s in (k, v))]
     for k, v in pairs:
         check_storage(k, head_dim)
         check_storage(v, head_dim)

@@ -228,9 +228,8 @@ def test_fp8_codes_windows_and_the_streaming_cache():
     assert (w.codes[0, 0, :2] == 127).all() and (w.dequantized[0, 0, :2] != x[0, 0, :2]).all()
     with pytest.raises(kvq.InputError, match=r"int8-head\+w2: a \+w<W> result cannot be rebuilt"):
         kvq.QuantizeResult(w.codes, w.scales, scheme="int8-head+w2")
-    for name, why in (("int4-g8-asym+had", "not in the quantize-on-append cache"), ("fp8-e4m3", "scale-free FP8")):
-        with pytest.raises(kvq.SchemeError, match=why):
-            kvq.AppendQuantizer(name)
+    with pytest.raises(kvq.SchemeError, match="not in the quantize-on-append cache"):
+        kvq.AppendQuantizer("int4-g8-asym+had")
 
 
 def test_scheme_objects_and_default_pairs():
