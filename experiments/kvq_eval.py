@@ -231,11 +231,11 @@ def sweep_errors(path):
 
 def print_table(rows, out=sys.stdout):
     with_sweep = any(r["sweep_out_rel_l2_mean"] != "" for r in rows)
-    print(f"{'K scheme':<20} {'V scheme':<18} {'bits':>6} {'KLD mean':>10} {'KLD max':>10} {'top-1':>7} {'ppl':>8} "
+    print(f"{'K scheme':<23} {'V scheme':<20} {'bits':>6} {'KLD mean':>10} {'KLD max':>10} {'top-1':>7} {'ppl':>8} "
           f"{'d ppl':>9} {'attn rel-L2':>11}" + (f" {'sweep rel-L2':>12}" if with_sweep else ""), file=out)
     for r in rows:
         sweep = r["sweep_out_rel_l2_mean"]
-        print(f"{r['k_scheme']:<20} {r['v_scheme']:<18} {r['kv_bits_per_element']:>6.2f} {r['kld_mean']:>10.3e} "
+        print(f"{r['k_scheme']:<23} {r['v_scheme']:<20} {r['kv_bits_per_element']:>6.2f} {r['kld_mean']:>10.3e} "
               f"{r['kld_max']:>10.3e} {r['top1_agreement']:>7.3f} {r['ppl']:>8.3f} {r['ppl_delta']:>+9.4f} "
               f"{r['out_rel_l2_mean']:>11.3e}" + (f" {sweep:>12.3e}" if sweep != "" else " " * 13 if with_sweep else ""),
               file=out)
