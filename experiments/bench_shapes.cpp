@@ -27,6 +27,8 @@ std::vector<DecodeShape> bench_shapes(const std::string& regex) {
 }
 
 BenchStorage bench_storage(const Scheme& k, const Scheme& v, bool fbgemm) {
+  for (const Scheme& s : {k, v})
+    if (const std::string why = integer_codes_only_reason(s); !why.empty()) throw InputError(why);
   if (k.bits != v.bits)
     throw InputError(fmt::format("K {} / V {}: the decode kernels read K and V of the same bit width", to_string(k),
                                  to_string(v)));

@@ -16,6 +16,7 @@
 #include "experiments/validate_decode.hpp"
 #include "experiments/validate_quantize.hpp"
 #include "gpu/float_formats_check.hpp"
+#include "gpu/fp8_check.hpp"
 #include "gpu/timing.hpp"
 
 namespace kvq {
@@ -75,6 +76,19 @@ int run_validate(const ValidateArgs& a) {
                              f.to_fp16_mismatches, f.first_fp32_bits, f.to_fp32_mismatches, f.first_fp16_bits);
     fmt::print("{} codec fp16 conversions on the device: {}\n", f.ok() ? "[OK]  " : "[FAIL]", detail);
     cases.push_back({{"variant", "codec"}, {"case", "fp16 conversions exhaustive"}, {"ok", f.ok()}, {"detail", detail}});
+    failed_total += f.ok() ? 0 : 1;
+  }
+  {  // the hardware FP8 conversions (satfinite cvt) against the codec's software fp8(): kernels may use
+     // them only where they are identical
+    const Fp8CheckResult f = check_fp8_conversions();
+    const std::string detail =
+        f.ok() ? "e4m3 and e5m2 identical for every finite fp32 pattern and every code"
+               : fmt::format("e4m3: {} mismatches (first bits {:#010x}: hw {:#04x}, sw {:#04x}); e5m2: {} (first {:#010x}: "
+                             "hw {:#04x}, sw {:#04x}); {} codes decode differently",
+                             f.e4m3_mismatches, f.e4m3_first_bits, f.e4m3_first_hw, f.e4m3_first_sw, f.e5m2_mismatches,
+                             f.e5m2_first_bits, f.e5m2_first_hw, f.e5m2_first_sw, f.decode_mismatches);
+    fmt::print("{} codec fp8 conversions on the device: {}\n", f.ok() ? "[OK]  " : "[FAIL]", detail);
+    cases.push_back({{"variant", "codec"}, {"case", "fp8 conversions exhaustive"}, {"ok", f.ok()}, {"detail", detail}});
     failed_total += f.ok() ? 0 : 1;
   }
   for (const QuantizeVariant* v : variants) {

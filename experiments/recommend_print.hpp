@@ -13,7 +13,7 @@ namespace kvq {
 inline void print_recommendations(const std::vector<Recommendation>& recs, const std::string& metric, double budget,
                                   std::FILE* out) {
   fmt::print(out, "smallest K+V memory with {} <= {:g}\n", metric, budget);
-  fmt::print(out, "{:<12} {:>5}  {:<20} {:<20} {:>12} {:>11}\n", "scope", "layer", "K scheme", "V scheme",
+  fmt::print(out, "{:<12} {:>5}  {:<23} {:<23} {:>12} {:>11}\n", "scope", "layer", "K scheme", "V scheme",
              "B/token/head", metric.substr(4));
   std::set<std::string> sources;
   for (const Recommendation& r : recs)
@@ -23,7 +23,7 @@ inline void print_recommendations(const std::vector<Recommendation>& recs, const
     if (sources.size() > 1 && r.layer >= 0 && (&r == &recs.front() || (&r)[-1].source != r.source))
       fmt::print(out, "{}\n", r.source);  // several dumps: name each before its layers
     if (r.found)
-      fmt::print(out, "{:<12} {:>5}  {:<20} {:<20} {:>12.2f} {:>11.3e}\n", scope, layer, r.best.k_scheme,
+      fmt::print(out, "{:<12} {:>5}  {:<23} {:<23} {:>12.2f} {:>11.3e}\n", scope, layer, r.best.k_scheme,
                  r.best.v_scheme, r.best.kv_bytes_per_token_head, r.best.error);
     else
       fmt::print(out, "{:<12} {:>5}  no scheme pair meets the budget\n", scope, layer);
@@ -36,11 +36,11 @@ inline void print_end_to_end_ranking(const std::vector<EndToEndRanking>& ranking
   for (const EndToEndRanking& g : rankings) {
     fmt::print(out, "{}: scheme pairs ranked by end-to-end {} (KL of next-token distributions, nats)\n", g.source,
                metric);
-    fmt::print(out, "{:>4}  {:<20} {:<20} {:>12} {:>10} {:>10} {:>7} {:>10}  {}\n", "rank", "K scheme", "V scheme",
+    fmt::print(out, "{:>4}  {:<23} {:<23} {:>12} {:>10} {:>10} {:>7} {:>10}  {}\n", "rank", "K scheme", "V scheme",
                "B/token/head", "kld_mean", "kld_max", "top-1", "ppl delta", "within budget");
     for (size_t i = 0; i < g.ranked.size(); ++i) {
       const EndToEndResult& r = g.ranked[i];
-      fmt::print(out, "{:>4}  {:<20} {:<20} {:>12.2f} {:>10.3e} {:>10.3e} {:>7.3f} {:>+10.4f}  {}\n", i + 1, r.k_scheme,
+      fmt::print(out, "{:>4}  {:<23} {:<23} {:>12.2f} {:>10.3e} {:>10.3e} {:>7.3f} {:>+10.4f}  {}\n", i + 1, r.k_scheme,
                  r.v_scheme, r.kv_bytes_per_token_head, r.kld_mean, r.kld_max, r.top1_agreement, r.ppl_delta,
                  r.error <= budget ? "yes" : "no");
     }

@@ -24,7 +24,8 @@ void finish(std::ofstream& out, const std::string& path) {
 
 // bits, granularity, asym, elements per group of one scheme.
 std::string scheme_columns(const Scheme& s, int64_t group_elems) {
-  return fmt::format("{},{},{},{}", s.bits, granularity_name(s.granularity), s.asymmetric ? 1 : 0, group_elems);
+  return fmt::format("{},{},{},{}", s.bits, s.scale_free ? "none" : granularity_name(s.granularity), s.asymmetric ? 1 : 0,
+                     group_elems);
 }
 
 }  // namespace
@@ -90,12 +91,12 @@ void write_json(const nlohmann::json& document, const std::string& path) {
 }
 
 void print_sweep_table(const std::vector<SweepRow>& rows, std::FILE* out) {
-  fmt::print(out, "{:>5}  {:<20} {:<18} {:>6} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>6}\n", "layer", "K scheme",
+  fmt::print(out, "{:>5}  {:<23} {:<20} {:>6} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>6}\n", "layer", "K scheme",
              "V scheme", "bits", "K SQNR", "V SQNR", "rel-L2", "rel-L2", "cosine", "KL", "top-k");
-  fmt::print(out, "{:>5}  {:<20} {:<18} {:>6} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>6}\n", "", "", "", "/elem",
+  fmt::print(out, "{:>5}  {:<23} {:<20} {:>6} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>6}\n", "", "", "", "/elem",
              "dB", "dB", "mean", "max", "min", "mean", "mean");
   for (const SweepRow& r : rows) {
-    fmt::print(out, "{:>5}  {:<20} {:<18} {:>6.2f} {:>8.2f} {:>8.2f}", r.layer, to_string(r.schemes.k),
+    fmt::print(out, "{:>5}  {:<23} {:<20} {:>6.2f} {:>8.2f} {:>8.2f}", r.layer, to_string(r.schemes.k),
                to_string(r.schemes.v), r.kv_bits_per_element, r.k_sqnr_db, r.v_sqnr_db);
     if (r.has_attention)
       fmt::print(out, " {:>10.3e} {:>10.3e} {:>9.6f} {:>9.2e} {:>6.3f}\n", r.output.rel_l2_mean, r.output.rel_l2_max,

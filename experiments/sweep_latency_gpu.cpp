@@ -37,8 +37,11 @@ void attach_decode_latency(std::vector<SweepRow>& rows, const std::string& spec)
     auto it = measured.find(key);
     if (it == measured.end()) {
       std::optional<DecodeLatency> lat;
-      const std::string why_k = decode_unsupported_reason(row.schemes.k, shape.head_dim, false),
-                        why_v = decode_unsupported_reason(row.schemes.v, shape.head_dim, false);
+      auto why = [&](const Scheme& s) {
+        const std::string plain = integer_codes_only_reason(s);
+        return plain.empty() ? decode_unsupported_reason(s, shape.head_dim, false) : plain;
+      };
+      const std::string why_k = why(row.schemes.k), why_v = why(row.schemes.v);
       if (why_k.empty() && why_v.empty() && row.schemes.k.bits == row.schemes.v.bits) {
         const BenchStorage st = bench_storage(row.schemes.k, row.schemes.v, false);
         const BenchCaches caches(shape, st, dev);

@@ -16,7 +16,8 @@ const char* kSchemes[] = {"int8-tensor",    "int8-token",      "int8-head",     
                           "int8-g8-asym",   "int8-head-asym",  "int8-chan-t32",   "int4-tensor",    "int4-token-asym",
                           "int4-head",      "int4-head-asym",  "int4-g64-asym",   "int4-g32-asym",  "int4-g16-asym",
                           "int4-g32",       "int4-g2-asym",    "int4-chan-t32-asym", "int8-head-fp32", "int4-g32-asym-fp32",
-                          "int8-token-fp32"};
+                          "int8-token-fp32", "fp8-e4m3-tensor", "fp8-e4m3-token", "fp8-e4m3-head", "fp8-e4m3-g32",
+                          "fp8-e5m2-head", "fp8-e5m2-g16-fp32", "fp8-e4m3", "fp8-e5m2"};
 const InputDtype kDtypes[] = {InputDtype::kBf16, InputDtype::kFp16, InputDtype::kFp32};
 
 // The per-token and per-tensor schemes beyond kSchemes: every symmetry and scale dtype of both.

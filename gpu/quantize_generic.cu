@@ -87,7 +87,7 @@ __global__ void params_kernel(QuantizeParams p, int64_t groups) {
 
 __device__ __forceinline__ int encode_at(const QuantizeParams& p, int64_t b, int64_t h, int64_t t, int64_t d) {
   const int64_t g = group_of(p.scheme, p.shape, b, h, t, d);
-  const GroupParams gp = stored_params(detail::load_param(p.scales, g, p.scheme.scale_dtype),
+  const GroupParams gp = p.scheme.scale_free ? unit_params() : stored_params(detail::load_param(p.scales, g, p.scheme.scale_dtype),
                                       p.scheme.asymmetric ? detail::load_param(p.zeros, g, p.scheme.scale_dtype) : 0.0f);
   return encode(detail::load_as_float(p.input, p.in_dtype, detail::element_offset(p, b, h, t, d)), gp, p.scheme);
 }
@@ -131,7 +131,7 @@ void launch_group_stats(const QuantizeParams& p, int64_t g0, int64_t g1, cudaStr
 
 void launch_quantize_generic(const QuantizeParams& p, cudaStream_t stream) {
   const int64_t groups = num_groups(p.scheme, p.shape);
-  if (groups == 0) return;
+  if (groups == 0 && !(p.scheme.scale_free && p.shape.numel() > 0)) return;  // scale-free FP8: encode only
   if (p.scheme.granularity == Granularity::kTensor) {
     const int blocks = static_cast<int>(std::min<int64_t>(kMaxPartials, (p.shape.numel() + kThreads - 1) / kThreads));
     tensor_partials_kernel<<<blocks, kThreads, 0, stream>>>(p);
@@ -141,8 +141,10 @@ void launch_quantize_generic(const QuantizeParams& p, cudaStream_t stream) {
   } else {
     launch_group_stats(p, 0, groups, stream);
   }
-  params_kernel<<<blocks_for(groups), kThreads, 0, stream>>>(p, groups);
-  KVQ_CHECK_LAUNCH();
+  if (groups > 0) {
+    params_kernel<<<blocks_for(groups), kThreads, 0, stream>>>(p, groups);
+    KVQ_CHECK_LAUNCH();
+  }
   const bool fbgemm = p.layout == CodeLayout::kFbgemm;
   uint8_t* planar_codes = fbgemm ? p.scratch : p.codes;
   encode_kernel<<<blocks_for(p.shape.rows() * code_bytes_per_row(p.scheme, p.shape.head_dim)), kThreads, 0, stream>>>(

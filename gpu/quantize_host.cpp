@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "gpu/quantize.hpp"
 #include "quant/fbgemm_layout.hpp"
 #include "quant/quantize.hpp"
@@ -52,7 +54,7 @@ QuantizeWorkspace::QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme
   scales_ = DeviceBuffer<uint8_t>(planar.scales);  // FBGEMM: workspace of the generic variant
   zeros_ = DeviceBuffer<uint8_t>(planar.zeros);
   scratch_ = DeviceBuffer<uint8_t>(layout == CodeLayout::kFbgemm ? planar.codes : 0);
-  stats_ = DeviceBuffer<GroupStats>(num_groups(scheme, s));
+  stats_ = DeviceBuffer<GroupStats>(std::max<int64_t>(num_groups(scheme, s), 1));  // scale-free FP8: the finiteness pass
   partials_ = DeviceBuffer<GroupStats>(kMaxPartials);
   flags_ = DeviceBuffer<unsigned long long>(2);
   params_.scheme = scheme;

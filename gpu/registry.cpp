@@ -19,6 +19,7 @@ bool fbgemm_ok(const Scheme& s, int64_t head_dim) {
 }
 
 bool generic_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype) {
+  if (s.hadamard || s.has_window()) return false;  // the GPU quantizers do not rotate or keep windows yet
   try {
     check_scheme_fits(s, static_cast<int>(head_dim));
   } catch (const SchemeError&) {
@@ -28,11 +29,11 @@ bool generic_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, Input
 }
 
 bool groupthread_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype dtype) {
-  return groupthread_supports(s, head_dim) && generic_accepts(s, head_dim, layout, dtype);
+  return !s.fp8() && groupthread_supports(s, head_dim) && generic_accepts(s, head_dim, layout, dtype);
 }
 
 bool rowwarp_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype dtype) {
-  return rowwarp_supports(s, head_dim) && generic_accepts(s, head_dim, layout, dtype);
+  return !s.fp8() && rowwarp_supports(s, head_dim) && generic_accepts(s, head_dim, layout, dtype);
 }
 
 bool tokenteam_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype dtype) {
@@ -50,7 +51,8 @@ const std::vector<QuantizeVariant>& quantize_variants() {
       {"quantize-generic",
        "stats pass (thread per group; per-tensor: two-pass block reduction), params pass, encode pass (thread per "
        "code byte); FBGEMM rows assembled from planar bytes",
-       "every scheme; any even D; any strides; planar and FBGEMM layouts; fp32/fp16/bf16 input", true,
+       "every scheme (FP8 included; not yet +had or +wW); any even D; any strides; planar and FBGEMM layouts; "
+       "fp32/fp16/bf16 input", true,
        generic_accepts, launch_quantize_generic},
       {"quantize-rowwarp",
        "fused single pass: one warp per (b,h,t) row, one vector load per lane, groups reduced with xor-shuffles, "

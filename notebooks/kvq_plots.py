@@ -19,8 +19,20 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-FAMILY_STYLE = {  # (bits, asymmetric) -> colour, marker
-    (8, 0): ("tab:blue", "o"), (8, 1): ("tab:cyan", "s"), (4, 0): ("tab:red", "o"), (4, 1): ("tab:orange", "s")}
+FAMILY_STYLE = {  # (code format, asymmetric) -> colour, marker
+    ("int8", 0): ("tab:blue", "o"), ("int8", 1): ("tab:cyan", "s"), ("int4", 0): ("tab:red", "o"),
+    ("int4", 1): ("tab:orange", "s"), ("fp8-e4m3", 0): ("tab:purple", "D"), ("fp8-e5m2", 0): ("tab:pink", "D")}
+
+
+def code_format(scheme):
+    """int8, int4, fp8-e4m3 or fp8-e5m2 from a scheme name."""
+    parts = scheme.split("+")[0].split("-")
+    return "-".join(parts[:2]) if parts[0] == "fp8" else parts[0]
+
+
+def modifiers(scheme):
+    """The modifiers of a scheme name, e.g. '+had' or '+w128', '' for none."""
+    return "".join("+" + m for m in scheme.split("+")[1:])
 
 
 def load(results_dir):
@@ -34,8 +46,10 @@ def load(results_dir):
     return rows, heads
 
 
-def family_label(bits, asym):
-    return f"int{bits} {'asymmetric' if asym else 'symmetric'}"
+def family_label(fmt, asym, mods=""):
+    """e.g. 'int4 asymmetric', 'int4 asymmetric +had' (rotated), 'fp8-e4m3' (FP8 is symmetric only)."""
+    label = fmt if fmt.startswith("fp8") else f"{fmt} {'asymmetric' if asym else 'symmetric'}"
+    return f"{label} {mods}" if mods else label
 
 
 def pareto_front(x, y):
@@ -63,19 +77,25 @@ def plot_error_vs_group_size(rows, out_dir):
         per_scheme = (rows.groupby([f"{t}_scheme", f"{t}_bits", f"{t}_asym", f"{t}_granularity", f"{t}_group_elems"])
                       [f"{t}_sqnr_db"].mean().reset_index())
         per_scheme["rel_rms"] = 10 ** (-per_scheme[f"{t}_sqnr_db"] / 20)  # ||x - x'|| / ||x||
-        for (bits, asym), g in per_scheme.groupby([f"{t}_bits", f"{t}_asym"]):
-            colour, marker = FAMILY_STYLE.get((bits, asym), ("gray", "x"))
+        per_scheme["format"] = per_scheme[f"{t}_scheme"].map(code_format)
+        per_scheme["mods"] = per_scheme[f"{t}_scheme"].map(modifiers)
+        per_scheme = per_scheme[per_scheme["rel_rms"] > 0]  # a window over every token: lossless, off the log axis
+        for (fmt, asym, mods), g in per_scheme.groupby(["format", f"{t}_asym", "mods"]):
+            colour, marker = FAMILY_STYLE.get((fmt, asym), ("gray", "x"))
             line = g[g[f"{t}_granularity"] != "channel"].sort_values(f"{t}_group_elems")
+            # Rotated (+had) and windowed (+wW) families: the same colour, dashed / dotted.
             ax.plot(line[f"{t}_group_elems"], line["rel_rms"], marker=marker, color=colour,
-                    label=family_label(bits, asym))
+                    linestyle="--" if "+had" in mods else ":" if mods else "-", label=family_label(fmt, asym, mods))
+            names = {"group": None, "none": "scale-free"}  # none: FP8 without a scale, at the tensor's size
             for _, r in line.iterrows():
-                ax.annotate(r[f"{t}_granularity"] if r[f"{t}_granularity"] != "group" else f"g{r[f'{t}_group_elems']}",
+                gran = r[f"{t}_granularity"]
+                ax.annotate(names.get(gran, gran) or f"g{r[f'{t}_group_elems']}",
                             (r[f"{t}_group_elems"], r["rel_rms"]), textcoords="offset points", xytext=(4, 4),
                             fontsize=7, color=colour)
             chan = g[g[f"{t}_granularity"] == "channel"]
             if len(chan):
                 ax.scatter(chan[f"{t}_group_elems"], chan["rel_rms"], marker="*", s=140, color=colour,
-                           edgecolor="black", zorder=5, label=f"{family_label(bits, asym)}, per-channel")
+                           edgecolor="black", zorder=5, label=f"{family_label(fmt, asym, mods)}, per-channel")
                 for _, r in chan.iterrows():
                     ax.annotate(r[f"{t}_scheme"].split("-", 1)[1], (r[f"{t}_group_elems"], r["rel_rms"]),
                                 textcoords="offset points", xytext=(6, -10), fontsize=7, color=colour)
@@ -90,12 +110,16 @@ def plot_error_vs_group_size(rows, out_dir):
     return _save(fig, out_dir, "error_vs_group_size.png")
 
 
-def scheme_style(bits, asym, granularity, group_elems):
-    """Colour by granularity (and group size), solid int8 / dashed int4, circle symmetric / square asymmetric."""
+def scheme_style(scheme, asym, granularity, group_elems):
+    """Colour by granularity (and group size); solid int8, dashed int4, dotted FP8; circle symmetric, square
+    asymmetric, triangle rotated (+had), diamond windowed (+wW)."""
     order = ["tensor", "token", "head", "g64", "g32", "g16", "g8", "channel"]
     key = f"g{group_elems}" if granularity == "group" else granularity
     colour = plt.get_cmap("tab10")(order.index(key) if key in order else 9)
-    return {"color": colour, "linestyle": "-" if bits == 8 else "--", "marker": "s" if asym else "o"}
+    fmt, mods = code_format(scheme), modifiers(scheme)
+    marker = "^" if "+had" in mods else "D" if "+w" in mods else "s" if asym else "o"
+    return {"color": colour, "linestyle": ":" if fmt.startswith("fp8") else "-" if fmt == "int8" else "--",
+            "marker": marker}
 
 
 def plot_sqnr_per_layer(rows, out_dir):
@@ -106,8 +130,7 @@ def plot_sqnr_per_layer(rows, out_dir):
         per = rows.groupby([f"{t}_scheme", "layer"])[f"{t}_sqnr_db"].mean().reset_index()
         for scheme, g in per.groupby(f"{t}_scheme"):
             first = rows[rows[f"{t}_scheme"] == scheme].iloc[0]
-            style = scheme_style(first[f"{t}_bits"], first[f"{t}_asym"], first[f"{t}_granularity"],
-                                 first[f"{t}_group_elems"])
+            style = scheme_style(scheme, first[f"{t}_asym"], first[f"{t}_granularity"], first[f"{t}_group_elems"])
             (line,) = ax.plot(g["layer"], g[f"{t}_sqnr_db"], label=scheme, **style)
             handles.setdefault(scheme, line)
         ax.set_xlabel("layer")
@@ -117,7 +140,7 @@ def plot_sqnr_per_layer(rows, out_dir):
     axes[0].set_ylabel("SQNR (dB, higher is better)")
     names = sorted(handles)
     fig.legend([handles[n] for n in names], names, fontsize=7, ncol=1, loc="center left", bbox_to_anchor=(0.91, 0.5),
-               title="scheme (solid int8, dashed int4)", title_fontsize=7)
+               title="scheme (solid int8, dashed int4, dotted FP8;\n^ +had, diamond +wW)", title_fontsize=7)
     fig.suptitle("SQNR per layer: 10 log10(sum x^2 / sum (x - x')^2)")
     fig.subplots_adjust(right=0.9)
     return _save(fig, out_dir, "sqnr_per_layer.png")
@@ -229,8 +252,8 @@ def plot_eval(rows, out_dir, title=""):
                                                            "(mean over heads and layers)")):
         y = rows[column].to_numpy()
         for i, r in rows.iterrows():
-            bits = 8 if "int8" in r.k_scheme else 4 if "int4" in r.k_scheme else 16
-            color = {8: "tab:blue", 4: "tab:red", 16: "gray"}[bits]
+            bits = 8 if "int8" in r.k_scheme else 4 if "int4" in r.k_scheme else 80 if "fp8" in r.k_scheme else 16
+            color = {8: "tab:blue", 4: "tab:red", 80: "tab:purple", 16: "gray"}[bits]
             ax.scatter(x[i], y[i], color=color, edgecolor="black", linewidth=0.5, zorder=3)
             name = r.k_scheme if r.k_scheme == r.v_scheme else f"{r.k_scheme} / {r.v_scheme}"
             ax.annotate(name, (x[i], y[i]), textcoords="offset points", xytext=(4, 2), fontsize=7)

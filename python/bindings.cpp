@@ -68,6 +68,8 @@ QuantizedKv quantized_from_arrays(const AnyArray& codes, const AnyArray& scales,
                                   const Scheme& scheme) {
   QuantizedKv q;
   q.scheme = scheme;
+  if (scheme.has_window())  // the window's full-precision values are not among these arrays
+    throw InputError(fmt::format("{}: a +w<W> result cannot be rebuilt from codes and scales alone", to_string(scheme)));
   if (codes.ndim() != 4)
     throw InputError(fmt::format("codes: expected 4 axes [B, H, T, D{}], got {}", scheme.bits == 4 ? "/2" : "",
                                  shape_string(codes)));
@@ -152,6 +154,14 @@ void bind_scheme(nb::module_& m) {
                    "tensor, token, head, group or channel")
       .def_ro("group", &Scheme::group, "G for g<G>, N (tokens) for chan-t<N>, else 0")
       .def_ro("asymmetric", &Scheme::asymmetric)
+      .def_prop_ro("format",
+                   [](const Scheme& s) {
+                     return s.format == CodeFormat::kInt ? "int" : s.format == CodeFormat::kFp8E4M3 ? "fp8-e4m3" : "fp8-e5m2";
+                   })
+      .def_ro("scale_free", &Scheme::scale_free, "scale-free FP8 (no scale stored)")
+      .def_ro("hadamard", &Scheme::hadamard, "+had: rotated along D before quantization")
+      .def_prop_ro("window", [](const Scheme& s) { return s.has_window() ? std::optional<int>(s.window) : std::nullopt; },
+                   "+w<W>: the last W tokens kept in full precision, else None")
       .def_prop_ro("scale_dtype",
                    [](const Scheme& s) { return s.scale_dtype == ScaleDtype::kFp16 ? "float16" : "float32"; })
       .def("fits", [](const Scheme& s, int head_dim) { check_scheme_fits(s, head_dim); }, "head_dim"_a,
@@ -198,13 +208,13 @@ void bind_codec(nb::module_& m) {
           [](nb::handle self) {
             const QuantizeResult& r = nb::cast<const QuantizeResult&>(self);
             const Scheme& s = r.q.scheme;
-            const bool signed_codes = s.bits == 8 && !s.asymmetric;
+            const bool signed_codes = s.bits == 8 && !s.asymmetric && !s.fp8();
             const KvShape& x = r.q.shape;
             return readonly_view(r.q.codes.data(), {x.batch, x.heads, x.tokens, x.head_dim * s.bits / 8},
                                  signed_codes ? nb::dtype<int8_t>() : nb::dtype<uint8_t>(), self);
           },
-          "int8 [B,H,T,D] (int8 symmetric), uint8 [B,H,T,D] (int8 asymmetric) or packed uint8 [B,H,T,D/2] "
-          "(int4: element 2i in the low nibble)")
+          "int8 [B,H,T,D] (int8 symmetric), uint8 [B,H,T,D] (int8 asymmetric; FP8 bytes) or packed uint8 "
+          "[B,H,T,D/2] (int4: element 2i in the low nibble)")
       .def_prop_ro(
           "scales",
           [](nb::handle self) {

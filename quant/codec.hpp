@@ -54,6 +54,8 @@ struct GroupStats {
     hi_key = o.hi_key > hi_key ? o.hi_key : hi_key;
     amax = max_magnitude(amax, o.amax);
   }
+  // True when no element was added (a group whose tokens are all in a +wW window).
+  KVQ_HD bool empty() const { return lo_key > hi_key; }
   // False when an element was inf or NaN (symmetric schemes read amax, asymmetric lo and hi).
   KVQ_HD bool all_finite(bool asymmetric) const {
     return asymmetric ? lo_key > static_cast<int32_t>(0x807fffffu) && hi_key < 0x7f800000
@@ -165,6 +167,39 @@ KVQ_HD float decode_asymmetric(int q, float scale, float zero) {
   return decode_asymmetric(static_cast<float>(q), scale, zero);
 }
 
+// ---- FP8 (symmetric; DESIGN.md) ------------------------------------------------------------------
+KVQ_HD Fp8Format fp8_format(CodeFormat f) { return f == CodeFormat::kFp8E5M2 ? fp8_e5m2() : fp8_e4m3(); }
+
+KVQ_HD GroupParams fp8_params(float amax, const Scheme& s) {
+  GroupParams p;
+  if (amax == 0.0f) return p;
+  const float rounded = round_to_scale_dtype(ieee_div(amax, fp8_format(s.format).max_value), s.scale_dtype);
+  const float minpos = min_positive_scale(s.scale_dtype);
+  p.scale = rounded > minpos ? rounded : minpos;
+  p.inv_scale = ieee_div(1.0f, p.scale);
+  p.overflow = !is_finite_float(p.scale);
+  return p;
+}
+
+// The code byte: +0 for a zero scale, else fp8(x / s) with one IEEE division (no reciprocal trick:
+// the fp8 grid is not uniform, so no cheap test tells when fl(x * fl(1/s)) rounds the same way).
+KVQ_HD int encode_fp8(float x, float scale, CodeFormat f) {
+  return scale == 0.0f ? 0 : fp32_to_fp8_bits(ieee_div(x, scale), fp8_format(f));
+}
+
+// The code as its byte (0..255); one fp32 multiply.
+KVQ_HD float decode_fp8(int code, float scale, CodeFormat f) {
+  return fp8_bits_to_fp32(static_cast<uint8_t>(code & 0xff), fp8_format(f)) * scale;
+}
+
+// The parameters of a scale-free scheme: x / 1 and c * 1 are exact, so fp8(x) and f32(c) result.
+KVQ_HD GroupParams unit_params() {
+  GroupParams p;
+  p.scale = 1.0f;
+  p.inv_scale = 1.0f;
+  return p;
+}
+
 // ---- scheme-level dispatch -------------------------------------------------------------------
 // Parameters as stored (e.g. read back from a scale array), ready for encode().
 KVQ_HD GroupParams stored_params(float scale, float zero) {
@@ -175,16 +210,22 @@ KVQ_HD GroupParams stored_params(float scale, float zero) {
   return p;
 }
 
+// An empty group (all of its tokens in a +wW window) stores scale 0 and zero point 0.
 KVQ_HD GroupParams group_params(const GroupStats& st, const Scheme& s) {
+  if (st.empty()) return GroupParams{};
+  if (s.fp8()) return fp8_params(st.amax, s);
   return s.asymmetric ? asymmetric_params(st.lo(), st.hi(), s) : symmetric_params(st.amax, s);
 }
 
+// FP8 codes are the byte 0..255; integer codes as in the encode_* functions.
 KVQ_HD int encode(float x, const GroupParams& p, const Scheme& s) {
+  if (s.fp8()) return encode_fp8(x, p.scale, s.format);
   return s.asymmetric ? encode_asymmetric(x, p.scale, p.inv_scale, p.zero, s.levels())
                       : encode_symmetric(x, p.scale, p.inv_scale, s.qmax());
 }
 
 KVQ_HD float decode(int q, const GroupParams& p, const Scheme& s) {
+  if (s.fp8()) return decode_fp8(q, p.scale, s.format);
   return s.asymmetric ? decode_asymmetric(q, p.scale, p.zero) : decode_symmetric(q, p.scale);
 }
 
@@ -205,8 +246,9 @@ KVQ_HD uint8_t pack_nibbles(int q_even, int q_odd) {
 
 KVQ_HD uint8_t code_to_byte(int q) { return static_cast<uint8_t>(q & 0xff); }
 
-KVQ_HD int byte_to_code(uint8_t byte, bool asymmetric) {
-  return asymmetric ? static_cast<int>(byte) : static_cast<int>(static_cast<int8_t>(byte));
+// `unsigned_code`: asymmetric integer codes and FP8 bytes; else two's complement.
+KVQ_HD int byte_to_code(uint8_t byte, bool unsigned_code) {
+  return unsigned_code ? static_cast<int>(byte) : static_cast<int>(static_cast<int8_t>(byte));
 }
 
 }  // namespace kvq

@@ -27,6 +27,8 @@ int fbgemm_groups_per_row(const Scheme& scheme, int64_t head_dim) {
   if (scheme.bits != 4 || !scheme.asymmetric || scheme.scale_dtype != ScaleDtype::kFp16)
     throw SchemeError(fmt::format("{}: the FBGEMM inline-row layout holds int4 asymmetric codes with fp16 "
                                   "scales only", name));
+  if (scheme.has_window())  // its rows have no room for the window's full-precision values
+    throw SchemeError(fmt::format("{}: the FBGEMM inline-row layout holds no full-precision window (+w)", name));
   if (scheme.granularity == Granularity::kHead) return 1;
   if (scheme.granularity == Granularity::kGroup) {
     const int64_t n = head_dim / scheme.group;

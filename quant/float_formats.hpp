@@ -84,4 +84,65 @@ KVQ_HD int fp16_operand_exponent(float amax) {
 }
 KVQ_HD float round_to_bf16(float x) { return bf16_bits_to_fp32(fp32_to_bf16_bits(x)); }
 
+// ---- FP8 (OCP 8-bit floating point) -----------------------------------------------------------
+// e4m3fn: 4 exponent bits, bias 7, 3 mantissa bits, no infinities, S.1111.111 is NaN, max 448.
+// e5m2:   5 exponent bits, bias 15, 2 mantissa bits, IEEE-like (inf and NaN), max 57344.
+// fp32_to_fp8_bits() is the codec's fp8(): round to nearest even onto the grid (subnormals
+// included), then saturate to +-FMAX ("satfinite": also +-inf -> +-FMAX); NaN -> 0x7f | sign.
+// It is the definition on host and device; a hardware conversion may replace it only where it is
+// proven equal over all inputs (tests/gpu: the exhaustive check of __nv_cvt_float_to_fp8).
+struct Fp8Format {
+  int mantissa_bits;   // 3 / 2
+  int bias;            // 7 / 15
+  uint32_t max_bits;   // magnitude bits of FMAX: 0x7e / 0x7b
+  float max_value;     // 448 / 57344
+};
+// Functions rather than constants: device code may use them without a device copy of a global.
+KVQ_HD constexpr Fp8Format fp8_e4m3() { return {3, 7, 0x7eu, 448.0f}; }
+KVQ_HD constexpr Fp8Format fp8_e5m2() { return {2, 15, 0x7bu, 57344.0f}; }
+
+KVQ_HD uint8_t fp32_to_fp8_bits(float f, Fp8Format format) {
+  const uint32_t x = float_bits(f);
+  const uint32_t sign = (x >> 24) & 0x80u;
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);  // NaN
+  const int m_bits = format.mantissa_bits;
+  const int emin = 1 - format.bias;                     // exponent of the smallest normal
+  const int e = static_cast<int>(ax >> 23) - 127;    // fp32 exponent (fp32 subnormals: -127, all round to 0)
+  const int emax = static_cast<int>(format.max_bits >> m_bits) - format.bias;  // exponent of FMAX
+  if (e > emax) return static_cast<uint8_t>(sign | format.max_bits);        // beyond the grid (and inf): saturate
+  uint32_t h;
+  if (e >= emin) {  // normal: rebias the exponent, keep m_bits mantissa bits, round half to even
+    const uint32_t shift = static_cast<uint32_t>(23 - m_bits);
+    h = (ax - (static_cast<uint32_t>(127 - format.bias) << 23)) >> shift;
+    const uint32_t rem = ax & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (h & 1u))) ++h;  // a carry bumps the exponent: still correct
+  } else {  // subnormal m * 2^(emin - m_bits), m = 0 .. 2^m_bits (2^m_bits: the smallest normal)
+    if (e < emin - m_bits - 1) return static_cast<uint8_t>(sign);  // below half the smallest subnormal
+    const uint32_t shift = static_cast<uint32_t>(23 + emin - m_bits - e);  // 24 - m_bits .. 24
+    const uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
+    h = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (h & 1u))) ++h;
+  }
+  return static_cast<uint8_t>(sign | (h > format.max_bits ? format.max_bits : h));
+}
+
+// Exact: every fp8 value is an fp32 value. e5m2's inf and both formats' NaN codes decode as such.
+KVQ_HD float fp8_bits_to_fp32(uint8_t c, Fp8Format format) {
+  const int m_bits = format.mantissa_bits;
+  const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
+  const uint32_t mag = c & 0x7fu;
+  const uint32_t e = mag >> m_bits, m = mag & ((1u << m_bits) - 1u);
+  const uint32_t e_all_ones = 0x7fu >> m_bits;
+  if (format.mantissa_bits == 3 && mag == 0x7fu) return bits_float(sign | 0x7fc00000u);  // e4m3fn NaN
+  if (format.mantissa_bits == 2 && e == e_all_ones)
+    return bits_float(sign | (m == 0 ? 0x7f800000u : 0x7fc00000u));  // e5m2 inf / NaN
+  if (e == 0) {  // m * 2^(1 - bias - m_bits): m is a small integer, the power of two is exact
+    const float mag_f = static_cast<float>(m) * bits_float(static_cast<uint32_t>(127 + 1 - format.bias - m_bits) << 23);
+    return bits_float(float_bits(mag_f) | sign);
+  }
+  return bits_float(sign | ((e + 127u - static_cast<uint32_t>(format.bias)) << 23) | (m << (23 - m_bits)));
+}
+
 }  // namespace kvq

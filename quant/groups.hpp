@@ -29,6 +29,7 @@ struct GroupBox {
 KVQ_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 KVQ_HD int64_t num_groups(const Scheme& s, const KvShape& x) {
+  if (s.scale_free) return 0;
   switch (s.granularity) {
     case Granularity::kTensor: return x.numel() > 0 ? 1 : 0;
     case Granularity::kToken: return x.batch * x.tokens;
@@ -91,6 +92,16 @@ inline std::vector<int64_t> scale_shape(const Scheme& s, const KvShape& x) {
     case Granularity::kChannel: return {x.batch, x.heads, ceil_div(x.tokens, s.group), x.head_dim};
   }
   return {};
+}
+
+// +wW: how many leading tokens of a sequence of length `len` (of `tokens` stored) are quantized;
+// the rest keep their input values. Lq = max(0, len - W), rounded down to a multiple of N for
+// chan-tN (whole token groups only). Without a window every stored token is quantized.
+KVQ_HD int64_t quantized_length(const Scheme& s, int64_t len, int64_t tokens) {
+  if (!s.has_window()) return tokens;
+  int64_t lq = len - s.window > 0 ? len - s.window : 0;
+  if (s.granularity == Granularity::kChannel) lq -= lq % s.group;
+  return lq;
 }
 
 // Bytes of codes in one (b, h, t) row.

@@ -36,16 +36,22 @@ struct QuantizedKv {
   std::vector<uint8_t> codes;  // int8: [B, H, T, D] bytes; int4: [B, H, T, D/2] packed nibbles
   std::vector<float> scales;   // [num_groups(scheme, shape)], values exact in scheme.scale_dtype
   std::vector<float> zeros;    // [num_groups] for asymmetric schemes, empty otherwise
+  // +wW: tokens t >= quantized_tokens[b] keep their input values (rotated when +had) in
+  // window_values and have code 0. Both empty without a window.
+  std::vector<int32_t> quantized_tokens;  // [B]
+  std::vector<float> window_values;       // [B, H, T, D], 0 where quantized
 
+  bool quantized_at(int64_t b, int64_t t) const { return quantized_tokens.empty() || t < quantized_tokens[b]; }
   int code(int64_t b, int64_t h, int64_t t, int64_t d) const {
     const int64_t row = (b * shape.heads + h) * shape.tokens + t;
-    if (scheme.bits == 8) return byte_to_code(codes[row * shape.head_dim + d], scheme.asymmetric);
+    if (scheme.bits == 8) return byte_to_code(codes[row * shape.head_dim + d], scheme.asymmetric || scheme.fp8());
     const uint8_t byte = codes[row * (shape.head_dim / 2) + d / 2];
     return nibble_to_code(d % 2 ? byte >> 4 : byte, scheme.asymmetric);
   }
   // Scale and zero point of a group, for decode(). No reciprocal is computed (that would put a
   // division per element into dequantize); encode() with these params divides instead, exactly.
   GroupParams params(int64_t group) const {
+    if (scheme.scale_free) return unit_params();
     GroupParams p;
     p.scale = scales[group];
     p.zero = scheme.asymmetric ? zeros[group] : 0.0f;

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "quant/hadamard.hpp"
+
 namespace kvq {
 
 #pragma omp declare reduction(merge_stats : GroupStats : omp_out.merge(omp_in))
@@ -55,11 +57,16 @@ std::string overflow_message(const std::string& tensor_name, const Scheme& schem
 
 namespace {
 
-GroupStats box_stats_serial(const KvView& x, const GroupBox& box) {
+// The box clipped to the quantized tokens of each batch entry (+wW); `qlen` empty: all tokens.
+int64_t token_end(const GroupBox& box, const std::vector<int32_t>& qlen, int64_t b) {
+  return qlen.empty() ? box.t1 : std::min<int64_t>(box.t1, qlen[b]);
+}
+
+GroupStats box_stats_serial(const KvView& x, const GroupBox& box, const std::vector<int32_t>& qlen) {
   GroupStats st;
   for (int64_t b = box.b0; b < box.b1; ++b)
     for (int64_t h = box.h0; h < box.h1; ++h)
-      for (int64_t t = box.t0; t < box.t1; ++t) {
+      for (int64_t t = box.t0; t < token_end(box, qlen, b); ++t) {
         const float* row = x.row(b, h, t);
         for (int64_t d = box.d0; d < box.d1; ++d) st.add(row[d]);
       }
@@ -67,45 +74,78 @@ GroupStats box_stats_serial(const KvView& x, const GroupBox& box) {
 }
 
 // For a few huge groups (per-tensor, per-token): split the group's rows across threads.
-GroupStats box_stats_parallel(const KvView& x, const GroupBox& box) {
+GroupStats box_stats_parallel(const KvView& x, const GroupBox& box, const std::vector<int32_t>& qlen) {
   const int64_t nh = box.h1 - box.h0, nt = box.t1 - box.t0;
   const int64_t rows = (box.b1 - box.b0) * nh * nt;
   GroupStats st;
 #pragma omp parallel for reduction(merge_stats : st) schedule(static) if (box.size() >= kParallelMinElements)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* row = x.row(box.b0 + r / (nh * nt), box.h0 + (r / nt) % nh, box.t0 + r % nt);
+    const int64_t b = box.b0 + r / (nh * nt), t = box.t0 + r % nt;
+    if (t >= token_end(box, qlen, b)) continue;
+    const float* row = x.row(b, box.h0 + (r / nt) % nh, t);
     for (int64_t d = box.d0; d < box.d1; ++d) st.add(row[d]);
   }
   return st;
 }
 
+// A BNSH fp32 copy of x rotated along D (+had).
+std::vector<float> rotated_copy(const KvView& x) {
+  const KvShape& s = x.shape;
+  std::vector<float> out(static_cast<size_t>(s.numel()));
+#pragma omp parallel for schedule(static) if (s.numel() >= kParallelMinElements)
+  for (int64_t r = 0; r < s.rows(); ++r) {
+    const float* in = x.row(r / (s.heads * s.tokens), (r / s.tokens) % s.heads, r % s.tokens);
+    float* o = out.data() + r * s.head_dim;
+    std::copy(in, in + s.head_dim, o);
+    hadamard_rotate(o, s.head_dim);
+  }
+  return out;
+}
+
 }  // namespace
 
-std::vector<GroupStats> group_stats(const KvView& x, const Scheme& scheme) {
+std::vector<GroupStats> group_stats(const KvView& x, const Scheme& scheme, const std::vector<int32_t>& quantized_tokens) {
   const int64_t n = num_groups(scheme, x.shape);
   std::vector<GroupStats> stats(static_cast<size_t>(n));
   if (n < 4 * static_cast<int64_t>(omp_get_max_threads())) {
-    for (int64_t g = 0; g < n; ++g) stats[g] = box_stats_parallel(x, group_box(scheme, x.shape, g));
+    for (int64_t g = 0; g < n; ++g) stats[g] = box_stats_parallel(x, group_box(scheme, x.shape, g), quantized_tokens);
   } else {
 #pragma omp parallel for schedule(static) if (x.shape.numel() >= kParallelMinElements)
-    for (int64_t g = 0; g < n; ++g) stats[g] = box_stats_serial(x, group_box(scheme, x.shape, g));
+    for (int64_t g = 0; g < n; ++g) stats[g] = box_stats_serial(x, group_box(scheme, x.shape, g), quantized_tokens);
   }
   return stats;
 }
 
-QuantizedKv quantize(const KvView& x, const Scheme& scheme, const std::string& tensor_name) {
-  check_scheme_fits(scheme, static_cast<int>(x.shape.head_dim));
-  check_finite(x, tensor_name);
-  const KvShape& s = x.shape;
+std::vector<int32_t> window_boundaries(const Scheme& scheme, const KvShape& shape, const int32_t* seq_lens) {
+  if (!scheme.has_window()) return {};
+  std::vector<int32_t> qlen(static_cast<size_t>(shape.batch));
+  for (int64_t b = 0; b < shape.batch; ++b) {
+    const int64_t len = seq_lens ? seq_lens[b] : shape.tokens;
+    if (len < 0 || len > shape.tokens)
+      throw InputError(fmt::format("{}: seq_lens[{}] = {} is outside [0, {}] (the tensor's tokens)", to_string(scheme),
+                                   b, len, shape.tokens));
+    qlen[b] = static_cast<int32_t>(quantized_length(scheme, len, shape.tokens));
+  }
+  return qlen;
+}
+
+QuantizedKv quantize(const KvView& input, const Scheme& scheme, const std::string& tensor_name, const int32_t* seq_lens) {
+  check_scheme_fits(scheme, static_cast<int>(input.shape.head_dim));
+  check_finite(input, tensor_name);
+  const KvShape& s = input.shape;
+  std::vector<float> rotated;
+  if (scheme.hadamard) rotated = rotated_copy(input);
+  const KvView x = scheme.hadamard ? KvView::bnsh(rotated.data(), s) : input;
 
   QuantizedKv q;
   q.scheme = scheme;
   q.shape = s;
-  const std::vector<GroupStats> stats = group_stats(x, scheme);
+  q.quantized_tokens = window_boundaries(scheme, s, seq_lens);
+  const std::vector<GroupStats> stats = group_stats(x, scheme, q.quantized_tokens);
   const int64_t n = static_cast<int64_t>(stats.size());
   q.scales.resize(n);
   if (scheme.asymmetric) q.zeros.resize(n);
-  std::vector<GroupParams> params(static_cast<size_t>(n));
+  std::vector<GroupParams> params(static_cast<size_t>(std::max<int64_t>(n, 1)), unit_params());  // [0]: scale-free
   for (int64_t g = 0; g < n; ++g) {
     const GroupParams p = params[g] = group_params(stats[g], scheme);
     if (p.overflow) throw InputError(overflow_message(tensor_name, scheme, g, group_box(scheme, s, g), stats[g]));
@@ -115,10 +155,15 @@ QuantizedKv quantize(const KvView& x, const Scheme& scheme, const std::string& t
 
   const int64_t row_bytes = code_bytes_per_row(scheme, s.head_dim);
   q.codes.assign(static_cast<size_t>(s.rows() * row_bytes), 0);
+  if (scheme.has_window()) q.window_values.assign(static_cast<size_t>(s.numel()), 0.0f);
 #pragma omp parallel for schedule(static) if (s.numel() >= kParallelMinElements)
   for (int64_t r = 0; r < s.rows(); ++r) {
     const int64_t b = r / (s.heads * s.tokens), h = (r / s.tokens) % s.heads, t = r % s.tokens;
     const float* in = x.row(b, h, t);
+    if (!q.quantized_at(b, t)) {  // window token: code 0, value kept
+      std::copy(in, in + s.head_dim, q.window_values.data() + r * s.head_dim);
+      continue;
+    }
     uint8_t* out = q.codes.data() + r * row_bytes;
     auto code_at = [&](int64_t d) { return encode(in[d], params[group_of(scheme, s, b, h, t, d)], scheme); };
     if (scheme.bits == 8) {
@@ -137,7 +182,10 @@ std::vector<float> dequantize(const QuantizedKv& q) {
   for (int64_t r = 0; r < s.rows(); ++r) {
     const int64_t b = r / (s.heads * s.tokens), h = (r / s.tokens) % s.heads, t = r % s.tokens;
     for (int64_t d = 0; d < s.head_dim; ++d)
-      out[r * s.head_dim + d] = decode(q.code(b, h, t, d), q.params(group_of(q.scheme, s, b, h, t, d)), q.scheme);
+      out[r * s.head_dim + d] =
+          q.quantized_at(b, t)
+              ? decode(q.code(b, h, t, d), q.params(group_of(q.scheme, s, b, h, t, d)), q.scheme)
+              : q.window_values[r * s.head_dim + d];
   }
   return out;
 }

@@ -8,10 +8,18 @@ namespace kvq {
 // Quantizes `x` with `scheme` into the planar layout. Throws InputError for non-finite input
 // (naming `tensor_name` and the first bad index), for a scale or zero point that overflows the
 // scale dtype, and SchemeError when the scheme does not fit the head_dim.
-QuantizedKv quantize(const KvView& x, const Scheme& scheme, const std::string& tensor_name);
+// +had rotates x along D first (what is stored, and dequantized, is the rotated tensor); +wW keeps
+// the last W tokens of each sequence (lengths `seq_lens` [B], nullptr: all T) in full precision.
+QuantizedKv quantize(const KvView& x, const Scheme& scheme, const std::string& tensor_name,
+                     const int32_t* seq_lens = nullptr);
 
-// Dequantized values, BNSH [B, H, T, D].
+// Dequantized values, BNSH [B, H, T, D]; in the rotated basis for +had schemes (H is its own
+// inverse: hadamard_rotate each row to return to the input basis).
 std::vector<float> dequantize(const QuantizedKv& q);
+
+// +wW: quantized tokens per batch entry (quantized_length of each seq_len; InputError for a
+// seq_len outside [0, T]); empty without a window.
+std::vector<int32_t> window_boundaries(const Scheme& scheme, const KvShape& shape, const int32_t* seq_lens);
 
 // The messages of the quantizers' input errors, shared by the CPU and GPU paths so that both
 // report a bad input identically.
@@ -20,7 +28,9 @@ std::string non_finite_message(const std::string& tensor_name, float value, int6
 std::string overflow_message(const std::string& tensor_name, const Scheme& scheme, int64_t group, const GroupBox& box,
                              const GroupStats& stats);
 
-// Statistics of every group, in group order (the deterministic first pass of quantize()).
-std::vector<GroupStats> group_stats(const KvView& x, const Scheme& scheme);
+// Statistics of every group, in group order (the deterministic first pass of quantize()), over
+// the tokens t < quantized_tokens[b] (empty: all tokens).
+std::vector<GroupStats> group_stats(const KvView& x, const Scheme& scheme,
+                                    const std::vector<int32_t>& quantized_tokens = {});
 
 }  // namespace kvq

@@ -28,26 +28,14 @@ int parse_positive(std::string_view digits) {
 
 [[noreturn]] void bad(std::string_view name, std::string_view why) {
   throw SchemeError(fmt::format(
-      "unknown scheme '{}': {} (expected int8|int4 - tensor|token|head|g<G>|chan-t<N> "
-      "[-sym|-asym] [-fp16|-fp32], e.g. int4-g32-asym)",
+      "unknown scheme '{}': {} (expected int8|int4 - tensor|token|head|g<G>|chan-t<N> [-sym|-asym] [-fp16|-fp32], "
+      "or fp8-e4m3|fp8-e5m2 [- tensor|token|head|g<G> [-fp16|-fp32]], then optionally +had and +w<W>, e.g. "
+      "int4-g32-asym, fp8-e4m3-head, int4-chan-t32-asym+w128)",
       name, why));
 }
 
-}  // namespace
-
-Scheme parse_scheme(std::string_view name) {
-  const std::vector<std::string_view> parts = split(name, '-');
-  Scheme s;
-  if (parts[0] == "int8") {
-    s.bits = 8;
-  } else if (parts[0] == "int4") {
-    s.bits = 4;
-  } else {
-    bad(name, fmt::format("bits '{}' must be int8 or int4", parts[0]));
-  }
-  if (parts.size() < 2) bad(name, "missing granularity");
-
-  size_t next = 2;
+// The granularity at parts[1] (and parts[2] for chan-tN); returns the index of the first suffix.
+size_t parse_granularity(std::string_view name, const std::vector<std::string_view>& parts, Scheme& s) {
   const std::string_view gran = parts[1];
   if (gran == "tensor") {
     s.granularity = Granularity::kTensor;
@@ -65,15 +53,45 @@ Scheme parse_scheme(std::string_view name) {
       bad(name, "per-channel needs a token group, e.g. chan-t32");
     s.group = parse_positive(parts[2].substr(1));
     if (s.group < 0) bad(name, fmt::format("token group in '{}' must be a positive integer", parts[2]));
-    next = 3;
+    return 3;
   } else {
     bad(name, fmt::format("granularity '{}' is not tensor, token, head, g<G> or chan-t<N>", gran));
+  }
+  return 2;
+}
+
+// "int8-head-asym" or "fp8-e4m3-g32-fp32" or "fp8-e5m2" (no modifiers).
+Scheme parse_base(std::string_view name, std::string_view base) {
+  const std::vector<std::string_view> parts = split(base, '-');
+  Scheme s;
+  size_t next = 2;
+  if (parts[0] == "fp8") {
+    if (parts.size() < 2 || (parts[1] != "e4m3" && parts[1] != "e5m2"))
+      bad(name, fmt::format("FP8 needs its format, e4m3 or e5m2, e.g. fp8-e4m3-head; got '{}'",
+                            parts.size() < 2 ? "" : parts[1]));
+    s.format = parts[1] == "e4m3" ? CodeFormat::kFp8E4M3 : CodeFormat::kFp8E5M2;
+    if (parts.size() == 2) {  // scale-free
+      s.granularity = Granularity::kTensor;
+      s.scale_free = true;
+      return s;
+    }
+    const std::vector<std::string_view> rest(parts.begin() + 1, parts.end());  // rest[1]: the granularity
+    next = parse_granularity(name, rest, s) + 1;
+    if (s.granularity == Granularity::kChannel)
+      bad(name, "FP8 schemes take tensor, token, head or g<G> scales, not per-channel chan-t<N>");
+  } else if (parts[0] == "int8" || parts[0] == "int4") {
+    s.bits = parts[0] == "int8" ? 8 : 4;
+    if (parts.size() < 2) bad(name, "missing granularity");
+    next = parse_granularity(name, parts, s);
+  } else {
+    bad(name, fmt::format("bits '{}' must be int8, int4 or fp8", parts[0]));
   }
 
   bool seen_symmetry = false, seen_dtype = false;
   for (; next < parts.size(); ++next) {
     const std::string_view p = parts[next];
     if ((p == "sym" || p == "asym") && !seen_symmetry) {
+      if (p == "asym" && s.fp8()) bad(name, "FP8 schemes are symmetric (scale = amax / FMAX); '-asym' is not available");
       s.asymmetric = p == "asym";
       seen_symmetry = true;
     } else if ((p == "fp16" || p == "fp32") && !seen_dtype) {
@@ -81,6 +99,29 @@ Scheme parse_scheme(std::string_view name) {
       seen_dtype = true;
     } else {
       bad(name, fmt::format("unexpected or repeated suffix '{}'", p));
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+Scheme parse_scheme(std::string_view name) {
+  const std::vector<std::string_view> parts = split(name, '+');
+  Scheme s = parse_base(name, parts[0]);
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const std::string_view m = parts[i];
+    if (m == "had" && !s.hadamard) {
+      s.hadamard = true;
+    } else if (m.size() > 1 && m[0] == 'w' && !s.has_window()) {
+      const std::string_view digits = m.substr(1);
+      int w = -1;
+      const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), w);
+      if (ec != std::errc() || end != digits.data() + digits.size() || w < 0)
+        bad(name, fmt::format("window in '+{}' must be a non-negative number of tokens, e.g. +w128", m));
+      s.window = w;
+    } else {
+      bad(name, fmt::format("unexpected or repeated modifier '+{}' (modifiers: +had, +w<W>)", m));
     }
   }
   return s;
@@ -95,8 +136,17 @@ std::string to_string(const Scheme& s) {
     case Granularity::kGroup: gran = fmt::format("g{}", s.group); break;
     case Granularity::kChannel: gran = fmt::format("chan-t{}", s.group); break;
   }
-  return fmt::format("int{}-{}{}{}", s.bits, gran, s.asymmetric ? "-asym" : "",
-                     s.scale_dtype == ScaleDtype::kFp32 ? "-fp32" : "");
+  std::string base;
+  if (s.fp8()) {
+    const char* f = s.format == CodeFormat::kFp8E4M3 ? "fp8-e4m3" : "fp8-e5m2";
+    base = s.scale_free ? f : fmt::format("{}-{}{}", f, gran, s.scale_dtype == ScaleDtype::kFp32 ? "-fp32" : "");
+  } else {
+    base = fmt::format("int{}-{}{}{}", s.bits, gran, s.asymmetric ? "-asym" : "",
+                       s.scale_dtype == ScaleDtype::kFp32 ? "-fp32" : "");
+  }
+  if (s.hadamard) base += "+had";
+  if (s.has_window()) base += fmt::format("+w{}", s.window);
+  return base;
 }
 
 const char* granularity_name(Granularity g) {
@@ -126,6 +176,19 @@ void check_scheme_fits(const Scheme& s, int head_dim) {
   if (s.bits == 4 && head_dim % 2 != 0)
     throw SchemeError(fmt::format("{}: int4 packs two codes per byte and needs an even head_dim, got {}",
                                   to_string(s), head_dim));
+  if (s.hadamard && (head_dim & (head_dim - 1)) != 0)
+    throw SchemeError(fmt::format("{}: the Hadamard rotation (+had) needs a power-of-two head_dim, got {}",
+                                  to_string(s), head_dim));
+}
+
+std::string integer_codes_only_reason(const Scheme& s) {
+  if (s.fp8()) return fmt::format("{}: FP8 codes; no decode kernel reads them yet", to_string(s));
+  if (s.hadamard)
+    return fmt::format("{}: Hadamard-rotated storage (+had); no decode kernel rotates the query yet", to_string(s));
+  if (s.has_window())
+    return fmt::format("{}: full-precision window (+w{}); no decode kernel reads mixed storage yet", to_string(s),
+                       s.window);
+  return "";
 }
 
 }  // namespace kvq

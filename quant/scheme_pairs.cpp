@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "quant/hadamard.hpp"
+
 namespace kvq {
 
 std::vector<SchemePair> cross_pairs(const std::vector<Scheme>& k, const std::vector<Scheme>& v) {
@@ -25,6 +27,21 @@ std::vector<SchemePair> default_pairs(int64_t head_dim) {
     pairs.push_back({parse_scheme("int" + std::to_string(bits) + "-chan-t32-asym"),
                      parse_scheme("int" + std::to_string(bits) + "-token-asym")});
   }
+  // FP8 as serving stacks ship it (e4m3; e5m2 per head for comparison), the same on K and V.
+  for (const char* name : {"fp8-e4m3-tensor", "fp8-e4m3-token", "fp8-e4m3-head", "fp8-e4m3", "fp8-e5m2-head"})
+    pairs.push_back({parse_scheme(name), parse_scheme(name)});
+  // Rotated INT4 K (QuaRot-style); V stays plain: rotating V as well measured no gain (README).
+  const bool g32 = 32 < head_dim && head_dim % 32 == 0;
+  if (is_power_of_two(head_dim)) {
+    if (g32) pairs.push_back({parse_scheme("int4-g32-asym+had"), parse_scheme("int4-g32-asym")});
+    pairs.push_back({parse_scheme("int4-head-asym+had"), parse_scheme("int4-head-asym")});
+  }
+  // KIVI-4: K per channel over 32-token groups, V per token in groups of 32 channels (per head where
+  // 32 does not fit D), the last 128 tokens of both in full precision; and the same window with
+  // per-token K, to separate what the window and the per-channel grouping each bring.
+  const Scheme kivi_v = parse_scheme(g32 ? "int4-g32-asym+w128" : "int4-head-asym+w128");
+  pairs.push_back({parse_scheme("int4-chan-t32-asym+w128"), kivi_v});
+  pairs.push_back({parse_scheme("int4-token-asym+w128"), kivi_v});
   return pairs;
 }
 

@@ -16,8 +16,10 @@ struct SchemePair {
 std::vector<SchemePair> cross_pairs(const std::vector<Scheme>& k, const std::vector<Scheme>& v);
 
 // The default set, for a head_dim: int8 and int4 x {tensor, token, head, g64, g32, g16, g8 (where
-// G < D divides D)} x {sym, asym}, the same scheme on K and V; plus KIVI-style per-channel K
-// (chan-t32, asymmetric) with per-token V.
+// G < D divides D)} x {sym, asym}, the same scheme on K and V; plus per-channel K (chan-t32,
+// asymmetric) with per-token V; FP8 e4m3 {tensor, token, head, scale-free} and e5m2 head; rotated
+// INT4 K (int4-g32-asym+had, int4-head-asym+had; D a power of two) with the plain V scheme; KIVI-4
+// (int4-chan-t32-asym+w128 K, int4-g32-asym+w128 V) and its per-token-K ablation.
 std::vector<SchemePair> default_pairs(int64_t head_dim);
 
 }  // namespace kvq

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "quant/errors.hpp"
+#include "quant/quantize.hpp"
 
 namespace kvq {
 namespace {
@@ -140,15 +141,31 @@ ProbabilityError probability_error(const std::vector<double>& p_test, const std:
   return e;
 }
 
-double bytes_per_token_per_head(const Scheme& s, const KvShape& shape) {
-  const double codes = static_cast<double>(shape.head_dim) * s.bits / 8.0;
+double bytes_per_token_per_head(const Scheme& s, const KvShape& shape, const int32_t* seq_lens) {
   const double tokens_x_heads = static_cast<double>(shape.batch * shape.heads * shape.tokens);
-  const double params = static_cast<double>(num_groups(s, shape)) * s.param_bytes();
-  return codes + (tokens_x_heads > 0 ? params / tokens_x_heads : 0.0);
+  const double code_bytes = static_cast<double>(shape.head_dim) * s.bits / 8.0;
+  if (!s.has_window() || tokens_x_heads == 0)
+    return code_bytes + (tokens_x_heads > 0 ? static_cast<double>(num_groups(s, shape)) * s.param_bytes() / tokens_x_heads : 0.0);
+  // +wW: quantized tokens cost their codes, window tokens kKeptBytes per element; only groups with
+  // a quantized element store parameters (the others are all-window and need none).
+  const std::vector<int32_t> qlen = window_boundaries(s, shape, seq_lens);
+  double quantized = 0;
+  for (int32_t l : qlen) quantized += static_cast<double>(l) * shape.heads;
+  int64_t groups = 0;
+  for (int64_t g = 0; g < num_groups(s, shape); ++g) {
+    const GroupBox box = group_box(s, shape, g);
+    for (int64_t b = box.b0; b < box.b1; ++b)
+      if (box.t0 < qlen[b]) {
+        ++groups;
+        break;
+      }
+  }
+  const double kept = (tokens_x_heads - quantized) * static_cast<double>(shape.head_dim) * kKeptBytes;
+  return (quantized * code_bytes + kept + static_cast<double>(groups) * s.param_bytes()) / tokens_x_heads;
 }
 
-double bits_per_element(const Scheme& s, const KvShape& shape) {
-  return 8.0 * bytes_per_token_per_head(s, shape) / static_cast<double>(shape.head_dim);
+double bits_per_element(const Scheme& s, const KvShape& shape, const int32_t* seq_lens) {
+  return 8.0 * bytes_per_token_per_head(s, shape, seq_lens) / static_cast<double>(shape.head_dim);
 }
 
 int64_t elements_per_group(const Scheme& s, const KvShape& shape) {

@@ -49,9 +49,13 @@ ProbabilityError probability_error(const std::vector<double>& p_test, const std:
                                    int64_t row_length, int64_t k);
 
 // Memory: bytes per token per KV head, codes plus scales / zero points amortized over the tokens
-// and heads that share them; and the same in bits per element.
-double bytes_per_token_per_head(const Scheme& s, const KvShape& shape);
-double bits_per_element(const Scheme& s, const KvShape& shape);
+// and heads that share them; and the same in bits per element. With a +wW window the tokens kept in
+// full precision count kKeptBytes per element (a bf16 / fp16 cache, as serving stacks keep it;
+// the sweep keeps the dump's own values) and depend on the sequence lengths (`seq_lens` [B],
+// nullptr: all T).
+inline constexpr double kKeptBytes = 2.0;
+double bytes_per_token_per_head(const Scheme& s, const KvShape& shape, const int32_t* seq_lens = nullptr);
+double bits_per_element(const Scheme& s, const KvShape& shape, const int32_t* seq_lens = nullptr);
 // Elements sharing one scale: B*H*T*D (tensor), H*D (token), D (head), G, or N (chan-tN).
 int64_t elements_per_group(const Scheme& s, const KvShape& shape);
 

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -50,6 +51,47 @@ TEST_CASE("sweep rows carry reconstruction and attention metrics with sane bound
   CHECK(int4_g16.kv_bits_per_element == doctest::Approx((4 + 2 * 16.0 / 16 + 8 + 16.0 / 64) / 2));
 }
 
+TEST_CASE("sweep with +had: Q is rotated with K, O rotated back for a rotated V, errors against the unrotated reference") {
+  const KvLayer layer = small_layer();
+  // A window over every token keeps the rotated input: only fp32 rotation rounding remains. Had Q
+  // not been rotated (or O not rotated back) the error would be of order 1.
+  const std::vector<SweepRow> kept = sweep_layer(layer, {{parse_scheme("int8-head+had+w96"), parse_scheme("int8-head+had+w96")}});
+  CHECK(kept[0].output.rel_l2_max < 1e-5);
+  CHECK(kept[0].k_sqnr_db > 120);  // fp32 rotation there and back
+  const std::vector<SweepRow> rows = sweep_layer(
+      layer, {{parse_scheme("int4-head-asym"), parse_scheme("int8-head")},
+              {parse_scheme("int4-head-asym+had"), parse_scheme("int8-head")},
+              {parse_scheme("int4-head-asym+had"), parse_scheme("int8-head+had")}});
+  // The generator's outlier channels: rotation spreads them, so per-head int4 K loses less.
+  CHECK(rows[1].k_sqnr_db > rows[0].k_sqnr_db + 3);
+  CHECK(rows[1].output.rel_l2_mean < rows[0].output.rel_l2_mean);
+  // A rotated int8 V: comparable error (rotation is orthogonal), not the error of a wrong basis.
+  CHECK(rows[2].output.rel_l2_mean < 2 * rows[1].output.rel_l2_mean);
+  CHECK(rows[2].v_sqnr_db == doctest::Approx(rows[1].v_sqnr_db).epsilon(0.1));
+  CHECK(test::message_of<SchemeError>([&] {
+          KvLayer odd = layer;
+          odd.kv_shape.head_dim = 48;  // only the scheme check runs before the error
+          sweep_layer(odd, {{parse_scheme("int8-head+had"), parse_scheme("int8-head")}});
+        }) == "int8-head+had: the Hadamard rotation (+had) needs a power-of-two head_dim, got 48");
+}
+
+TEST_CASE("sweep with a window: W >= T is lossless, W = 0 equals the plain scheme, memory counts kept tokens") {
+  const KvLayer layer = small_layer();  // T = 96
+  const std::vector<SweepRow> rows = sweep_layer(
+      layer, {{parse_scheme("int4-chan-t32-asym+w500"), parse_scheme("int4-token-asym+w500")},
+              {parse_scheme("int4-chan-t32-asym+w0"), parse_scheme("int4-token-asym+w0")},
+              {parse_scheme("int4-chan-t32-asym"), parse_scheme("int4-token-asym")},
+              {parse_scheme("int4-chan-t32-asym+w40"), parse_scheme("int4-token-asym+w40")}});
+  CHECK(rows[0].output.rel_l2_max == 0.0);
+  CHECK(rows[0].kv_bits_per_element == 16.0);
+  CHECK(rows[1].output.rel_l2_mean == rows[2].output.rel_l2_mean);
+  CHECK(rows[1].kv_bits_per_element == rows[2].kv_bits_per_element);
+  CHECK(rows[3].output.rel_l2_mean < rows[2].output.rel_l2_mean);  // recent tokens exact
+  // K: W = 40 -> Lq = 56 -> 32 (whole groups): 32 tokens x 32 bytes + 64 x 128, one group of 64
+  // channels x 4 bytes per head.
+  CHECK(rows[3].k_bytes_per_token_head == doctest::Approx((32 * 32 + 64 * 128 + 64 * 4) / 96.0));
+}
+
 TEST_CASE("layers without queries get reconstruction metrics only") {
   KvLayer layer = small_layer();
   layer.q.clear();
@@ -57,16 +99,28 @@ TEST_CASE("layers without queries get reconstruction metrics only") {
   REQUIRE(!rows.empty());
   for (const SweepRow& r : rows) {
     CHECK(!r.has_attention);
-    CHECK(std::isfinite(r.k_sqnr_db));
+    // KIVI's 128-token window covers all 96 tokens: lossless, SQNR +inf.
+    if (r.schemes.k.window >= layer.kv_shape.tokens) CHECK(r.k_sqnr_db == INFINITY);
+    else CHECK(std::isfinite(r.k_sqnr_db));
   }
 }
 
 TEST_CASE("default scheme pairs follow the head_dim") {
   const std::vector<SchemePair> d128 = default_pairs(128), d8 = default_pairs(8);
-  CHECK(d128.size() == 2 * (7 * 2 + 1));  // {int8,int4} x {tensor,token,head,g64,g32,g16,g8} x {sym,asym} + KIVI
-  CHECK(d8.size() == 2 * (3 * 2 + 1));    // no group smaller than D=8 divides it
-  CHECK(to_string(d128.back().k) == "int4-chan-t32-asym");
-  CHECK(to_string(d128.back().v) == "int4-token-asym");
+  // {int8,int4} x {tensor,token,head,g64,g32,g16,g8} x {sym,asym} + per-channel K; 5 FP8; 2 rotated; 2 KIVI
+  CHECK(d128.size() == 2 * (7 * 2 + 1) + 5 + 2 + 2);
+  CHECK(d8.size() == 2 * (3 * 2 + 1) + 5 + 1 + 2);  // no group smaller than D=8 divides it: head-only rotation
+  CHECK(to_string(d128[2 * (7 * 2 + 1) - 1].k) == "int4-chan-t32-asym");
+  CHECK(to_string(d128[2 * (7 * 2 + 1) - 1].v) == "int4-token-asym");
+  CHECK(to_string(d128[d128.size() - 2].k) == "int4-chan-t32-asym+w128");
+  CHECK(to_string(d128[d128.size() - 2].v) == "int4-g32-asym+w128");
+  CHECK(to_string(d8.back().v) == "int4-head-asym+w128");
+  CHECK(default_pairs(96).size() == 2 * (6 * 2 + 1) + 5 + 0 + 2);  // g32, g16, g8 divide 96; no rotation
+  for (int64_t d : {8, 96, 128})
+    for (const SchemePair& p : default_pairs(d)) {
+      CHECK_NOTHROW(check_scheme_fits(p.k, static_cast<int>(d)));
+      CHECK_NOTHROW(check_scheme_fits(p.v, static_cast<int>(d)));
+    }
 }
 
 TEST_CASE("sweep CSV round-trips through the CSV reader with quoted sources") {

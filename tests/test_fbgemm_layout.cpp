@@ -71,3 +71,11 @@ TEST_CASE("FBGEMM rows of the wrong size are rejected") {
   CHECK(test::message_of<InputError>([&] { from_fbgemm(rows); })
             .find("expected 6 rows of 8 bytes, got 47 bytes") != std::string::npos);
 }
+
+TEST_CASE("FBGEMM rows refuse FP8 and full-precision windows") {
+  CHECK(test::message_of<SchemeError>([] { fbgemm_groups_per_row(parse_scheme("fp8-e4m3-head"), 128); })
+            .find("int4 asymmetric codes with fp16 scales only") != std::string::npos);
+  CHECK(test::message_of<SchemeError>([] { fbgemm_groups_per_row(parse_scheme("int4-head-asym+w64"), 128); }) ==
+        "int4-head-asym+w64: the FBGEMM inline-row layout holds no full-precision window (+w)");
+  CHECK(fbgemm_groups_per_row(parse_scheme("int4-g32-asym+had"), 128) == 4);  // rotated codes: an ordinary layout
+}

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "experiments/bench_shapes.hpp"
 #include "experiments/validate_decode.hpp"
 #include "reference/attention.hpp"
 #include "test_util.hpp"
@@ -37,6 +38,16 @@ TEST_CASE("schemes the decode kernels cannot read are refused with the reason") 
   CHECK(test::message_of<SchemeError>([] {
           quantized_operand(parse_scheme("int8-chan-t32"), 1, 1, 1, 128, false, nullptr, nullptr, nullptr);
         }) == "int8-chan-t32: per-channel groups change along the keys; no decode kernel reads them yet");
+}
+
+TEST_CASE("FP8, rotated and windowed storages are refused by the decode benchmark with the reason") {
+  CHECK(test::message_of<InputError>([] { parse_bench_storages("int8-head,fp8-e4m3-head"); }) ==
+        "fp8-e4m3-head: FP8 codes; no decode kernel reads them yet");
+  CHECK(test::message_of<InputError>([] { bench_storage(parse_scheme("int4-g32-asym+had"), parse_scheme("int4-g32-asym"), false); })
+            .find("Hadamard-rotated storage (+had)") != std::string::npos);
+  CHECK(test::message_of<InputError>([] { parse_bench_storages("int4-chan-t32-asym+w128"); })
+            .find("full-precision window (+w128)") != std::string::npos);
+  CHECK(parse_bench_storages("int4-g32-asym").size() == 1);
 }
 
 TEST_CASE("the tensor-core family names what it cannot read and its precision profile") {

@@ -15,7 +15,8 @@ namespace {
 const char* kAllSchemes[] = {"int8-tensor",    "int8-token",     "int8-head",     "int8-g16",      "int8-g8-asym",
                              "int8-head-asym", "int8-chan-t4",   "int4-tensor",   "int4-token-asym", "int4-head",
                              "int4-head-asym", "int4-g16-asym",  "int4-g8",       "int4-chan-t4",  "int4-chan-t3-asym",
-                             "int8-head-fp32", "int4-g8-asym-fp32", "int8-token-fp32"};
+                             "int8-head-fp32", "int4-g8-asym-fp32", "int8-token-fp32", "fp8-e4m3-tensor",
+                             "fp8-e4m3-token", "fp8-e5m2-head", "fp8-e4m3-g8-fp32", "fp8-e5m2-g16"};
 
 // Independent grouping: the group of each element by direct index arithmetic on the definitions.
 int64_t naive_group(const Scheme& s, int64_t b, int64_t h, int64_t t, int64_t d) {

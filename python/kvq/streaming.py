@@ -10,13 +10,21 @@ class AppendQuantizer:
     Per-token, per-head and per-group (g<G>) schemes quantize each appended token at once: their
     groups never span tokens, so the codes equal those of quantizing the whole cache in one call.
     chan-t<N> (KIVI-style, per channel over N tokens) quantizes a group of N tokens when its N-th
-    token arrives; until then those tokens stay as they were given (full precision). A per-tensor
-    scale needs the finished cache, so per-tensor schemes are refused.
+    token arrives; until then those tokens stay as they were given (full precision). A +w<W> window
+    quantizes a token only once W newer tokens follow it (chan-t<N>: whole groups), which gives the
+    codes of quantizing the whole cache with the window. Scale-free FP8 converts each token at once.
+    A per-tensor scale needs the finished cache, so per-tensor schemes are refused, and +had (which
+    needs the queries rotated too) is not here yet.
     """
 
     def __init__(self, scheme, name="cache"):
         self.scheme = scheme if isinstance(scheme, _core.Scheme) else _core.parse_scheme(scheme)
-        if self.scheme.granularity == "tensor":
+        if self.scheme.hadamard:
+            raise _core.SchemeError(f"{self.scheme.name}: +had is not in the quantize-on-append cache yet (its queries "
+                                    "would need the rotation too; kvq sweep measures it)")
+        # The scheme each quantized run of tokens is quantized with: the window only decides when.
+        self._base = _core.parse_scheme(self.scheme.name.split("+w")[0]) if self.scheme.window is not None else self.scheme
+        if self.scheme.granularity == "tensor" and not self.scheme.scale_free:
             raise _core.SchemeError(f"{self.scheme.name}: a per-tensor scale needs the whole cache, which quantize-on-"
                                     "append does not have; use token, head, g<G> or chan-t<N> granularity")
         self.name = name
@@ -43,11 +51,14 @@ class AppendQuantizer:
                                    f"[B, H, D] = {[*self._pending.shape[:2], self._pending.shape[3]]}")
         start = self.quantized_tokens
         pending = x if self._pending is None else np.concatenate([self._pending, x], axis=2)
-        n = pending.shape[2]
-        ready = (n // self.scheme.group) * self.scheme.group if self.scheme.granularity == "channel" else n
+        total = self.tokens + x.shape[2]
+        quantizable = total if self.scheme.window is None else max(0, total - self.scheme.window)
+        if self.scheme.granularity == "channel":
+            quantizable = quantizable // self.scheme.group * self.scheme.group
+        ready = quantizable - start
         values = np.empty(pending.shape, np.result_type(x.dtype, np.float32))
         if ready:
-            chunk = _core.quantize(pending[:, :, :ready], self.scheme,
+            chunk = _core.quantize(pending[:, :, :ready], self._base,
                                    name=f"{self.name} (tokens {start}..{start + ready - 1}, t counted from {start})")
             self._chunks.append(chunk)
             values[:, :, :ready] = chunk.dequantized
@@ -58,16 +69,20 @@ class AppendQuantizer:
 
     def result(self):
         """The quantized tokens so far as one QuantizeResult (None before any): the codes, scales
-        and zero points that quantizing those tokens in one call gives."""
+        and zero points that quantizing those tokens in one call gives (with the scheme less its
+        window: the window's tokens are not among them)."""
         if not self._chunks:
             return None
         scale_axis = 1 if self.scheme.granularity == "token" else 2  # token scales are [B, T]
         codes = np.concatenate([c.codes for c in self._chunks], axis=2)
-        scales = np.concatenate([c.scales for c in self._chunks], axis=scale_axis)
+        if self.scheme.scale_free:
+            scales = self._chunks[0].scales  # empty
+        else:
+            scales = np.concatenate([c.scales for c in self._chunks], axis=scale_axis)
         zeros = None
         if self.scheme.asymmetric:
             zeros = np.concatenate([c.zero_points for c in self._chunks], axis=scale_axis)
-        return _core.QuantizeResult(codes, scales, zeros, scheme=self.scheme)
+        return _core.QuantizeResult(codes, scales, zeros, scheme=self._base)
 
 
 class FloatStorage:

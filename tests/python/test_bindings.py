@@ -21,6 +21,8 @@ import kvq_dump  # noqa: E402
 SCHEMES = [f"int{bits}-{gran}{sym}{dtype}" for bits in (8, 4) for gran in ("tensor", "token", "head", "g4", "g8",
                                                                             "chan-t3", "chan-t16")
            for sym in ("", "-asym") for dtype in ("", "-fp32")]
+SCHEMES += ["fp8-e4m3-tensor", "fp8-e4m3-token", "fp8-e4m3-head", "fp8-e5m2-g8-fp32", "fp8-e4m3-g4-fp32",
+            "fp8-e5m2-head", "fp8-e4m3", "fp8-e5m2", "int4-g8-asym+had", "fp8-e4m3-head+had"]
 
 
 def kvq_cli(*args):
@@ -58,7 +60,10 @@ def quantize_with_cli(tmp_path, x, k_scheme, v_scheme, dtype="float32"):
 def assert_same_as_file(result, group):
     codes = group["codes"][...]
     assert result.codes.dtype == codes.dtype and result.codes.tobytes() == codes.tobytes()
-    assert result.scales.dtype == group["scales"].dtype and result.scales.tobytes() == group["scales"][...].tobytes()
+    if "scales" in group:
+        assert result.scales.dtype == group["scales"].dtype and result.scales.tobytes() == group["scales"][...].tobytes()
+    else:  # scale-free FP8
+        assert result.scheme.scale_free and result.scales.size == 0
     if "zero_points" in group:
         assert result.zero_points.tobytes() == group["zero_points"][...].tobytes()
     else:
@@ -74,12 +79,14 @@ def test_every_scheme_byte_for_byte_equal_to_kvq_quantize(tmp_path, k_scheme, v_
         k = kvq.quantize(x, k_scheme)
         assert_same_as_file(k, f["layers/0/k"])
         assert k.shape == x.shape and k.scheme == kvq.parse_scheme(k_scheme)
-        assert kvq.sqnr_db(x, k.dequantized) == f["layers/0/k"].attrs["sqnr_db"]
+        if not k.scheme.hadamard:  # +had: the file's SQNR is against the rotated input
+            assert kvq.sqnr_db(x, k.dequantized) == f["layers/0/k"].attrs["sqnr_db"]
         v = kvq.quantize(x[:, ::-1], v_scheme)  # a negative-stride view, read in place
         assert_same_as_file(v, f["layers/0/v"])
         # the stored arrays decode to the same values again
         g = f["layers/0/k"]
-        again = kvq.QuantizeResult(g["codes"][...], g["scales"][...], g["zero_points"][...] if "zero_points" in g else None,
+        scales = g["scales"][...] if "scales" in g else np.zeros(0, np.float16)
+        again = kvq.QuantizeResult(g["codes"][...], scales, g["zero_points"][...] if "zero_points" in g else None,
                                    scheme=k_scheme)
         assert kvq.dequantize(again).tobytes() == g["dequantized"][...].tobytes()
 
@@ -210,6 +217,21 @@ def test_bad_input_raises_input_error(call, message):
         call()
 
 
+def test_fp8_codes_windows_and_the_streaming_cache():
+    x = np.array([[[[7.0, -3.5, 1.0, 0.1, -0.03125, 0.0, 2.0 ** -10, 5.3]]]], np.float32)
+    r = kvq.quantize(x, "fp8-e4m3-head")  # the hand-computed group of tests/test_fp8.cpp
+    assert r.codes.dtype == np.uint8 and r.codes.tobytes() == bytes([0x7e, 0xf6, 0x68, 0x4d, 0xc0, 0x00, 0x18, 0x7b])
+    assert r.scales.tolist() == [[[2.0 ** -6]]]
+    x = np.full((1, 1, 4, 8), 0.3, np.float32)
+    w = kvq.quantize(x, "int8-head+w2")  # tokens 2 and 3 kept: code 0, exact value
+    assert (w.codes[0, 0, 2:] == 0).all() and (w.dequantized[0, 0, 2:] == x[0, 0, 2:]).all()
+    assert (w.codes[0, 0, :2] == 127).all() and (w.dequantized[0, 0, :2] != x[0, 0, :2]).all()
+    with pytest.raises(kvq.InputError, match=r"int8-head\+w2: a \+w<W> result cannot be rebuilt"):
+        kvq.QuantizeResult(w.codes, w.scales, scheme="int8-head+w2")
+    with pytest.raises(kvq.SchemeError, match="not in the quantize-on-append cache"):
+        kvq.AppendQuantizer("int4-g8-asym+had")
+
+
 def test_scheme_objects_and_default_pairs():
     s = kvq.parse_scheme("int4-chan-t32-asym-fp32")
     assert (s.bits, s.granularity, s.group, s.asymmetric, s.scale_dtype) == (4, "channel", 32, True, "float32")
@@ -217,5 +239,10 @@ def test_scheme_objects_and_default_pairs():
     assert len({kvq.parse_scheme("int8-head"), kvq.parse_scheme("int8-head-sym-fp16")}) == 1
     pairs = kvq.default_pairs(128)
     assert (kvq.parse_scheme("int4-chan-t32-asym"), kvq.parse_scheme("int4-token-asym")) in pairs
-    assert len(pairs) == 2 * (7 * 2 + 1)  # tensor, token, head, g64, g32, g16, g8; sym and asym; + per-channel K
+    # tensor, token, head, g64, g32, g16, g8; sym and asym; + per-channel K; FP8; rotated INT4; KIVI
+    assert len(pairs) == 2 * (7 * 2 + 1) + 5 + 2 + 2
+    assert (kvq.parse_scheme("int4-chan-t32-asym+w128"), kvq.parse_scheme("int4-g32-asym+w128")) in pairs
+    had = kvq.parse_scheme("int4-g32-asym+had")
+    assert had.hadamard and had.window is None and had.format == "int"
+    assert kvq.parse_scheme("fp8-e4m3").scale_free and kvq.parse_scheme("fp8-e5m2-head").format == "fp8-e5m2"
     assert kvq.bits_per_element("int4-g32-asym", (1, 8, 100, 128)) == 4 + 2 * 16 / 32

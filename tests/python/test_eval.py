@@ -88,7 +88,8 @@ class RecordingCache(kvq_eval.StorageCache):
 
 
 @pytest.mark.parametrize("scheme", ["int8-head", "int4-g4-asym", "int8-token-asym-fp32", "int4-g6",
-                                    "int4-chan-t5-asym", "int8-chan-t8"])
+                                    "int4-chan-t5-asym", "int8-chan-t8", "fp8-e4m3", "fp8-e5m2-head+w4",
+                                    "int4-chan-t5-asym+w7", "int8-token+w30"])
 @pytest.mark.parametrize("model", ["bundled", "random_model"])
 def test_append_gives_the_codes_of_quantizing_the_whole_cache(request, model, scheme):
     runner = request.getfixturevalue(model)
@@ -103,9 +104,18 @@ def test_append_gives_the_codes_of_quantizing_the_whole_cache(request, model, sc
         for storage, inputs, stored in zip(storages, given, (cache.k[layer], cache.v[layer])):
             whole = np.concatenate(inputs, axis=2)  # [1, H, T, D] as appended
             n = storage.quantized_tokens
-            assert n == (len(tokens) // storage.scheme.group * storage.scheme.group
-                         if storage.scheme.granularity == "channel" else len(tokens))
-            want, got = kvq.quantize(whole[:, :, :n], scheme), storage.result()
+            base, window = (scheme.split("+w")[0], int(scheme.split("+w")[1])) if "+w" in scheme else (scheme, 0)
+            lq = max(0, len(tokens) - window)
+            assert n == (lq // storage.scheme.group * storage.scheme.group
+                         if storage.scheme.granularity == "channel" else lq)
+            if n == 0:
+                assert storage.result() is None
+                continue
+            want, got = kvq.quantize(whole[:, :, :n], base), storage.result()
+            if window:  # the window's definition on the whole cache: tokens past n kept, the rest as quantized alone
+                full = kvq.quantize(whole, scheme)
+                np.testing.assert_array_equal(full.dequantized[:, :, n:], whole[:, :, n:].astype(np.float32))
+                np.testing.assert_array_equal(full.dequantized[:, :, :n], want.dequantized)
             assert got.codes.tobytes() == want.codes.tobytes()
             assert got.scales.tobytes() == want.scales.tobytes()
             if want.zero_points is not None:
@@ -132,6 +142,16 @@ def test_append_quantizer_chunks_and_pending_tokens():
     assert a.result().codes.tobytes() == whole.codes.tobytes()
     with pytest.raises(kvq.SchemeError, match="per-tensor scale needs the whole cache"):
         kvq.AppendQuantizer("int8-tensor")
+    with pytest.raises(kvq.SchemeError, match=r"\+had is not in the quantize-on-append cache"):
+        kvq.AppendQuantizer("int4-g4-asym+had")
+    # A window: a token is quantized once 5 newer ones follow it.
+    w = kvq.AppendQuantizer("int8-head+w5", "W")
+    start, values = w.append(x[:, :, :7])
+    assert start == 0 and w.quantized_tokens == 2
+    np.testing.assert_array_equal(values[:, :, 2:], x[:, :, 2:7])
+    start, values = w.append(x[:, :, 7:8])
+    assert start == 2 and w.quantized_tokens == 3
+    np.testing.assert_array_equal(values[:, :, 0], kvq.quantize(x[:, :, 2:3], "int8-head").dequantized[:, :, 0])
     with pytest.raises(kvq.InputError, match=r"test K: appended tokens have shape \[2, 4, 1, 6\]"):
         a.append(np.zeros((2, 4, 1, 6)))
     with pytest.raises(kvq.InputError, match=r"^V \(tokens 3\.\.4, t counted from 3\): non-finite value nan at \[0, 0, 0, 0\]"):

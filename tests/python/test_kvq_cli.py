@@ -67,6 +67,48 @@ def test_quantize_output_round_trips_through_h5py(tmp_path, k_scheme, v_scheme):
                 assert a["sqnr_db"] == pytest.approx(10 * np.log10(np.sum(original.astype(np.float64) ** 2) / err), rel=1e-6)
 
 
+def fp8_values(codes, mantissa_bits, bias):
+    """FP8 bytes -> float32, from the format's definition (finite codes only)."""
+    c = codes.astype(np.int64)
+    e, m = (c & 0x7F) >> mantissa_bits, c & ((1 << mantissa_bits) - 1)
+    mag = np.where(e == 0, m * 2.0 ** (1 - bias - mantissa_bits), (1 + m / 2 ** mantissa_bits) * 2.0 ** (e - bias))
+    return np.where(c & 0x80, -mag, mag).astype(np.float32)
+
+
+def test_quantize_writes_fp8_codes_windows_and_rotations(tmp_path):
+    out = tmp_path / "q.h5"
+    r = kvq("quantize", BUNDLED, "--k", "fp8-e4m3-head+w100", "--v", "fp8-e5m2", "--out", out)
+    assert r.returncode == 0, r.stderr
+    with h5py.File(out) as f, h5py.File(BUNDLED) as src:
+        T = src["layers/0/k"].shape[2]
+        for layer in f["layers"]:
+            k, v = f[f"layers/{layer}/k"], f[f"layers/{layer}/v"]
+            assert kvq_dump.text(k.attrs["format"]) == "fp8-e4m3" and k.attrs["window"] == 100
+            assert k["codes"].dtype == np.uint8 and "scales" not in v and kvq_dump.text(v.attrs["scale_dtype"]) == "none"
+            lq = k["quantized_tokens"][...]
+            assert (lq == T - 100).all()  # every sequence of the bundled dump is T tokens long
+            original = src[f"layers/{layer}/k"][...].astype(np.float32)
+            x = fp8_values(k["codes"][...], 3, 7) * k["scales"][...].astype(np.float32)[..., None]
+            np.testing.assert_array_equal(x[:, :, :lq[0]], k["dequantized"][:, :, :lq[0]])
+            np.testing.assert_array_equal(original[:, :, lq[0]:], k["dequantized"][:, :, lq[0]:])  # the window
+            assert (k["codes"][:, :, lq[0]:] == 0).all()
+            np.testing.assert_array_equal(fp8_values(v["codes"][...], 2, 15), v["dequantized"][...])
+    r = kvq("quantize", BUNDLED, "--k", "int8-head+had", "--v", "int8-head", "--out", out)
+    assert r.returncode == 0, r.stderr
+    with h5py.File(out) as f, h5py.File(BUNDLED) as src:
+        original = src["layers/0/k"][...].astype(np.float64)
+        D = original.shape[-1]
+        h = np.array([[1.0]])
+        while h.shape[0] < D:
+            h = np.block([[h, h], [h, -h]])
+        rotated = original @ (h / np.sqrt(D))  # H is symmetric
+        g = f["layers/0/k"]
+        assert g.attrs["hadamard"]
+        err = np.abs(g["dequantized"][...] - rotated).max()
+        assert err <= np.abs(rotated).max() / 127  # within one int8 step of the rotated K, far from the unrotated
+        assert np.abs(g["dequantized"][...] - original).max() > 10 * err
+
+
 def test_reference_output_matches_numpy_attention(tmp_path):
     out = tmp_path / "ref.h5"
     r = kvq("reference", BUNDLED, "--out", out, "--layers", "1")
@@ -96,7 +138,7 @@ def test_reference_options_change_the_result(tmp_path):
 
 @pytest.mark.parametrize("args,code,message", [
     (["sweep", BUNDLED, "--k", "int4-g3"], 3, f"kvq: error: {BUNDLED}: int4-g3: group size 3 does not divide head_dim 8"),
-    (["sweep", BUNDLED, "--k", "int5-head"], 3, "kvq: error: unknown scheme 'int5-head': bits 'int5' must be int8 or int4"),
+    (["sweep", BUNDLED, "--k", "int5-head"], 3, "kvq: error: unknown scheme 'int5-head': bits 'int5' must be int8, int4 or fp8"),
     (["quantize", BUNDLED, "--k", "int8-head"], 2, "--v is required"),
     (["sweep", "/nonexistent.h5"], 2, "File does not exist"),
     (["sweep", BUNDLED, "--layers", "9"], 3, "none of the requested --layers [9] exist (the dump has layers 0..4)"),

@@ -57,7 +57,7 @@ def test_bundled_results_are_current(tmp_path):
     r = kvq("sweep", "--out", tmp_path)
     assert r.returncode == 0, r.stderr
     meta = pd.read_json(tmp_path / "sweep.json")  # pandas reads the metadata directly, a row per source
-    assert meta.loc[0, "source"].startswith("llama2.c:stories260K") and meta.loc[0, "result_rows"] == 70
+    assert meta.loc[0, "source"].startswith("llama2.c:stories260K") and meta.loc[0, "result_rows"] == 110
     assert {"kvq_version", "kvq_commit", "cpu", "hostname", "file"} <= set(meta.columns)
     for name in ("sweep.csv", "sweep_heads.csv"):
         fresh, committed = pd.read_csv(tmp_path / name), pd.read_csv(os.path.join(BUNDLED_RESULTS, name))
