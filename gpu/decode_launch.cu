@@ -122,6 +122,7 @@ const char* to_string(KvFormat f) {
 }
 
 std::string decode_unsupported_reason(const Scheme& s, int head_dim, bool fbgemm_rows) {
+  if (std::string why = integer_codes_only_reason(s); !why.empty()) return why;  // FP8, +had, +wW
   if (!decode_head_dim_supported(head_dim))
     return fmt::format("head_dim {} (decode kernels take 8, 64, 128 or 256)", head_dim);
   if (s.granularity == Granularity::kChannel)
