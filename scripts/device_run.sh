@@ -119,7 +119,7 @@ fi
 
 {
   echo "== $(head -n 2 "$OUT/gpu.txt" | tail -n 1)"
-  [[ -f $logs/validate.log ]] && grep -E "^\[(OK|FAIL)\] +(quantize-[a-z]+:|decode-[a-z0-9-]+:|codec)|^\[TIME\]" "$logs/validate.log"
+  [[ -f $logs/validate.log ]] && grep -E "^\[(OK|FAIL)\] +(quantize-[a-z0-9]+:|decode-[a-z0-9-]+:|codec)|^\[TIME\]" "$logs/validate.log"
   [[ -f $logs/sanitizers.log ]] && grep -E "SUMMARY" "$logs/sanitizers.log" | sed 's/^/compute-sanitizer: /'
   echo
   [[ -f $logs/bench_quantize.log ]] && sed -n '/device-to-device copy/,$p' "$logs/bench_quantize.log" && echo
