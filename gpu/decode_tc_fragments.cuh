@@ -23,6 +23,7 @@ struct TcSource {
   const uint8_t* rows = nullptr;  // row t at rows + t * stride_t (inline params first, then codes)
   int64_t stride_t = 0;
   bool vec16 = false;      // 16-byte copies (aligned rows without inline params)
+  int copy_words = 1;      // otherwise: words per copy, 4 when rows with inline params split into 16-byte chunks
   int inline_words = 0;    // FBGEMM rows: one (scale, shift) word per group before the codes
   int groups = 1;          // scale groups per row
   ParamMode mode = ParamMode::kNone;
@@ -55,6 +56,8 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const DecodeP
   s.inline_words = op.inline_bytes / 4;
   s.vec16 = s.inline_words == 0 && row_words % 4 == 0 && (reinterpret_cast<uintptr_t>(s.rows) % 16 == 0) &&
             op.stride_t % 16 == 0;
+  const bool aligned = reinterpret_cast<uintptr_t>(s.rows) % 16 == 0 && op.stride_t % 16 == 0;
+  if (s.inline_words > 0 && s.inline_words % 4 == 0 && row_words % 4 == 0 && aligned) s.copy_words = 4;
   if (s.vec16) {
     const int chunks = row_words / 4, lane = threadIdx.x % 32;
     s.lane_src = s.rows + (lane / chunks) * op.stride_t + (lane % chunks) * 16;
@@ -108,7 +111,7 @@ __device__ __forceinline__ void copy_param_words(uint32_t* dst, const uint8_t* l
 // n.. zero-filled so that masked keys multiply finite values), parameters into `params`.
 template <int kRowWords, int kStride, int kStepTokens>
 __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, const TcSource& s, int64_t t0, int n,
-                                          int lane, uint32_t words_magic) {
+                                          int lane, uint32_t units_magic) {
   if (s.vec16) {  // lane takes chunk lane % kChunks of rows lane / kChunks + k * kRowsPerPass
     constexpr int kChunks = kRowWords / 4;
     constexpr int kRowsPerPass = 32 / kChunks;
@@ -123,13 +126,16 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
       cp_async16(dst + 4 * k * kRowsPerPass * kStride, ok ? src : s.rows, ok);
       src += s.pass_bytes;
     }
-  } else {  // 4-byte copies: FBGEMM rows (params inline) or rows not 16-byte aligned
-    const int words = s.inline_words + kRowWords;
-    for (int i = lane; i < kStepTokens * words; i += 32) {
-      const int r = static_cast<int>((static_cast<uint64_t>(i) * words_magic) >> 24), w = i - r * words;  // i / words
+  } else {  // FBGEMM rows (params inline: 16-byte chunks when they tile the row) or unaligned rows
+    const int units = (s.inline_words + kRowWords) / s.copy_words;
+    for (int i = lane; i < kStepTokens * units; i += 32) {
+      const int r = static_cast<int>((static_cast<uint64_t>(i) * units_magic) >> 24);  // i / units
+      const int w = (i - r * units) * s.copy_words;
       const bool ok = r < n;
       uint32_t* dst = w < s.inline_words ? params + r * s.inline_words + w : codes + r * kStride + (w - s.inline_words);
-      cp_async4(smem_address(dst), s.rows + (ok ? (t0 + r) * s.stride_t + w * 4 : 0), ok);
+      const uint8_t* src = s.rows + (ok ? (t0 + r) * s.stride_t + w * 4 : 0);
+      if (s.copy_words == 4) cp_async16(smem_address(dst), src, ok);
+      else cp_async4(smem_address(dst), src, ok);
     }
   }
   if (s.scale_lane) {  // whole spans: rows past n copy their neighbours' parameters, never used

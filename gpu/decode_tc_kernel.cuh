@@ -162,8 +162,9 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
   const int64_t all_steps = (keys + kST - 1) / kST;
   const int my_steps = static_cast<int>(all_steps > warp ? (all_steps - warp + Tr::kWarps - 1) / Tr::kWarps : 0);
   uint32_t* ring = stages + warp * kS * lay.stage_words;
-  const uint32_t k_magic = (1u << 24) / static_cast<uint32_t>(ks.inline_words + Tr::kRowWords) + 1;
-  const uint32_t v_magic = (1u << 24) / static_cast<uint32_t>(vs.inline_words + Tr::kRowWords) + 1;
+  // 2^24 / (copies per row) + 1: copy index -> row by a multiply (exact for the step's indices)
+  const uint32_t k_magic = (1u << 24) / static_cast<uint32_t>((ks.inline_words + Tr::kRowWords) / ks.copy_words) + 1;
+  const uint32_t v_magic = (1u << 24) / static_cast<uint32_t>((vs.inline_words + Tr::kRowWords) / vs.copy_words) + 1;
   auto step_start = [&](int s) { return t_begin + (static_cast<int64_t>(s) * Tr::kWarps + warp) * kST; };
   auto issue = [&](int s) {
     if (s < my_steps) {
