@@ -107,6 +107,22 @@ __device__ __forceinline__ void copy_param_words(uint32_t* dst, const uint8_t* l
   }
 }
 
+// Rows [t0, t0 + n) in copies of kUnit words: inline parameters to `params`, codes to `codes`.
+template <int kUnit, int kRowWords, int kStride, int kStepTokens>
+__device__ __forceinline__ void copy_rows_in_units(uint32_t* codes, uint32_t* params, const TcSource& s, int64_t t0,
+                                                   int n, int lane, uint32_t units_magic) {
+  const int units = (s.inline_words + kRowWords) / kUnit;
+  for (int i = lane; i < kStepTokens * units; i += 32) {
+    const int r = static_cast<int>((static_cast<uint64_t>(i) * units_magic) >> 24);  // i / units
+    const int w = (i - r * units) * kUnit;
+    const bool ok = r < n;
+    uint32_t* dst = w < s.inline_words ? params + r * s.inline_words + w : codes + r * kStride + (w - s.inline_words);
+    const uint8_t* src = s.rows + (ok ? (t0 + r) * s.stride_t + w * 4 : 0);
+    if constexpr (kUnit == 4) cp_async16(smem_address(dst), src, ok);
+    else cp_async4(smem_address(dst), src, ok);
+  }
+}
+
 // One step of rows [t0, t0 + n) into a stage: codes into `codes` (row stride kStride words, rows
 // n.. zero-filled so that masked keys multiply finite values), parameters into `params`.
 template <int kRowWords, int kStride, int kStepTokens>
@@ -126,17 +142,10 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
       cp_async16(dst + 4 * k * kRowsPerPass * kStride, ok ? src : s.rows, ok);
       src += s.pass_bytes;
     }
-  } else {  // FBGEMM rows (params inline: 16-byte chunks when they tile the row) or unaligned rows
-    const int units = (s.inline_words + kRowWords) / s.copy_words;
-    for (int i = lane; i < kStepTokens * units; i += 32) {
-      const int r = static_cast<int>((static_cast<uint64_t>(i) * units_magic) >> 24);  // i / units
-      const int w = (i - r * units) * s.copy_words;
-      const bool ok = r < n;
-      uint32_t* dst = w < s.inline_words ? params + r * s.inline_words + w : codes + r * kStride + (w - s.inline_words);
-      const uint8_t* src = s.rows + (ok ? (t0 + r) * s.stride_t + w * 4 : 0);
-      if (s.copy_words == 4) cp_async16(smem_address(dst), src, ok);
-      else cp_async4(smem_address(dst), src, ok);
-    }
+  } else if (s.copy_words == 4) {  // FBGEMM rows whose params and codes tile 16-byte chunks
+    copy_rows_in_units<4, kRowWords, kStride, kStepTokens>(codes, params, s, t0, n, lane, units_magic);
+  } else {  // other FBGEMM rows, unaligned rows
+    copy_rows_in_units<1, kRowWords, kStride, kStepTokens>(codes, params, s, t0, n, lane, units_magic);
   }
   if (s.scale_lane) {  // whole spans: rows past n copy their neighbours' parameters, never used
     const int64_t advance = t0 * s.param_row_bytes;
