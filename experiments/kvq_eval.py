@@ -147,12 +147,14 @@ def compare_logits(ref, test, tokens):
 
 
 def stored_whole(x, name):
-    """The whole cache x [B, H, T, D] (float32) as a storage holds it, quantized in one call (as kvq sweep does)."""
+    """The whole cache x [B, H, T, D] (float32) as a storage holds it, quantized in one call (as kvq sweep does),
+    in x's basis (+had: rotated back)."""
     if name == "none":
         return x
     if name in STORAGES:
         return kvq.round_to_format(x, name)
-    return kvq.quantize(x, name).dequantized
+    r = kvq.quantize(x, name)
+    return kvq.hadamard_rotate_back(r.dequantized) if r.scheme.hadamard else r.dequantized
 
 
 def attention_error(layers, k_name, v_name):
@@ -186,7 +188,7 @@ def check_storage(name, head_dim):
         return
     scheme = kvq.parse_scheme(name)
     scheme.fits(head_dim)
-    if scheme.granularity == "tensor" or scheme.hadamard:
+    if scheme.granularity == "tensor":
         kvq.AppendQuantizer(scheme)  # raises the refusal with its reason
 
 
@@ -197,9 +199,9 @@ def eval_pairs(k_list, v_list, head_dim):
         pairs = [(k, v) for k in (k_list or v_list).split(",") for v in (v_list or k_list).split(",")]
     else:
         pairs = [("none", "none"), ("bf16", "bf16"), ("fp16", "fp16")]
-        # Per-tensor scales need the whole cache; rotation is not in the streaming cache yet.
+        # Per-tensor scales need the whole cache.
         pairs += [(k.name, v.name) for k, v in kvq.default_pairs(head_dim)
-                  if all((s.granularity != "tensor" or s.scale_free) and not s.hadamard for s in (k, v))]
+                  if all(s.granularity != "tensor" or s.scale_free for s in (k, v))]
     for k, v in pairs:
         check_storage(k, head_dim)
         check_storage(v, head_dim)

@@ -55,11 +55,7 @@ void rotate_rows(std::vector<float>& x, int64_t head_dim) {
 }
 
 void rotate_rows_back(std::vector<double>& x, int64_t head_dim) {
-  const double norm = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  for (size_t i = 0; i + head_dim <= x.size(); i += head_dim) {
-    walsh_hadamard_unnormalized(x.data() + i, head_dim);
-    for (int64_t d = 0; d < head_dim; ++d) x[i + d] *= norm;
-  }
+  for (size_t i = 0; i + head_dim <= x.size(); i += head_dim) hadamard_rotate_back(x.data() + i, head_dim);
 }
 
 std::vector<SweepRow> sweep_layer(const KvLayer& layer, const std::vector<SchemePair>& pairs,

@@ -17,6 +17,7 @@
 #include <variant>
 
 #include "python/arrays.hpp"
+#include "quant/hadamard.hpp"
 #include "quant/quantize.hpp"
 #include "quant/scheme_pairs.hpp"
 #include "reference/attention.hpp"
@@ -285,6 +286,17 @@ nb::object round_to_format(const AnyArray& x, const std::string& format) {
   return owned_array(std::move(values), shape);
 }
 
+nb::object hadamard_rotate_back_py(const AnyArray& x) {
+  const int64_t d = x.ndim() > 0 ? static_cast<int64_t>(x.shape(x.ndim() - 1)) : 0;
+  if (!is_power_of_two(d))
+    throw InputError(fmt::format("hadamard_rotate_back: the last axis of x {} must be a power of two", shape_string(x)));
+  std::vector<double> values = double_values(x, "x");
+  for (size_t i = 0; i < values.size(); i += static_cast<size_t>(d)) hadamard_rotate_back(values.data() + i, d);
+  std::vector<int64_t> shape;
+  for (size_t i = 0; i < x.ndim(); ++i) shape.push_back(static_cast<int64_t>(x.shape(i)));
+  return owned_array(std::move(values), shape);
+}
+
 void bind_metrics(nb::module_& m) {
   nb::class_<HeadError>(m, "HeadError")
       .def_ro("rel_l2", &HeadError::rel_l2)
@@ -388,4 +400,6 @@ NB_MODULE(_core, m) {
   kvq::bind_reference(m);
   kvq::bind_metrics(m);
   m.def("round_to_format", &kvq::round_to_format, "x"_a, "format"_a);
+  m.def("hadamard_rotate_back", &kvq::hadamard_rotate_back_py, "x"_a,
+        "x [..., D] (D a power of two) from the +had basis back to the input basis, in float64");
 }

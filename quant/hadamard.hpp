@@ -4,6 +4,9 @@
 // orthogonal, so H is its own inverse: the same function rotates back (up to fp32 rounding).
 #pragma once
 
+#include <cmath>
+#include <cstdint>
+
 #include "quant/host_device.hpp"
 
 namespace kvq {
@@ -37,6 +40,14 @@ KVQ_HD void walsh_hadamard_unnormalized(T* x, int64_t d) {
 KVQ_HD void hadamard_rotate(float* x, int64_t d) {
   walsh_hadamard_unnormalized(x, d);
   const float norm = hadamard_norm(d);
+  for (int64_t i = 0; i < d; ++i) x[i] *= norm;
+}
+
+// Back to the input basis in fp64 (H is its own inverse): what the fp64 reference and the
+// quantize-on-append cache apply to results computed in the rotated basis.
+inline void hadamard_rotate_back(double* x, int64_t d) {
+  walsh_hadamard_unnormalized(x, d);
+  const double norm = 1.0 / std::sqrt(static_cast<double>(d));
   for (int64_t i = 0; i < d; ++i) x[i] *= norm;
 }
 

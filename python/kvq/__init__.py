@@ -11,12 +11,13 @@ Errors are kvq.InputError (a ValueError) or kvq.SchemeError with kvq's one-line 
 """
 from ._core import (Error, HeadError, InputError, OutputError, ProbabilityError, QuantizeResult, Scheme, SchemeError,
                     __version__, alibi_slopes, attention, bits_per_element, bytes_per_token_per_head, default_pairs,
-                    dequantize, elements_per_group, head_errors, output_error, parse_scheme, parse_scheme_list,
+                    dequantize, elements_per_group, hadamard_rotate_back, head_errors, output_error, parse_scheme,
+                    parse_scheme_list,
                     probability_error, quantize, round_to_format, scale_shape, sqnr_db)
 from .streaming import AppendQuantizer, FloatStorage, cache_storage
 
 __all__ = ["Error", "HeadError", "InputError", "OutputError", "ProbabilityError", "QuantizeResult", "Scheme",
            "SchemeError", "__version__", "alibi_slopes", "attention", "bits_per_element", "bytes_per_token_per_head",
-           "default_pairs", "dequantize", "elements_per_group", "head_errors", "output_error", "parse_scheme",
+           "default_pairs", "dequantize", "elements_per_group", "hadamard_rotate_back", "head_errors", "output_error", "parse_scheme",
            "parse_scheme_list", "probability_error", "quantize", "round_to_format", "scale_shape", "sqnr_db", "AppendQuantizer",
            "FloatStorage", "cache_storage"]

@@ -13,15 +13,14 @@ class AppendQuantizer:
     token arrives; until then those tokens stay as they were given (full precision). A +w<W> window
     quantizes a token only once W newer tokens follow it (chan-t<N>: whole groups), which gives the
     codes of quantizing the whole cache with the window. Scale-free FP8 converts each token at once.
-    A per-tensor scale needs the finished cache, so per-tensor schemes are refused, and +had (which
-    needs the queries rotated too) is not here yet.
+    +had stores the rotated tokens; append() returns them rotated back to the input basis (in
+    float64, H being its own inverse), which gives attention the same Q.K and P.V as rotating the
+    query and the output would, so the model needs no change. A per-tensor scale needs the finished
+    cache, so per-tensor schemes are refused.
     """
 
     def __init__(self, scheme, name="cache"):
         self.scheme = scheme if isinstance(scheme, _core.Scheme) else _core.parse_scheme(scheme)
-        if self.scheme.hadamard:
-            raise _core.SchemeError(f"{self.scheme.name}: +had is not in the quantize-on-append cache yet (its queries "
-                                    "would need the rotation too; kvq sweep measures it)")
         # The scheme each quantized run of tokens is quantized with: the window only decides when.
         self._base = _core.parse_scheme(self.scheme.name.split("+w")[0]) if self.scheme.window is not None else self.scheme
         if self.scheme.granularity == "tensor" and not self.scheme.scale_free:
@@ -61,7 +60,8 @@ class AppendQuantizer:
             chunk = _core.quantize(pending[:, :, :ready], self._base,
                                    name=f"{self.name} (tokens {start}..{start + ready - 1}, t counted from {start})")
             self._chunks.append(chunk)
-            values[:, :, :ready] = chunk.dequantized
+            values[:, :, :ready] = (_core.hadamard_rotate_back(chunk.dequantized) if self.scheme.hadamard
+                                    else chunk.dequantized)
         values[:, :, ready:] = pending[:, :, ready:]
         self._pending = pending[:, :, ready:].copy()
         self.tokens += x.shape[2]

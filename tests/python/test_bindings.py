@@ -228,8 +228,20 @@ def test_fp8_codes_windows_and_the_streaming_cache():
     assert (w.codes[0, 0, :2] == 127).all() and (w.dequantized[0, 0, :2] != x[0, 0, :2]).all()
     with pytest.raises(kvq.InputError, match=r"int8-head\+w2: a \+w<W> result cannot be rebuilt"):
         kvq.QuantizeResult(w.codes, w.scales, scheme="int8-head+w2")
-    with pytest.raises(kvq.SchemeError, match="not in the quantize-on-append cache"):
-        kvq.AppendQuantizer("int4-g8-asym+had")
+
+
+def test_hadamard_rotate_back_is_the_normalized_sylvester_matrix():
+    sylvester = np.array([[1.0]])
+    for _ in range(4):
+        sylvester = np.block([[sylvester, sylvester], [sylvester, -sylvester]])
+    h = sylvester / 4.0  # D = 16: 1/sqrt(16)
+    x = np.random.default_rng(3).standard_normal((2, 3, 16)).astype(np.float32)
+    back = kvq.hadamard_rotate_back(x)
+    assert back.dtype == np.float64 and back.shape == x.shape
+    np.testing.assert_allclose(back, x.astype(np.float64) @ h.T, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(kvq.hadamard_rotate_back(back), x, rtol=0, atol=1e-12)  # its own inverse
+    with pytest.raises(kvq.InputError, match=r"last axis of x \[2, 12\] must be a power of two"):
+        kvq.hadamard_rotate_back(np.zeros((2, 12)))
 
 
 def test_scheme_objects_and_default_pairs():

@@ -142,8 +142,18 @@ def test_append_quantizer_chunks_and_pending_tokens():
     assert a.result().codes.tobytes() == whole.codes.tobytes()
     with pytest.raises(kvq.SchemeError, match="per-tensor scale needs the whole cache"):
         kvq.AppendQuantizer("int8-tensor")
-    with pytest.raises(kvq.SchemeError, match=r"\+had is not in the quantize-on-append cache"):
-        kvq.AppendQuantizer("int4-g4-asym+had")
+    # +had: the codes of quantizing the whole cache, the values rotated back to the input basis.
+    xh = rng.standard_normal((2, 3, 9, 8)) * 4  # +had needs a power-of-two D
+    h = kvq.AppendQuantizer("int4-g4-asym+had", "H")
+    stored_h = np.empty(xh.shape)
+    for begin, end in ((0, 3), (3, 4), (4, xh.shape[2])):
+        start, values = h.append(xh[:, :, begin:end])
+        assert start == begin
+        stored_h[:, :, begin:end] = values
+    whole_h = kvq.quantize(xh, "int4-g4-asym+had")
+    assert h.result().codes.tobytes() == whole_h.codes.tobytes()
+    np.testing.assert_array_equal(stored_h, kvq.hadamard_rotate_back(whole_h.dequantized))
+    assert np.abs(stored_h - xh).max() < np.abs(whole_h.dequantized - xh).max()  # xh's basis, not the rotated one
     # A window: a token is quantized once 5 newer ones follow it.
     w = kvq.AppendQuantizer("int8-head+w5", "W")
     start, values = w.append(x[:, :, :7])
@@ -158,6 +168,20 @@ def test_append_quantizer_chunks_and_pending_tokens():
         b = kvq.AppendQuantizer("int8-head", "V")
         b.append(x[:, :, :3])
         b.append(np.where(np.arange(6) == 0, np.nan, 1.0) * np.ones((2, 3, 2, 6)))
+
+
+def test_rotated_storage_is_read_in_the_input_basis():
+    # The attention-level error of a +had pair: the rotated cache read back in the input basis, so
+    # the error is the quantization's (below plain int4's on outlier channels), not that of a rotated cache.
+    rng = np.random.default_rng(5)
+    k = rng.standard_normal((1, 2, 40, 16)).astype(np.float32)
+    k[..., 3] *= 20  # an outlier channel
+    v = rng.standard_normal((1, 2, 40, 16)).astype(np.float32)
+    layers = [{"q": rng.standard_normal((1, 4, 40, 16)), "k": k, "v": v, "softmax_scale": 0.25}]
+    plain = kvq_eval.attention_error(layers, "int4-head-asym", "none")["out_rel_l2_mean"]
+    rotated = kvq_eval.attention_error(layers, "int4-head-asym+had", "none")["out_rel_l2_mean"]
+    assert 0 < rotated < plain < 1
+    np.testing.assert_allclose(kvq_eval.stored_whole(k, "int4-head-asym+had"), k, atol=np.abs(k).max() / 4)
 
 
 def test_float_storages():
