@@ -107,7 +107,7 @@ int run(const SweepArgs& a) {
       nlohmann::json used = nlohmann::json::array();
       auto record = [&] {
         return nlohmann::json{{"file", path}, {"sha256", sha256}, {"source", info.source}, {"rope", info.rope},
-                              {"layers", used.dump()}};
+                              {"layers", used.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)}};
       };
       for (size_t i : select_layers(info, a.layers)) {
         const LayerInfo& li = info.layers[i];

@@ -86,7 +86,7 @@ void write_head_csv(const std::vector<SweepRow>& rows, const std::string& path) 
 
 void write_json(const nlohmann::json& document, const std::string& path) {
   std::ofstream out = open_for_writing(path);
-  out << document.dump(2) << "\n";
+  out << document.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";  // U+FFFD for bad UTF-8
   finish(out, path);
 }
 

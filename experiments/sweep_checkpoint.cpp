@@ -114,7 +114,7 @@ void SweepCheckpoint::save(const SweepUnitKey& key, const std::string& dump_path
   nlohmann::json j = {{"dump", dump_path}, {"sha256", key.dump_sha256}, {"layer", key.layer},
                       {"settings", key.settings}, {"rows", nlohmann::json::array()}};
   for (const SweepRow& r : rows) j["rows"].push_back(to_json(r));
-  write_file_atomically(file_of(key), j.dump());
+  write_file_atomically(file_of(key), j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 void SweepCheckpoint::remove_all() const {
