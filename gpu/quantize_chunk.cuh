@@ -23,8 +23,10 @@ struct InputChunk {
   uint32_t w[kWords];
 
   // Strided views may leave a chunk unaligned: then element by element.
-  __device__ __forceinline__ void load(const Storage* src) {
-    if (reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+  __device__ __forceinline__ void load(const Storage* src) { load(src, reinterpret_cast<uintptr_t>(src) % 16 == 0); }
+  // `aligned`: src is 16-byte aligned, known by the caller (e.g. once for a run of chunks).
+  __device__ __forceinline__ void load(const Storage* src, bool aligned) {
+    if (aligned) {
 #pragma unroll
       for (int i = 0; i < kWords / 4; ++i) {
         const uint4 v = reinterpret_cast<const uint4*>(src)[i];

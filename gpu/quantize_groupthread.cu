@@ -7,43 +7,15 @@
 // contiguous stretch of the row-major input.
 #include <algorithm>
 
+#include "gpu/quantize_chunk.cuh"
 #include "gpu/quantize_common.cuh"
 
 namespace kvq {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kChunk = 8;
+constexpr int kChunk = detail::kChunkElems;
 constexpr int kSegment = 32;  // elements per lane at most: keeps each lane's bytes in L1 between passes
-
-template <typename Storage>
-struct Chunk {
-  static constexpr int kWords = kChunk * int(sizeof(Storage)) / 4;
-  uint32_t w[kWords];
-  __device__ __forceinline__ void load(const Storage* src, bool aligned) {
-    if (aligned) {
-#pragma unroll
-      for (int i = 0; i < kWords / 4; ++i) {
-        const uint4 v = reinterpret_cast<const uint4*>(src)[i];
-        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kWords; ++i) {
-        if constexpr (sizeof(Storage) == 4) w[i] = __float_as_uint(src[i]);
-        else w[i] = uint32_t(src[2 * i]) | (uint32_t(src[2 * i + 1]) << 16);
-      }
-    }
-  }
-};
-
-template <typename Storage, InputDtype DT>
-__device__ __forceinline__ float element(const Chunk<Storage>& c, int e) {
-  if constexpr (DT == InputDtype::kFp32) return __uint_as_float(c.w[e]);
-  const uint16_t bits = static_cast<uint16_t>(c.w[e / 2] >> (16 * (e % 2)));
-  if constexpr (DT == InputDtype::kFp16) return fp16_bits_to_fp32(bits);
-  else return bf16_bits_to_fp32(bits);
-}
 
 // At least 5 blocks per SM: the register cap keeps 40 warps in flight (ncu: 4 blocks left the
 // memory system under-fed); the 16-bit input kernels still do not spill.
@@ -81,10 +53,10 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
 
     GroupStats st;
     for (int c = 0; active && c < seg; c += kChunk) {
-      Chunk<Storage> chunk;
+      detail::InputChunk<DT> chunk;
       chunk.load(src + c, aligned);
 #pragma unroll
-      for (int e = 0; e < kChunk; ++e) st.add(element<Storage, DT>(chunk, e));
+      for (int e = 0; e < kChunk; ++e) st.add(chunk[e]);
     }
     const bool finite = st.all_finite(ASYM);  // before the merge: this lane's own segment
     st = detail::shuffle_merge(st, parts, ASYM);  // the group's segments
@@ -115,18 +87,18 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
       codes = p.codes + (r * D + d0) * scheme.bits / 8;
     }
     for (int c = 0; c < seg; c += kChunk) {
-      Chunk<Storage> chunk;
+      detail::InputChunk<DT> chunk;
       chunk.load(src + c, aligned);
       uint32_t w[2] = {0, 0};
       if (scheme.bits == 8) {
 #pragma unroll
-        for (int e = 0; e < kChunk; ++e) w[e / 4] |= uint32_t(code_to_byte(encode(element<Storage, DT>(chunk, e), gp, scheme))) << (8 * (e % 4));
+        for (int e = 0; e < kChunk; ++e) w[e / 4] |= uint32_t(code_to_byte(encode(chunk[e], gp, scheme))) << (8 * (e % 4));
         *reinterpret_cast<uint2*>(codes + c) = make_uint2(w[0], w[1]);  // FBGEMM rows hold int4 only
       } else {
 #pragma unroll
         for (int e = 0; e < kChunk; e += 2)
-          w[0] |= uint32_t(pack_nibbles(encode(element<Storage, DT>(chunk, e), gp, scheme),
-                                        encode(element<Storage, DT>(chunk, e + 1), gp, scheme))) << (4 * e);
+          w[0] |= uint32_t(pack_nibbles(encode(chunk[e], gp, scheme),
+                                        encode(chunk[e + 1], gp, scheme))) << (4 * e);
         *reinterpret_cast<uint32_t*>(codes + c / 2) = w[0];  // FBGEMM rows are 4-byte aligned too
       }
     }
