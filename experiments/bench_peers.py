@@ -5,7 +5,13 @@ DESIGN.md shapes (experiments/peer_rows.py):
 - FBGEMM's INT4 GQA kernel `torch.ops.fbgemm.gqa_attn_splitk` on its inline rows with 1 and 4
   (scale, shift) groups, the best split count of a range per shape (as the seed did); it takes
   Hkv = 1, D = 128 and T <= 16384 only, other shapes are skipped with a line saying why. It needs the
-  fbgemm-gpu-genai wheel on PYTHONPATH (README); without it those rows are skipped with one line.
+  fbgemm-gpu-genai wheel on PYTHONPATH (README); without it those rows are skipped with one line;
+- FlashInfer's paged batch decode (BatchDecodeWithPagedKVCacheWrapper, pages of 16 tokens, NHD) over an
+  FP8 e4m3 cache and, as its own baseline, a bf16 one, bf16 queries: the tensor-core kernel when query
+  heads share a KV head, the CUDA-core one for MHA, planned once per shape outside the timed region.
+  Each shape's output is first checked against fp32 attention over the cache as stored. It needs the
+  wheels of .whl/flashinfer/ on PYTHONPATH and nvcc and ninja for its JIT build at first use (README);
+  without them those rows are skipped with one line.
 Timed the way DESIGN.md prescribes: CUDA events around CUDA-graph replays, rotating input sets
 totalling >= 4x L2 (several calls per graph, so the graph launch is amortized, as in `kvq bench`),
 warm-up, median / p10 / p90 of >= 30 replays, with a read-only and a copy bandwidth measured in the
@@ -23,16 +29,19 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from peer_rows import (BF16_PEERS, COLUMNS, FBGEMM_PEERS, FBGEMM_SPLITS, SHAPES, Machine, bf16_bytes, fbgemm_bytes,
-                       fbgemm_row_bytes, fbgemm_skip_reason, fbgemm_splits, input_sets, make_row)
+from peer_rows import (BF16_PEERS, COLUMNS, FBGEMM_PEERS, FBGEMM_SPLITS, FLASHINFER_PAGE, FLASHINFER_PEERS, SHAPES,
+                       Machine, Shape, bf16_bytes, fbgemm_bytes, fbgemm_row_bytes, fbgemm_skip_reason, fbgemm_splits,
+                       flashinfer_bytes, flashinfer_pages, flashinfer_tensor_cores, input_sets, make_row)
 
 SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash2": SDPBackend.FLASH_ATTENTION}
 INT4 = 2  # FBGEMM's CacheLogicalDtype::INT4
+FLASHINFER_WORKSPACE = 256 << 20  # FlashInfer's split-KV scratch (it recommends 128 MB)
 
 
 def time_graphs(make_call, sets, reps, warmup=5, calls_per_graph=1):
@@ -89,6 +98,12 @@ def driver_version():
         return "unknown"
 
 
+def reason(e, width=100):
+    """An exception as one line: its type and the start of its message's first line."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:width] if text else ''}"
+
+
 def load_fbgemm():
     """None when gqa_attn_splitk is registered, else why not."""
     try:
@@ -96,7 +111,7 @@ def load_fbgemm():
         torch.ops.fbgemm.gqa_attn_splitk  # noqa: B018  raises when the op is missing
         return None
     except (ImportError, OSError, AttributeError, RuntimeError) as e:
-        return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:100] if str(e).strip() else ''}"
+        return reason(e)
 
 
 def fbgemm_rows(B, T, D, groups, codes=None):
@@ -147,6 +162,103 @@ def check_fbgemm(groups, B=3, HQ=8, T=211, D=128):
     return err <= bound, f"max |O - ref| = {err:.4f} (bound {bound:.4f})"
 
 
+def load_flashinfer():
+    """None when FlashInfer's decode wrapper imports, else why not."""
+    try:
+        from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper  # noqa: F401
+        return None
+    except Exception as e:  # noqa: BLE001  whatever its import chain raises (a missing dependency, tvm-ffi's library)
+        return reason(e)
+
+
+def flashinfer_cache(shape, peer):
+    """K and V [pages, 16, Hkv, D] (NHD) of the peer's dtype, N(0, 1) rounded onto its grid; sequence b
+    owns pages b*P .. b*P + P - 1 (P pages per sequence)."""
+    pages, _ = flashinfer_pages(shape.T)
+    return tuple(torch.randn(shape.B * pages, FLASHINFER_PAGE, shape.HKV, shape.D, device="cuda",
+                             dtype=torch.bfloat16).to(getattr(torch, peer.kv_dtype)) for _ in range(2))
+
+
+def flashinfer_decoder(shape, peer, workspace):
+    """A BatchDecodeWithPagedKVCacheWrapper planned for the shape over flashinfer_cache's page table.
+    The first plan() of a kernel builds it (nvcc, into FLASHINFER_WORKSPACE_BASE) or loads it prebuilt."""
+    from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper
+    pages, last = flashinfer_pages(shape.T)
+    decoder = BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=flashinfer_tensor_cores(shape))
+    decoder.plan(torch.arange(shape.B + 1, dtype=torch.int32, device="cuda") * pages,
+                 torch.arange(shape.B * pages, dtype=torch.int32, device="cuda"),
+                 torch.full((shape.B,), last, dtype=torch.int32, device="cuda"), shape.HQ, shape.HKV, shape.D,
+                 FLASHINFER_PAGE, q_data_type=torch.bfloat16, kv_data_type=getattr(torch, peer.kv_dtype))
+    torch.cuda.synchronize()  # plan() uploads its schedule asynchronously; time_graphs runs on another stream
+    return decoder
+
+
+def flashinfer_run(decoder, q, k, v):
+    """O [B, Hq, D] bf16 of Q [B, Hq, D] bf16. Unit per-tensor scales (the scale-free fp8-e4m3): FlashInfer
+    folds k_scale into the softmax scale and skips the rescale of O at v_scale 1."""
+    return decoder.run(q, (k, v), k_scale=1.0, v_scale=1.0)
+
+
+def prepare_flashinfer(peers, shapes, workspace):
+    """Builds or loads each kernel the shapes need on a one-page problem first, so that a kernel that does
+    not build costs one try and one line; returns the (peer, tensor cores, D) that work."""
+    ready = set()
+    for peer in peers:
+        for tensor_cores, head_dim in sorted({(flashinfer_tensor_cores(s), s.D) for s in shapes}):
+            kind = f"{'tensor-core' if tensor_cores else 'CUDA-core'} kernel, D={head_dim}"
+            mini = Shape("jit", 1, 2 if tensor_cores else 1, 1, FLASHINFER_PAGE, head_dim)
+            start = time.perf_counter()
+            try:
+                q = torch.randn(1, mini.HQ, head_dim, device="cuda", dtype=torch.bfloat16)
+                flashinfer_run(flashinfer_decoder(mini, peer, workspace), q, *flashinfer_cache(mini, peer))
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001  JIT build (nvcc, ninja), load or launch
+                print(f"FlashInfer rows skipped: {peer.name}, {kind}: {reason(e, 300)}")
+                for line in str(e).strip().splitlines()[1:][-20:]:  # a build's errors end its message
+                    print(f"    {line}")
+                continue
+            print(f"FlashInfer {peer.name}, {kind}: ready in {time.perf_counter() - start:.0f} s (built or loaded)")
+            ready.add((peer.name, tensor_cores, head_dim))
+    return ready
+
+
+def flashinfer_reference(shape, q, k, v, chunk_bytes=256 << 20):
+    """fp32 attention O [B, Hq, D] over the cache as stored (e4m3 and bf16 are exact in fp32), a few
+    sequences at a time so that the fp32 copies stay small."""
+    B, T, G = shape.B, shape.T, shape.HQ // shape.HKV
+    k, v = (c.view(B, -1, shape.HKV, shape.D)[:, :T] for c in (k, v))
+    step = max(1, chunk_bytes // (T * shape.HKV * shape.D * 4))
+    out = []
+    for b in range(0, B, step):
+        s = torch.einsum("bhgd,bthd->bhgt", q[b:b + step].float().view(-1, shape.HKV, G, shape.D),
+                         k[b:b + step].float()) / math.sqrt(shape.D)
+        out.append(torch.einsum("bhgt,bthd->bhgd", torch.softmax(s, dim=-1), v[b:b + step].float()))
+    return torch.cat(out).reshape(B, shape.HQ, shape.D)
+
+
+def time_flashinfer(shape, peer, args, l2, memory, workspace):
+    """(check passed, its line, per-call times (None when the check failed), sets). The check compares
+    input set 0's output with flashinfer_reference. Random keys make the softmax flat, so |O| is about
+    1.6/sqrt(T) and the bound is 2 % of max |ref|: a wrong page, head or layout moves O by about |O|
+    itself, bf16 rounding of P and O by well under 1 %."""
+    sets = input_sets(flashinfer_bytes(shape, peer.kv_bytes), l2, memory)
+    data = [(torch.randn(shape.B, shape.HQ, shape.D, device="cuda", dtype=torch.bfloat16), *flashinfer_cache(shape, peer))
+            for _ in range(sets)]
+    decoder = flashinfer_decoder(shape, peer, workspace)
+    ref = flashinfer_reference(shape, *data[0])
+    err = (flashinfer_run(decoder, *data[0]).float() - ref).abs().max().item()
+    bound = 0.02 * ref.abs().max().item()
+    detail = f"max |O - ref| = {err:.2e} (bound {bound:.2e})"
+    del ref
+    if not err <= bound:
+        return False, detail, None, sets
+
+    def make_call(i):
+        q, k, v = data[i]
+        return lambda: flashinfer_run(decoder, q, k, v)
+    return True, detail, time_graphs(make_call, sets, args.reps, calls_per_graph=args.calls_per_graph), sets
+
+
 def time_sdpa(shape, peer, data, args):
     def make_call(i):
         q, k, v = data[i]
@@ -183,7 +295,7 @@ def time_fbgemm(shape, peer, args, l2, memory):
 
 
 def print_row(r, ref):
-    print(f"{r['shape']:<10}{r['B']:>5}{r['HQ']:>4}{r['HKV']:>4}{r['T']:>7}  {r['kernel']:<15}{r['splits']:>5}"
+    print(f"{r['shape']:<10}{r['B']:>5}{r['HQ']:>4}{r['HKV']:>4}{r['T']:>7}  {r['kernel']:<20}{r['splits']:>5}"
           f"{float(r['median_us']):>10.1f}{float(r['p10_us']):>9.1f}{float(r['p90_us']):>9.1f}"
           f"{float(r['GBps']):>8.0f}{float(r['pct_of_read']):>7.1f}%{r['vs_cudnn']:>8}"
           f"{ref if ref is not None else float('nan'):>8.1f}", flush=True)
@@ -196,7 +308,8 @@ def main():
     ap.add_argument("--calls-per-graph", type=int, default=8)
     ap.add_argument("--shapes", default=".", help="regex over shape names")
     ap.add_argument("--peers", default=".",
-                    help="regex over peer names (cudnn, flash2, fbgemm-int4-g1, fbgemm-int4-g4)")
+                    help="regex over peer names (cudnn, flash2, fbgemm-int4-g1, fbgemm-int4-g4, "
+                         "flashinfer-fp8-e4m3, flashinfer-bf16)")
     ap.add_argument("--fbgemm-splits", default=",".join(map(str, FBGEMM_SPLITS)),
                     type=lambda s: [int(x) for x in s.split(",") if x], help="split counts FBGEMM is timed with")
     ap.add_argument("--commit", default=os.environ.get("KVQ_COMMIT", "unknown"))
@@ -218,6 +331,8 @@ def main():
                 reference[(r["shape"], int(r["B"]), int(r["T"]), r["peer"])] = float(r["us"])
     wanted = lambda peer: re.search(args.peers, peer)  # noqa: E731
     fbgemm_peers = [p for p in FBGEMM_PEERS if wanted(p.name)]
+    flashinfer_peers = [p for p in FLASHINFER_PEERS if wanted(p.name)]
+    shapes = [s for s in SHAPES if re.search(args.shapes, s.name)]
     print(f"{machine.gpu}, driver {machine.driver}, torch {torch.__version__}, CUDA {machine.cuda}; "
           f"read {machine.read_gbps:.0f} GB/s, copy {machine.copy_gbps:.0f} GB/s (read + write)")
     failed = False
@@ -233,10 +348,20 @@ def main():
             if not ok:
                 fbgemm_peers.remove(peer)
                 failed = True
-    print(f"{'shape':<10}{'B':>5}{'Hq':>4}{'Hkv':>4}{'T':>7}  {'peer':<15}{'spl':>5}{'median us':>10}{'p10':>9}"
+    flashinfer_ready = set()
+    if flashinfer_peers:
+        why = load_flashinfer()
+        if why is not None:
+            print(f"FlashInfer rows skipped: flashinfer does not load ({why}); unzip the wheels of .whl/flashinfer/ "
+                  "onto PYTHONPATH (README, 'FlashInfer peer')")
+            flashinfer_peers = []
+        else:
+            workspace = torch.zeros(FLASHINFER_WORKSPACE, dtype=torch.uint8, device="cuda")  # zero before first use
+            flashinfer_ready = prepare_flashinfer(flashinfer_peers, shapes, workspace)
+    print(f"{'shape':<10}{'B':>5}{'Hq':>4}{'Hkv':>4}{'T':>7}  {'peer':<20}{'spl':>5}{'median us':>10}{'p10':>9}"
           f"{'p90':>9}{'GB/s':>8}{'%read':>8}{'/cuDNN':>8}{'ref us':>8}")
     rows = []
-    for shape in (s for s in SHAPES if re.search(args.shapes, s.name)):
+    for shape in shapes:
         cudnn_us = None
 
         def add(kernel, scheme, us, splits, sets, nbytes):
@@ -256,7 +381,7 @@ def main():
                 try:
                     us = time_sdpa(shape, peer, data, args)
                 except RuntimeError as e:  # a backend that does not take the shape: say so, go on
-                    print(f"{shape.name:<10}{shape.B:>5}{shape.HQ:>4}{shape.HKV:>4}{shape.T:>7}  {peer:<15} "
+                    print(f"{shape.name:<10}{shape.B:>5}{shape.HQ:>4}{shape.HKV:>4}{shape.T:>7}  {peer:<20} "
                           f"not supported: {str(e).splitlines()[0][:60]}")
                     continue
                 median = add(peer, "bf16", us, None, sets, nbytes)
@@ -264,7 +389,7 @@ def main():
             del data
         skip = fbgemm_skip_reason(shape)
         if fbgemm_peers and skip:
-            print(f"{shape.name:<10}{shape.B:>5}{shape.HQ:>4}{shape.HKV:>4}{shape.T:>7}  fbgemm-int4-*  "
+            print(f"{shape.name:<10}{shape.B:>5}{shape.HQ:>4}{shape.HKV:>4}{shape.T:>7}  {'fbgemm-int4-*':<20} "
                   f"skipped: gqa_attn_splitk does not take {skip}")
         for peer in fbgemm_peers if not skip else []:
             best, sets, tried = time_fbgemm(shape, peer, args, l2, props.total_memory)
@@ -272,6 +397,20 @@ def main():
             if best is None:
                 continue
             add(peer.name, peer.scheme(shape.D), best[1], best[0], sets, fbgemm_bytes(shape, peer.groups))
+        for peer in flashinfer_peers:
+            if (peer.name, flashinfer_tensor_cores(shape), shape.D) not in flashinfer_ready:
+                continue  # its kernel did not build: said once above
+            try:
+                ok, detail, us, sets = time_flashinfer(shape, peer, args, l2, props.total_memory, workspace)
+            except Exception as e:  # noqa: BLE001  a shape it does not take (plan, run or graph capture raises)
+                print(f"{shape.name:<10}{shape.B:>5}{shape.HQ:>4}{shape.HKV:>4}{shape.T:>7}  {peer.name:<20} "
+                      f"not supported: {reason(e, 80)}")
+                continue
+            print(f"[{'OK' if ok else 'FAIL'}] {peer.name} check, {shape.name} B={shape.B} T={shape.T}: {detail}")
+            if not ok:
+                failed = True
+                continue
+            add(peer.name, peer.scheme, us, None, sets, flashinfer_bytes(shape, peer.kv_bytes))
         torch.cuda.empty_cache()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", newline="") as f:

@@ -26,36 +26,50 @@ std::vector<DecodeShape> bench_shapes(const std::string& regex) {
   return out;
 }
 
-BenchStorage bench_storage(const Scheme& k, const Scheme& v, bool fbgemm) {
-  for (const Scheme& s : {k, v})
-    if (const std::string why = integer_codes_only_reason(s); !why.empty()) throw InputError(why);
-  if (k.bits != v.bits)
-    throw InputError(fmt::format("K {} / V {}: the decode kernels read K and V of the same bit width", to_string(k),
-                                 to_string(v)));
+BenchStorage bench_storage(const std::optional<Scheme>& k, KvFormat k_raw, const std::optional<Scheme>& v,
+                           KvFormat v_raw, bool fbgemm) {
+  for (const std::optional<Scheme>& s : {k, v})
+    if (const std::string why = s ? decode_modifier_reason(*s) : ""; !why.empty()) throw InputError(why);
   BenchStorage st;
-  st.name = to_string(k) == to_string(v) ? to_string(k) : to_string(k) + "/" + to_string(v);
-  if (fbgemm) st.name += ":fbgemm";
-  st.format = fbgemm ? KvFormat::kInt4Fbgemm : k.bits == 8 ? KvFormat::kInt8 : KvFormat::kInt4;
+  auto name = [](const std::optional<Scheme>& s, KvFormat raw) { return s ? to_string(*s) : std::string(to_string(raw)); };
+  st.name = name(k, k_raw) == name(v, v_raw) ? name(k, k_raw) : name(k, k_raw) + "/" + name(v, v_raw);
+  if (fbgemm) {
+    if (!k || !v || k->bits != 4 || v->bits != 4 || k->fp8() || v->fp8())
+      throw InputError(fmt::format("{}:fbgemm: FBGEMM rows hold int4 K and V", st.name));
+    st.name += ":fbgemm";
+  }
+  st.k_format = k ? quantized_format(*k, fbgemm) : k_raw;
+  st.v_format = v ? quantized_format(*v, fbgemm) : v_raw;
   st.k = k, st.v = v;
   return st;
+}
+
+BenchStorage bench_storage(const Scheme& k, const Scheme& v, bool fbgemm) {
+  return bench_storage(k, KvFormat::kBf16, v, KvFormat::kBf16, fbgemm);
 }
 
 std::vector<BenchStorage> parse_bench_storages(const std::string& list) {
   std::vector<BenchStorage> out;
   std::stringstream in(list);
   std::string item;
+  // "bf16" / "fp16" (raw) or a scheme name.
+  auto operand = [](const std::string& text, std::optional<Scheme>& scheme, KvFormat& raw) {
+    if (text == "bf16" || text == "fp16") raw = text == "bf16" ? KvFormat::kBf16 : KvFormat::kFp16;
+    else scheme = parse_scheme(text);
+  };
   while (std::getline(in, item, ',')) {
     if (item.empty()) continue;
-    if (item == "bf16" || item == "fp16") {
-      out.push_back({item, item == "bf16" ? KvFormat::kBf16 : KvFormat::kFp16, std::nullopt, std::nullopt});
-      continue;
-    }
     const size_t colon = item.find(':');
     const bool fbgemm = colon != std::string::npos;
     if (fbgemm && item.substr(colon + 1) != "fbgemm")
       throw InputError(fmt::format("--schemes '{}': the only layout suffix is ':fbgemm'", item));
-    const Scheme s = parse_scheme(item.substr(0, colon));
-    out.push_back(bench_storage(s, s, fbgemm));
+    const std::string pair = item.substr(0, colon);
+    const size_t slash = pair.find('/');
+    std::optional<Scheme> k, v;
+    KvFormat k_raw = KvFormat::kBf16, v_raw = KvFormat::kBf16;
+    operand(pair.substr(0, slash), k, k_raw);
+    operand(slash == std::string::npos ? pair : pair.substr(slash + 1), v, v_raw);
+    out.push_back(bench_storage(k, k_raw, v, v_raw, fbgemm));
   }
   if (out.empty()) throw InputError(fmt::format("--schemes '{}': no storage given", list));
   return out;
@@ -79,7 +93,7 @@ DeviceBuffer<uint8_t> random_bf16(int64_t elements, uint32_t seed) {
 namespace {
 
 const QuantizeVariant& fastest_quantizer(const Scheme& s, int64_t head_dim, CodeLayout layout) {
-  for (const char* name : {"quantize-groupthread", "quantize-rowwarp"})
+  for (const char* name : {"quantize-groupthread", "quantize-rowwarp", "quantize-tokenteam", "quantize-tensor2pass"})
     for (const QuantizeVariant& v : quantize_variants())
       if (v.name == name && v.accepts(s, head_dim, layout, InputDtype::kBf16)) return v;
   return incumbent_quantize_variant();
@@ -89,7 +103,7 @@ const QuantizeVariant& fastest_quantizer(const Scheme& s, int64_t head_dim, Code
 
 BenchCaches::BenchCaches(const DecodeShape& sh, const BenchStorage& st, const DeviceInfo& dev) {
   const KvShape kv{sh.batch, sh.kv_heads, sh.tokens, sh.head_dim};
-  const bool fbgemm = st.format == KvFormat::kInt4Fbgemm;
+  const bool fbgemm = st.k_format == KvFormat::kInt4Fbgemm;
   const CodeLayout layout = fbgemm ? CodeLayout::kFbgemm : CodeLayout::kPlanar;
   auto cache_bytes = [&](const std::optional<Scheme>& s) {
     if (!s) return 2 * kv.numel();
@@ -101,25 +115,23 @@ BenchCaches::BenchCaches(const DecodeShape& sh, const BenchStorage& st, const De
   sets = std::min<int64_t>(sets, std::max<int64_t>(1, dev.global_bytes / 2 / per_set));
   const DeviceBuffer<uint8_t> k_src = random_bf16(kv.numel(), 1), v_src = random_bf16(kv.numel(), 2);
   for (int64_t s = 0; s < sets; ++s) {
-    if (!st.k) {  // raw caches: copies of the source (fp16 reads the same bits as fp16 numbers)
-      for (const DeviceBuffer<uint8_t>* src : {&k_src, &v_src}) {
-        raw_.emplace_back(src->size());
-        KVQ_CUDA_CHECK(cudaMemcpy(raw_.back().data(), src->data(), src->bytes(), cudaMemcpyDeviceToDevice));
-      }
-      k_.push_back(raw_operand(raw_[raw_.size() - 2].data(), kv.heads, kv.tokens, sh.head_dim, false));
-      v_.push_back(raw_operand(raw_.back().data(), kv.heads, kv.tokens, sh.head_dim, false));
-      continue;
-    }
     for (int which = 0; which < 2; ++which) {
-      const Scheme& scheme = which == 0 ? *st.k : *st.v;
-      const DeviceKv input = DeviceKv::bnsh((which == 0 ? k_src : v_src).data(), InputDtype::kBf16, kv);
-      quantized_.push_back(std::make_unique<QuantizeWorkspace>(input, scheme, layout));
+      const std::optional<Scheme>& scheme = which == 0 ? st.k : st.v;
+      const DeviceBuffer<uint8_t>& src = which == 0 ? k_src : v_src;
+      std::vector<KvOperand>& ops = which == 0 ? k_ : v_;
+      if (!scheme) {  // raw: a copy of the source (fp16 reads the same bits as fp16 numbers)
+        raw_.emplace_back(src.size());
+        KVQ_CUDA_CHECK(cudaMemcpy(raw_.back().data(), src.data(), src.bytes(), cudaMemcpyDeviceToDevice));
+        ops.push_back(raw_operand(raw_.back().data(), kv.heads, kv.tokens, sh.head_dim, false));
+        continue;
+      }
+      const DeviceKv input = DeviceKv::bnsh(src.data(), InputDtype::kBf16, kv);
+      quantized_.push_back(std::make_unique<QuantizeWorkspace>(input, *scheme, layout));
       const QuantizeParams& qp = quantized_.back()->params();
-      fastest_quantizer(scheme, sh.head_dim, layout).launch(qp, nullptr);
+      fastest_quantizer(*scheme, sh.head_dim, layout).launch(qp, nullptr);
       quantized_.back()->check_flags(which == 0 ? "K" : "V", nullptr);
-      const KvOperand op = quantized_operand(scheme, kv.batch, kv.heads, kv.tokens, sh.head_dim, fbgemm, qp.codes,
-                                             qp.scales, scheme.asymmetric ? qp.zeros : nullptr);
-      (which == 0 ? k_ : v_).push_back(op);
+      ops.push_back(quantized_operand(*scheme, kv.batch, kv.heads, kv.tokens, sh.head_dim, fbgemm, qp.codes, qp.scales,
+                                      scheme->asymmetric ? qp.zeros : nullptr));
     }
   }
 }
@@ -134,7 +146,7 @@ DecodeTiming time_decode(const DecodeVariant& variant, const DecodeShape& sh, co
   DecodeRun run(sh, q, {}, false);
   std::vector<DecodeParams> planned;
   for (int s = 0; s < caches.sets(); ++s) {
-    run.set_cache(st.format, caches.k(s), caches.v(s));
+    run.set_cache(st.k_format, caches.k(s), st.v_format, caches.v(s));
     planned.push_back(run.plan(variant, dev.sm_count, forced_splits));
   }
   DecodeTiming out;

@@ -19,20 +19,27 @@ namespace kvq {
 // The DESIGN.md decode shapes (experiments/decode_shapes.hpp) whose group matches `regex`.
 std::vector<DecodeShape> bench_shapes(const std::string& regex = ".");
 
-// A K/V storage: bf16 / fp16, or a scheme (the same for K and V) in the planar or FBGEMM layout.
+// A K/V storage: each of K and V raw (bf16 / fp16) or quantized by a scheme, planar or (int4, both
+// operands) in FBGEMM rows.
 struct BenchStorage {
-  std::string name;  // as written on the command line: "bf16", "int8-head", "int4-g32-asym:fbgemm"
-  KvFormat format = KvFormat::kBf16;
-  std::optional<Scheme> k, v;
+  // As written on the command line: "bf16", "int8-head", "int4-g32-asym:fbgemm", or a K/V pair
+  // "int4-head-asym/int8-head", "bf16/int4-g32-asym".
+  std::string name;
+  KvFormat k_format = KvFormat::kBf16, v_format = KvFormat::kBf16;
+  std::optional<Scheme> k, v;  // the quantized operands' schemes
 };
 
 inline constexpr const char* kBenchStorages =
     "bf16,int8-tensor,int8-token,int8-head,int8-g32,int4-head-asym,int4-g32-asym,int4-head-asym:fbgemm,"
-    "int4-g32-asym:fbgemm";
+    "int4-g32-asym:fbgemm,fp8-e4m3-head,fp8-e4m3-tensor,int8-head/int4-g32-asym,int4-g32-asym/int8-head,"
+    "bf16/int4-g32-asym,fp8-e4m3-head/int4-g32-asym";
 
 // Throws InputError / SchemeError naming the bad entry.
 std::vector<BenchStorage> parse_bench_storages(const std::string& list);
 BenchStorage bench_storage(const Scheme& k, const Scheme& v, bool fbgemm);
+// One operand of a pair: "bf16" or "fp16" (raw), else a scheme; nullopt scheme for raw.
+BenchStorage bench_storage(const std::optional<Scheme>& k, KvFormat k_raw, const std::optional<Scheme>& v,
+                           KvFormat v_raw, bool fbgemm);
 
 // `elements` pseudo-random bf16 values in about [-4, 4] on the device (never all zeros, so scales
 // are normal numbers); the same `seed`, the same bytes.

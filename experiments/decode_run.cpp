@@ -28,8 +28,8 @@ DecodeRun::DecodeRun(const DecodeShape& shape, const std::vector<float>& q, cons
   }
 }
 
-void DecodeRun::set_cache(KvFormat format, const KvOperand& k, const KvOperand& v) {
-  base_.format = format, base_.k = k, base_.v = v;
+void DecodeRun::set_cache(KvFormat k_format, const KvOperand& k, KvFormat v_format, const KvOperand& v) {
+  base_.k_format = k_format, base_.v_format = v_format, base_.k = k, base_.v = v;
 }
 
 DecodeParams DecodeRun::plan(const DecodeVariant& variant, int sm_count, int forced_splits) {

@@ -18,7 +18,7 @@ class DecodeRun {
   DecodeRun(const DecodeShape& shape, const std::vector<float>& q, const std::vector<int32_t>& seq_lens, bool alibi,
             double softmax_scale = 0.0);
   // K/V operands (device memory owned by the caller) and their storage kind.
-  void set_cache(KvFormat format, const KvOperand& k, const KvOperand& v);
+  void set_cache(KvFormat k_format, const KvOperand& k, KvFormat v_format, const KvOperand& v);
   // The launch shape `variant` picks here (forced_splits > 0: that many, split-K variants only);
   // allocates the partials it needs.
   DecodeParams plan(const DecodeVariant& variant, int sm_count, int forced_splits = 0);

@@ -1,6 +1,7 @@
 """What bench_peers.py times and writes, without torch (so CI tests it): the DESIGN.md decode shapes,
-the peers, which shapes FBGEMM's kernel takes, byte counts, the number of rotating input sets, and
-the CSV row in `kvq bench`'s schema (experiments/cmd_bench.cpp, kColumns)."""
+the peers, which shapes FBGEMM's kernel takes, FlashInfer's page table and kernel choice, byte counts,
+the number of rotating input sets, and the CSV row in `kvq bench`'s schema (experiments/cmd_bench.cpp,
+kColumns)."""
 import statistics
 from dataclasses import dataclass
 
@@ -46,6 +47,37 @@ FBGEMM_MAX_T = 16384  # gqa_attn_splitk's MAX_T
 FBGEMM_SPLITS = (2, 4, 8, 16, 32, 64, 128)
 
 
+@dataclass(frozen=True)
+class FlashInferPeer:
+    """FlashInfer's paged batch decode (BatchDecodeWithPagedKVCacheWrapper) over a K/V cache of torch
+    dtype `kv_dtype` (named, so that this module needs no torch) with `kv_bytes` bytes per element, bf16
+    queries and outputs; named in the CSV by the kvq scheme that stores the same K/V bytes (`fp8-e4m3`:
+    e4m3 codes with no scale, FlashInfer's per-tensor k_scale / v_scale left at 1)."""
+    name: str
+    kv_dtype: str
+    kv_bytes: int
+    scheme: str
+
+
+FLASHINFER_PEERS = (FlashInferPeer("flashinfer-fp8-e4m3", "float8_e4m3fn", 1, "fp8-e4m3"),
+                    FlashInferPeer("flashinfer-bf16", "bfloat16", 2, "bf16"))
+FLASHINFER_PAGE = 16  # tokens per page, vLLM's default block size
+
+
+def flashinfer_pages(T, page=FLASHINFER_PAGE):
+    """(pages per sequence, tokens in its last page): FlashInfer's last_page_len is 1..page."""
+    if T < 1:
+        raise ValueError(f"FlashInfer pages: T={T}, a sequence needs at least one key")
+    pages = -(-T // page)
+    return pages, T - page * (pages - 1)
+
+
+def flashinfer_tensor_cores(shape):
+    """FlashInfer's tensor-core decode (its prefill kernel with one query row per sequence) when several
+    query heads share a KV head, its CUDA-core decode kernel for MHA."""
+    return shape.HQ > shape.HKV
+
+
 def fbgemm_skip_reason(shape):
     """None when gqa_attn_splitk takes the shape, else why not (one line)."""
     why = []
@@ -88,6 +120,13 @@ def fbgemm_bytes(shape, groups):
     split partials are the kernel's scratch, as kvq's are; kvq's decode_bytes_moved counts the same
     rows and also its 4-byte LSE per query head, which FBGEMM does not return)."""
     return 2 * shape.B * shape.HKV * shape.T * fbgemm_row_bytes(shape.D, groups) + q_o_bytes(shape)
+
+
+def flashinfer_bytes(shape, kv_bytes):
+    """Bytes one FlashInfer decode moves: the live K and V elements at kv_bytes each, Q and O (not the
+    page table, 4 bytes per page, nor split-KV scratch; with T a multiple of the page size no page holds
+    a dead token)."""
+    return 2 * shape.B * shape.HKV * shape.T * shape.D * kv_bytes + q_o_bytes(shape)
 
 
 def input_sets(set_bytes, l2_bytes, memory_bytes):

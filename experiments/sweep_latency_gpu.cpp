@@ -38,11 +38,11 @@ void attach_decode_latency(std::vector<SweepRow>& rows, const std::string& spec)
     if (it == measured.end()) {
       std::optional<DecodeLatency> lat;
       auto why = [&](const Scheme& s) {
-        const std::string plain = integer_codes_only_reason(s);
-        return plain.empty() ? decode_unsupported_reason(s, shape.head_dim, false) : plain;
+        const std::string modifier = decode_modifier_reason(s);
+        return modifier.empty() ? decode_unsupported_reason(s, shape.head_dim, false) : modifier;
       };
       const std::string why_k = why(row.schemes.k), why_v = why(row.schemes.v);
-      if (why_k.empty() && why_v.empty() && row.schemes.k.bits == row.schemes.v.bits) {
+      if (why_k.empty() && why_v.empty()) {
         const BenchStorage st = bench_storage(row.schemes.k, row.schemes.v, false);
         const BenchCaches caches(shape, st, dev);
         for (const DecodeVariant* variant : adopted_decode_variants()) {  // the first adopted one that runs it
@@ -53,9 +53,9 @@ void attach_decode_latency(std::vector<SweepRow>& rows, const std::string& spec)
           fmt::print("latency {} on {} ({}): {:.1f} us\n", key, where, variant->name, t.time.median_us);
           break;
         }
+        if (!lat) fmt::print("latency {}: no adopted decode variant runs it at {}\n", key, where);
       } else {
-        fmt::print("latency {}: no decode kernel ({})\n", key,
-                   !why_k.empty() ? why_k : !why_v.empty() ? why_v : "K and V of different bit widths");
+        fmt::print("latency {}: no decode kernel ({})\n", key, !why_k.empty() ? why_k : why_v);
       }
       it = measured.emplace(key, lat).first;
     }

@@ -18,15 +18,20 @@
 namespace kvq {
 namespace {
 
-// How K and V are stored for a case: raw bf16/fp16 (BNSH or BSNH) or quantized by the CPU codec.
+// How K and V are stored for a case: each raw bf16/fp16 (BNSH or BSNH) or quantized by the CPU codec.
 struct Storage {
-  KvFormat format = KvFormat::kBf16;
-  std::optional<Scheme> k, v;  // quantized formats only
-  bool bsnh = false;           // raw formats only
+  KvFormat k_format = KvFormat::kBf16, v_format = KvFormat::kBf16;
+  std::optional<Scheme> k, v;  // the quantized operands
+  bool bsnh = false;           // raw operands only
 
   std::string name() const {
-    if (!k) return fmt::format("{} {}", to_string(format), bsnh ? "BSNH" : "BNSH");
-    return fmt::format("K {} / V {}{}", to_string(*k), to_string(*v), format == KvFormat::kInt4Fbgemm ? " FBGEMM" : "");
+    if (!k && !v && k_format == v_format) return fmt::format("{} {}", to_string(k_format), bsnh ? "BSNH" : "BNSH");
+    auto one = [](const std::optional<Scheme>& s, KvFormat f) { return s ? to_string(*s) : std::string(to_string(f)); };
+    return fmt::format("K {} / V {}{}", one(k, k_format), one(v, v_format),
+                       k_format == KvFormat::kInt4Fbgemm ? " FBGEMM" : "");
+  }
+  std::string formats() const {
+    return k_format == v_format ? to_string(k_format) : fmt::format("{}/{}", to_string(k_format), to_string(v_format));
   }
 };
 
@@ -58,13 +63,13 @@ struct DeviceOperand {
 
 // Padding rows (t >= seq_len) get garbage codes and NaN parameters on the device (raw: NaN
 // values): the kernel must never read them into the output.
-DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optional<Scheme>& scheme) {
+DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optional<Scheme>& scheme, KvFormat format) {
   const DecodeShape& s = c.shape;
   const KvShape kv{s.batch, s.kv_heads, s.tokens, s.head_dim};
   auto padding = [&](int64_t b, int64_t t) { return t >= seq_len(c, b); };
   DeviceOperand out;
   if (!scheme) {
-    const bool fp16 = c.storage.format == KvFormat::kFp16;
+    const bool fp16 = format == KvFormat::kFp16;
     for (float& e : x) e = fp16 ? round_to_fp16(e) : round_to_bf16(e);
     std::vector<uint8_t> bytes(2 * x.size());
     for (int64_t b = 0; b < kv.batch; ++b)
@@ -86,7 +91,7 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
   }
   const QuantizedKv q = quantize(KvView::bnsh(x.data(), kv), *scheme, "K/V");
   std::vector<float> deq = dequantize(q);
-  const bool fbgemm = c.storage.format == KvFormat::kInt4Fbgemm;
+  const bool fbgemm = format == KvFormat::kInt4Fbgemm;
   GpuQuantized bytes = device_bytes(q, fbgemm ? CodeLayout::kFbgemm : CodeLayout::kPlanar);
   const int64_t row = fbgemm ? fbgemm_row_bytes(*scheme, s.head_dim) : code_bytes_per_row(*scheme, s.head_dim);
   const int pbytes = scheme->scale_dtype == ScaleDtype::kFp16 ? 2 : 4;
@@ -144,7 +149,7 @@ struct Gate {
   }
 
   void skip(const std::string& name, const Storage& st, const std::string& why) {
-    CaseResult r{v.name, name, st.name(), to_string(st.format), st.bsnh ? "BSNH" : "BNSH", "", "skipped: " + why, 0, true};
+    CaseResult r{v.name, name, st.name(), st.formats(), st.bsnh ? "BSNH" : "BNSH", "", "skipped: " + why, 0, true};
     r.skipped = true;
     add(r);
   }
@@ -157,17 +162,18 @@ struct Gate {
     if (k.empty()) k = random_normal(kv_n, 11, s.head_dim), vv = random_normal(kv_n, 12, s.head_dim, 3.0f);
     if (q.empty()) q = random_normal(s.batch * s.q_heads * s.head_dim, 13, s.head_dim, 1.0f);
     for (float& x : q) x = round_to_bf16(x);
-    for (const std::optional<Scheme>& sch : {c.storage.k, c.storage.v})  // FP8, +had, +wW: no kernel reads them yet
-      if (const std::string why = sch ? integer_codes_only_reason(*sch) : ""; !why.empty()) {
+    for (const std::optional<Scheme>& sch : {c.storage.k, c.storage.v})  // +had, +wW: no kernel reads them yet
+      if (const std::string why = sch ? decode_modifier_reason(*sch) : ""; !why.empty()) {
         skip(c.name, c.storage, why);
         return {};
       }
-    CaseResult r{v.name, c.name, c.storage.name(), to_string(c.storage.format), c.storage.bsnh ? "BSNH" : "BNSH", "",
+    CaseResult r{v.name, c.name, c.storage.name(), c.storage.formats(), c.storage.bsnh ? "BSNH" : "BNSH", "",
                  "", s.batch * s.q_heads * s.head_dim, false};
     try {
-      DeviceOperand dk = make_operand(c, std::move(k), c.storage.k), dv = make_operand(c, std::move(vv), c.storage.v);
+      DeviceOperand dk = make_operand(c, std::move(k), c.storage.k, c.storage.k_format);
+      DeviceOperand dv = make_operand(c, std::move(vv), c.storage.v, c.storage.v_format);
       DecodeRun run(s, q, c.seq_lens, c.alibi, softmax_scale);
-      run.set_cache(c.storage.format, dk.op, dv.op);
+      run.set_cache(c.storage.k_format, dk.op, c.storage.v_format, dv.op);
       const DecodeParams planned = run.plan(v, sm_count, c.splits);
       r.shape = shape_string(c, planned);
       if (const std::string why = v.unsupported_reason(planned); !why.empty()) {
@@ -199,20 +205,29 @@ struct Gate {
   }
 };
 
-Storage raw(KvFormat f, bool bsnh = false) { return {f, std::nullopt, std::nullopt, bsnh}; }
+Storage raw(KvFormat f, bool bsnh = false) { return {f, f, std::nullopt, std::nullopt, bsnh}; }
+// K and V by name: a scheme, or "bf16" / "fp16" for a raw operand.
 Storage quantized(const char* k, const char* v, bool fbgemm = false) {
-  const Scheme sk = parse_scheme(k);
-  return {fbgemm ? KvFormat::kInt4Fbgemm : sk.bits == 8 ? KvFormat::kInt8 : KvFormat::kInt4, sk, parse_scheme(v), false};
+  Storage st;
+  auto operand = [&](const std::string& name, std::optional<Scheme>& scheme, KvFormat& format) {
+    if (name == "bf16" || name == "fp16") format = name == "bf16" ? KvFormat::kBf16 : KvFormat::kFp16;
+    else scheme = parse_scheme(name), format = quantized_format(*scheme, fbgemm);
+  };
+  operand(k, st.k, st.k_format);
+  operand(v, st.v, st.v_format);
+  return st;
 }
 
 // Why no decode kernel reads storage `st` at `head_dim` (a dump's D may be anything), or "" when one
 // does; a variant's own limits are checked on the planned launch (Gate::run).
 std::string storage_unsupported_reason(const Storage& st, int64_t head_dim) {
   const int d = static_cast<int>(head_dim);
-  if (!st.k) return decode_head_dim_supported(d) ? "" : fmt::format("head_dim {} (decode kernels take 8, 64, 128 or 256)", d);
-  const bool fbgemm = st.format == KvFormat::kInt4Fbgemm;
-  for (const Scheme& s : {*st.k, *st.v}) {
-    std::string why = integer_codes_only_reason(s);
+  if (!decode_head_dim_supported(d)) return fmt::format("head_dim {} (decode kernels take 8, 64, 128 or 256)", d);
+  const bool fbgemm = st.k_format == KvFormat::kInt4Fbgemm;
+  for (const std::optional<Scheme>& scheme : {st.k, st.v}) {
+    if (!scheme) continue;
+    const Scheme& s = *scheme;
+    std::string why = decode_modifier_reason(s);
     if (why.empty()) why = decode_unsupported_reason(s, d, fbgemm);
     if (why.empty()) {
       try {
@@ -282,12 +297,21 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
       quantized("int4-g64", "int4-g64"), quantized("int4-g8-asym", "int4-head-asym"),
       quantized("int4-tensor", "int4-token-asym"), quantized("int4-g32-asym-fp32", "int4-g32-asym-fp32"),
       quantized("int4-head-asym", "int4-head-asym", true), quantized("int4-g32-asym", "int4-g32-asym", true),
-      quantized("int4-g16-asym", "int4-g64-asym", true), quantized("fp8-e4m3-head", "fp8-e4m3-head"),
+      quantized("int4-g16-asym", "int4-g64-asym", true),
+      // FP8: every granularity, both formats, scale-free
+      quantized("fp8-e4m3-head", "fp8-e4m3-head"), quantized("fp8-e4m3-tensor", "fp8-e4m3-token"),
+      quantized("fp8-e5m2-g32", "fp8-e5m2-g64-fp32"), quantized("fp8-e4m3", "fp8-e5m2"),
+      // K and V in different formats (tensor cores only)
+      quantized("int4-g32-asym", "int8-head"), quantized("int8-head-asym", "int4-head"), quantized("bf16", "int4-g32-asym"),
+      quantized("int8-token-asym", "bf16"), quantized("fp8-e4m3-head", "int4-g32-asym"), quantized("fp16", "fp8-e5m2-head"),
+      quantized("int4-head-asym", "fp16"), quantized("int4-g32-asym", "fp8-e4m3-tensor"),
       quantized("int4-g32-asym+had", "int4-g32-asym"), quantized("int4-token-asym+w16", "int4-token-asym+w16")};
   for (const Storage& st : storages) g.run({"varlen GQA", gqa, lens, false, st});
   // Head dims, head-group sizes (MHA, MQA, groups that are not a power of two, groups over 8), ALiBi.
-  for (const char* k : {"bf16", "int8-head", "int4-g32-asym"}) {
-    const Storage st = std::string(k) == "bf16" ? raw(KvFormat::kBf16) : quantized(k, k);
+  for (const auto& [k, vs] : {std::pair{"bf16", "bf16"}, std::pair{"int8-head", "int8-head"},
+                               std::pair{"int4-g32-asym", "int4-g32-asym"}, std::pair{"fp8-e4m3-head", "fp8-e4m3-head"},
+                               std::pair{"int4-head-asym", "int8-g32-asym"}}) {
+    const Storage st = std::string(k) == "bf16" ? raw(KvFormat::kBf16) : quantized(k, vs);
     for (int d : {64, 256}) g.run({"head_dim", {"", 2, 4, 2, T, d}, {}, false, st});
     g.run({"MHA", {"", 2, 4, 4, T, 128}, {}, false, st});
     g.run({"MQA", {"", 2, 8, 1, T, 128}, {}, false, st});
@@ -339,10 +363,10 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
     const Case c{"reruns", {"", 4, 8, 2, opt.quick ? 64 : 2048, 128}, {}, false, quantized("int4-g32-asym", "int4-g32-asym")};
     const DecodeShape& s = c.shape;
     const int64_t kv_n = s.batch * s.kv_heads * s.tokens * s.head_dim;
-    DeviceOperand dk = make_operand(c, random_normal(kv_n, 21, 128), c.storage.k);
-    DeviceOperand dv = make_operand(c, random_normal(kv_n, 22, 128), c.storage.v);
+    DeviceOperand dk = make_operand(c, random_normal(kv_n, 21, 128), c.storage.k, c.storage.k_format);
+    DeviceOperand dv = make_operand(c, random_normal(kv_n, 22, 128), c.storage.v, c.storage.v_format);
     DecodeRun run(s, random_normal(s.batch * s.q_heads * s.head_dim, 23, 128, 1.0f), {}, false);
-    run.set_cache(c.storage.format, dk.op, dv.op);
+    run.set_cache(c.storage.k_format, dk.op, c.storage.v_format, dv.op);
     const DecodeParams planned = run.plan(v, g.sm_count);
     run.run(planned);
     const std::vector<float> first = run.output(), first_lse = run.lse();

@@ -1,5 +1,5 @@
 // GPU decode attention (Tq = 1) over a K/V cache stored raw (bf16 / fp16) or quantized (int8 /
-// int4 planar, int4 FBGEMM rows), dequantized inside the kernel with the codec's own decode().
+// int4 planar, int4 FBGEMM rows, FP8), dequantized inside the kernel.
 // One kernel template covers every format; split-K partials merge by LSE in a second kernel.
 // DESIGN.md "Attention" is the definition; reference/attention.hpp is the fp64 truth.
 #pragma once
@@ -13,9 +13,13 @@
 
 namespace kvq {
 
-// How K and V are stored. K and V share the storage kind; their schemes may differ otherwise.
-enum class KvFormat { kBf16, kFp16, kInt8, kInt4, kInt4Fbgemm };
+// How one of K or V is stored. The CUDA-core kernels need K and V in one format (and read no FP8);
+// the tensor-core kernels read each operand in its own.
+enum class KvFormat { kBf16, kFp16, kInt8, kInt4, kInt4Fbgemm, kFp8E4m3, kFp8E5m2 };
 const char* to_string(KvFormat f);
+bool is_quantized(KvFormat f);
+// The format that stores codes of `s` (planar, or FBGEMM rows).
+KvFormat quantized_format(const Scheme& s, bool fbgemm_rows);
 
 // The kernel family: CUDA-core FMAs (decode_kernel.cuh, every storage and D = 8) or tensor-core MMAs
 // (decode_tc_kernel.cuh: QK and PV as mma.sync m16n8k16, 16 keys x 8 query heads per tile).
@@ -44,7 +48,7 @@ inline constexpr int kDecodeChunk = 8;  // elements of one row a lane dequantize
 struct DecodeParams {
   int64_t batch = 0, q_heads = 0, kv_heads = 0, tokens = 0;  // B, Hq, Hkv, T (cache capacity)
   int head_dim = 0;                                         // D in {8, 64, 128, 256}
-  KvFormat format = KvFormat::kBf16;
+  KvFormat k_format = KvFormat::kBf16, v_format = KvFormat::kBf16;
   DecodeFamily family = DecodeFamily::kCudaCore;
   KvOperand k, v;
   const uint16_t* q = nullptr;        // bf16 [B, Hq, D]
@@ -63,7 +67,7 @@ struct DecodeParams {
 // The operand of a quantized tensor in the layouts gpu/quantize.hpp writes: planar codes BNSH
 // [B, H, T, D*bits/8] with params in group order, or FBGEMM rows [B, T, H, D/2 + 4n].
 // Throws SchemeError for schemes the decode kernels do not read (chan-tN; groups not a multiple
-// of 8 elements).
+// of 8 elements). Scale-free FP8 has mode kNone (scale 1).
 KvOperand quantized_operand(const Scheme& s, int64_t batch, int64_t heads, int64_t tokens, int head_dim,
                             bool fbgemm_rows, const uint8_t* codes, const void* scales, const void* zeros);
 // Raw bf16/fp16 K or V, BNSH or BSNH.
@@ -73,6 +77,8 @@ bool decode_head_dim_supported(int head_dim);
 // Why `s` cannot be read by a decode kernel, or "" when it can.
 std::string decode_unsupported_reason(const Scheme& s, int head_dim, bool fbgemm_rows);
 
+// Why the CUDA-core family cannot run `p` (head_dim, K and V in different formats, FP8), or "".
+std::string cuda_core_unsupported_reason(const DecodeParams& p);
 // Why the tensor-core family cannot run `p` (head_dim, scale groups, alignment), or "" when it can.
 std::string tensor_core_unsupported_reason(const DecodeParams& p);
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include "gpu/decode_kernel.cuh"
 #include "gpu/decode_tc_kernel.cuh"
@@ -19,11 +21,12 @@ extern template struct DecodeFormatKernels<KvFormat::kFp16>;
 extern template struct DecodeFormatKernels<KvFormat::kInt8>;
 extern template struct DecodeFormatKernels<KvFormat::kInt4>;
 extern template struct DecodeFormatKernels<KvFormat::kInt4Fbgemm>;
-extern template struct DecodeTcKernels<KvFormat::kBf16>;
-extern template struct DecodeTcKernels<KvFormat::kFp16>;
-extern template struct DecodeTcKernels<KvFormat::kInt8>;
-extern template struct DecodeTcKernels<KvFormat::kInt4>;
-extern template struct DecodeTcKernels<KvFormat::kInt4Fbgemm>;
+extern template TcEntry tc_entry_for_v<KvFormat::kBf16>(KvFormat);
+extern template TcEntry tc_entry_for_v<KvFormat::kFp16>(KvFormat);
+extern template TcEntry tc_entry_for_v<KvFormat::kInt8>(KvFormat);
+extern template TcEntry tc_entry_for_v<KvFormat::kInt4>(KvFormat);
+extern template TcEntry tc_entry_for_v<KvFormat::kFp8E4m3>(KvFormat);
+extern template TcEntry tc_entry_for_v<KvFormat::kFp8E5m2>(KvFormat);
 
 // One CTA per (b, query head), one thread per d: O = sum_s exp(LSE_s - LSE) O_s over the splits
 // that saw keys, in split order (DESIGN.md's merge; reference/attention.cpp merge_partials).
@@ -51,31 +54,46 @@ __global__ void merge_splits_kernel(const DecodeParams p) {
 
 const void* kernel_of(const DecodeParams& p);
 
-// The tensor-core kernel of p's format and head_dim, and its dynamic shared memory.
-std::pair<const void*, int> tc_kernel_of(const DecodeParams& p) {
-  switch (p.format) {
-    case KvFormat::kBf16: return {DecodeTcKernels<KvFormat::kBf16>::kernel(p), DecodeTcKernels<KvFormat::kBf16>::smem_bytes(p)};
-    case KvFormat::kFp16: return {DecodeTcKernels<KvFormat::kFp16>::kernel(p), DecodeTcKernels<KvFormat::kFp16>::smem_bytes(p)};
-    case KvFormat::kInt8: return {DecodeTcKernels<KvFormat::kInt8>::kernel(p), DecodeTcKernels<KvFormat::kInt8>::smem_bytes(p)};
-    case KvFormat::kInt4: return {DecodeTcKernels<KvFormat::kInt4>::kernel(p), DecodeTcKernels<KvFormat::kInt4>::smem_bytes(p)};
-    case KvFormat::kInt4Fbgemm:
-      return {DecodeTcKernels<KvFormat::kInt4Fbgemm>::kernel(p), DecodeTcKernels<KvFormat::kInt4Fbgemm>::smem_bytes(p)};
+// The tensor-core kernels of p's K and V formats.
+TcEntry tc_entry_of(const DecodeParams& p) {
+  switch (tc_codes(p.k_format)) {
+    case KvFormat::kBf16: return tc_entry_for_v<KvFormat::kBf16>(p.v_format);
+    case KvFormat::kFp16: return tc_entry_for_v<KvFormat::kFp16>(p.v_format);
+    case KvFormat::kInt8: return tc_entry_for_v<KvFormat::kInt8>(p.v_format);
+    case KvFormat::kInt4: return tc_entry_for_v<KvFormat::kInt4>(p.v_format);
+    case KvFormat::kFp8E4m3: return tc_entry_for_v<KvFormat::kFp8E4m3>(p.v_format);
+    case KvFormat::kFp8E5m2: return tc_entry_for_v<KvFormat::kFp8E5m2>(p.v_format);
+    case KvFormat::kInt4Fbgemm: break;
   }
-  return {nullptr, 0};
+  return {};
+}
+
+// The device's whole opt-in shared memory for every kernel of p's pair, once per pair.
+const TcEntry& tc_prepared_entry(const DecodeParams& p) {
+  static std::map<std::pair<KvFormat, KvFormat>, TcEntry> prepared;
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::pair{tc_codes(p.k_format), tc_codes(p.v_format)};
+  auto it = prepared.find(key);
+  if (it != prepared.end()) return it->second;
+  const TcEntry e = tc_entry_of(p);
+  if (!e.kernel) throw CudaError(fmt::format("decode-tc: no kernels for K {} / V {}", to_string(p.k_format), to_string(p.v_format)));
+  e.for_each_kernel([](const void* k) {
+    int device = 0, optin = 0;
+    KVQ_CUDA_CHECK(cudaGetDevice(&device));
+    KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    KVQ_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+  });
+  return prepared.emplace(key, e).first->second;
 }
 
 // Resident CTAs per SM of the kernel p runs (1 if unknown).
 int ctas_per_sm(const DecodeParams& p) {
   int per_sm = 1;
   if (p.family == DecodeFamily::kTensorCore) {
-    const auto [fn, smem] = tc_kernel_of(p);
-    int device = 0, optin = 0;
-    KVQ_CUDA_CHECK(cudaGetDevice(&device));
-    KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    if (fn) {
-      KVQ_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-      KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 128, static_cast<size_t>(smem)));
-    }
+    const TcEntry& e = tc_prepared_entry(p);
+    if (const void* fn = e.kernel(p))
+      KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 128, static_cast<size_t>(e.smem_bytes(p))));
   } else if (const void* fn = kernel_of(p)) {
     KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kDecodeThreads, 0));
   }
@@ -83,23 +101,29 @@ int ctas_per_sm(const DecodeParams& p) {
 }
 
 void launch_tc(const DecodeParams& p, cudaStream_t stream) {
-  switch (p.format) {
-    case KvFormat::kBf16: DecodeTcKernels<KvFormat::kBf16>::launch(p, stream); break;
-    case KvFormat::kFp16: DecodeTcKernels<KvFormat::kFp16>::launch(p, stream); break;
-    case KvFormat::kInt8: DecodeTcKernels<KvFormat::kInt8>::launch(p, stream); break;
-    case KvFormat::kInt4: DecodeTcKernels<KvFormat::kInt4>::launch(p, stream); break;
-    case KvFormat::kInt4Fbgemm: DecodeTcKernels<KvFormat::kInt4Fbgemm>::launch(p, stream); break;
-  }
+  const TcEntry& e = tc_prepared_entry(p);
+  const void* fn = e.kernel(p);
+  if (!fn) throw CudaError(fmt::format("decode-tc: no kernel for head_dim {}", p.head_dim));
+  const int64_t head_blocks = (p.q_heads / p.kv_heads + 7) / 8;
+  const int64_t ctas = p.batch * p.kv_heads * p.splits * head_blocks;
+  if (ctas == 0) return;
+  void* args[] = {const_cast<DecodeParams*>(&p)};
+  KVQ_CUDA_CHECK(cudaLaunchKernel(fn, dim3(static_cast<unsigned>(ctas)), dim3(128), args,
+                                  static_cast<size_t>(e.smem_bytes(p)), stream));
 }
 
+// The CUDA-core kernel of p's (one) format; nullptr for the formats it does not read.
 const void* kernel_of(const DecodeParams& p) {
-  switch (p.format) {
+  if (p.k_format != p.v_format) return nullptr;
+  switch (p.k_format) {
     case KvFormat::kBf16: return DecodeFormatKernels<KvFormat::kBf16>::kernel(p.head_dim, p.heads_per_cta);
     case KvFormat::kFp16: return DecodeFormatKernels<KvFormat::kFp16>::kernel(p.head_dim, p.heads_per_cta);
     case KvFormat::kInt8: return DecodeFormatKernels<KvFormat::kInt8>::kernel(p.head_dim, p.heads_per_cta);
     case KvFormat::kInt4: return DecodeFormatKernels<KvFormat::kInt4>::kernel(p.head_dim, p.heads_per_cta);
     case KvFormat::kInt4Fbgemm:
       return DecodeFormatKernels<KvFormat::kInt4Fbgemm>::kernel(p.head_dim, p.heads_per_cta);
+    case KvFormat::kFp8E4m3:
+    case KvFormat::kFp8E5m2: break;
   }
   return nullptr;
 }
@@ -117,12 +141,32 @@ const char* to_string(KvFormat f) {
     case KvFormat::kInt8: return "int8";
     case KvFormat::kInt4: return "int4";
     case KvFormat::kInt4Fbgemm: return "int4-fbgemm";
+    case KvFormat::kFp8E4m3: return "fp8-e4m3";
+    case KvFormat::kFp8E5m2: return "fp8-e5m2";
   }
   return "?";
 }
 
+bool is_quantized(KvFormat f) { return f != KvFormat::kBf16 && f != KvFormat::kFp16; }
+
+KvFormat quantized_format(const Scheme& s, bool fbgemm_rows) {
+  if (s.fp8()) return s.format == CodeFormat::kFp8E4M3 ? KvFormat::kFp8E4m3 : KvFormat::kFp8E5m2;
+  if (s.bits == 8) return KvFormat::kInt8;
+  return fbgemm_rows ? KvFormat::kInt4Fbgemm : KvFormat::kInt4;
+}
+
+std::string cuda_core_unsupported_reason(const DecodeParams& p) {
+  if (!decode_head_dim_supported(p.head_dim)) return fmt::format("head_dim {}", p.head_dim);
+  if (p.k_format != p.v_format)
+    return fmt::format("K {} / V {}: CUDA-core kernels read K and V in one format (decode-tc reads mixed pairs)",
+                       to_string(p.k_format), to_string(p.v_format));
+  if (p.k_format == KvFormat::kFp8E4m3 || p.k_format == KvFormat::kFp8E5m2)
+    return fmt::format("{}: CUDA-core kernels read no FP8 (decode-tc does)", to_string(p.k_format));
+  return "";
+}
+
 std::string decode_unsupported_reason(const Scheme& s, int head_dim, bool fbgemm_rows) {
-  if (std::string why = integer_codes_only_reason(s); !why.empty()) return why;  // FP8, +had, +wW
+  if (std::string why = decode_modifier_reason(s); !why.empty()) return why;  // +had, +wW
   if (!decode_head_dim_supported(head_dim))
     return fmt::format("head_dim {} (decode kernels take 8, 64, 128 or 256)", head_dim);
   if (s.granularity == Granularity::kChannel)
@@ -143,10 +187,9 @@ std::string decode_unsupported_reason(const Scheme& s, int head_dim, bool fbgemm
 std::string tensor_core_unsupported_reason(const DecodeParams& p) {
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
     return fmt::format("head_dim {}: tensor-core kernels take 64, 128 or 256 (the CUDA-core variants take 8)", p.head_dim);
-  const bool quantized = p.format == KvFormat::kInt8 || p.format == KvFormat::kInt4 || p.format == KvFormat::kInt4Fbgemm;
-  if (quantized && p.k.group % 16 != 0)
+  if (is_quantized(p.k_format) && p.k.group % 16 != 0)
     return fmt::format("K scale groups of {} elements: tensor-core kernels need a multiple of 16 (whole k-slices)", p.k.group);
-  if (quantized && p.v.group % 32 != 0)
+  if (is_quantized(p.v_format) && p.v.group % 32 != 0)
     return fmt::format("V scale groups of {} elements: tensor-core kernels need a multiple of 32 (whole m-tile pairs)",
                        p.v.group);
   for (const auto& [name, op] : {std::pair{"K", &p.k}, std::pair{"V", &p.v}}) {
@@ -159,9 +202,12 @@ std::string tensor_core_unsupported_reason(const DecodeParams& p) {
 }
 
 const char* decode_precision_profile(const DecodeParams& p) {
-  if (p.family == DecodeFamily::kCudaCore) return "fp32-obf16";   // fp32 throughout, O rounded to bf16
-  if (p.format == KvFormat::kBf16) return "fp32-pbf16-obf16";     // bf16 MMA: Q and K exact, P rounded
-  return "fp32-qfp16-pfp16-obf16";                                 // fp16 MMA: Q (2^e-scaled) and P' rounded
+  if (p.family == DecodeFamily::kCudaCore) return "fp32-obf16";  // fp32 throughout, O rounded to bf16
+  // Q·K in bf16 (bf16 K: Q exact) or fp16 (Q scaled by 2^e and rounded); P·V in bf16 (bf16 V) or
+  // fp16, P (P' = p s 2^Ev for quantized V) rounded to that type.
+  const bool bf16_qk = p.k_format == KvFormat::kBf16, bf16_pv = p.v_format == KvFormat::kBf16;
+  if (bf16_qk) return bf16_pv ? "fp32-pbf16-obf16" : "fp32-pfp16-obf16";
+  return bf16_pv ? "fp32-qfp16-pbf16-obf16" : "fp32-qfp16-pfp16-obf16";
 }
 
 KvOperand quantized_operand(const Scheme& s, int64_t batch, int64_t heads, int64_t tokens, int head_dim,
@@ -173,6 +219,11 @@ KvOperand quantized_operand(const Scheme& s, int64_t batch, int64_t heads, int64
   op.asymmetric = s.asymmetric;
   op.fp32_params = s.scale_dtype == ScaleDtype::kFp32;
   op.group = s.granularity == Granularity::kGroup ? s.group : head_dim;
+  if (s.scale_free) {  // FP8 without a scale: codes are the values
+    op.stride_t = code_bytes_per_row(s, head_dim), op.stride_h = tokens * op.stride_t, op.stride_b = heads * op.stride_h;
+    op.mode = ParamMode::kNone;
+    return op;
+  }
   if (fbgemm_rows) {
     const int64_t row = fbgemm_row_bytes(s, head_dim);
     op.mode = ParamMode::kInlineRow;
@@ -271,12 +322,16 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     const std::string why = tensor_core_unsupported_reason(p);
     if (!why.empty()) throw InputError("decode (tensor cores): " + why);
     detail::launch_tc(p, stream);
-  } else switch (p.format) {
+  } else if (const std::string why = cuda_core_unsupported_reason(p); !why.empty()) {
+    throw InputError("decode (CUDA cores): " + why);
+  } else switch (p.k_format) {
     case KvFormat::kBf16: detail::DecodeFormatKernels<KvFormat::kBf16>::launch(p, stream); break;
     case KvFormat::kFp16: detail::DecodeFormatKernels<KvFormat::kFp16>::launch(p, stream); break;
     case KvFormat::kInt8: detail::DecodeFormatKernels<KvFormat::kInt8>::launch(p, stream); break;
     case KvFormat::kInt4: detail::DecodeFormatKernels<KvFormat::kInt4>::launch(p, stream); break;
     case KvFormat::kInt4Fbgemm: detail::DecodeFormatKernels<KvFormat::kInt4Fbgemm>::launch(p, stream); break;
+    case KvFormat::kFp8E4m3:
+    case KvFormat::kFp8E5m2: break;  // rejected above
   }
   KVQ_CHECK_LAUNCH();
   if (p.splits > 1) {

@@ -10,9 +10,12 @@
 //    (rows g and g+8 of each), keys 2c, 2c+1, 2c+8, 2c+9 of the 16-key k-step: a lane reads 4
 //    consecutive elements of each of its 4 keys and pairs equal d across two keys.
 // Codes become fp16 exactly: a code byte or nibble ORed into the mantissa of 1024.0 (0x6400) is
-// 1024 + u, one fp16 subtraction (or fma for a nibble in bits 4..7) leaves the signed code.
+// 1024 + u, one fp16 subtraction (or fma for a nibble in bits 4..7) leaves the signed code. FP8
+// values are fp16 values: e5m2 is the high byte of its fp16, e4m3 widens by one cvt per pair.
 // Scales and zero points are applied around the products (decode_tc_kernel.cuh), never here.
 #pragma once
+
+#include <cuda_fp8.h>
 
 #include "gpu/decode_tc_traits.cuh"
 
@@ -168,7 +171,7 @@ __device__ __forceinline__ float param_at(const uint32_t* words, int index, bool
 template <int kMTiles>
 __device__ __forceinline__ void tile_params(const TcSource& s, const uint32_t* params, int g, int grp, int n,
                                             RowParams (&out)[kMTiles][2]) {
-  if (s.mode == ParamMode::kTensor) {
+  if (s.mode == ParamMode::kTensor || s.mode == ParamMode::kNone) {  // kNone: scale-free FP8 (1, 0)
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) out[mt][0] = out[mt][1] = {s.tensor_scale, s.tensor_zero};
     return;
@@ -211,6 +214,18 @@ __device__ __forceinline__ int q_perm(int k) {
 
 inline constexpr uint32_t kFp16Magic = 0x64006400u;  // 1024.0 in both halves
 
+// FP8 codes in bytes 0, 1 (`high`: 2, 3) of x -> their values as an fp16 pair, byte 0 (2) low.
+template <KvFormat F>
+__device__ __forceinline__ uint32_t fp8_pair(uint32_t x, bool high) {
+  if constexpr (F == KvFormat::kFp8E5m2) {
+    return __byte_perm(x, 0u, high ? 0x3424 : 0x1404);  // [0, b, 0, b'] -- e5m2 is fp16's top byte
+  } else {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(high ? x >> 16 : x & 0xffffu),
+                                                     __NV_E4M3);
+    return static_cast<uint32_t>(h.x) | static_cast<uint32_t>(h.y) << 16;
+  }
+}
+
 // Code pairs (1024 + u) -> signed codes: int8 sym codes were biased by 128 (xor), int4 sym by 8.
 __device__ __forceinline__ uint32_t int8_pair(uint32_t biased, bool sym) {
   return hsub2(biased, sym ? 0x64806480u : kFp16Magic);  // 1152 or 1024
@@ -233,6 +248,10 @@ __device__ __forceinline__ void k_fragment(const uint32_t* kc, int row, int j, i
     const uint2 r0 = *reinterpret_cast<const uint2*>(kc + row * kStride + 8 * j + 2 * c);
     const uint2 r1 = *reinterpret_cast<const uint2*>(kc + (row + 8) * kStride + 8 * j + 2 * c);
     a[0] = r0.x, a[1] = r1.x, a[2] = r0.y, a[3] = r1.y;
+  } else if constexpr (TcOperand<F>::kFp8) {
+    const uint32_t w0 = kc[row * kStride + 4 * j + c], w1 = kc[(row + 8) * kStride + 4 * j + c];
+    a[0] = fp8_pair<F>(w0, false), a[1] = fp8_pair<F>(w1, false);
+    a[2] = fp8_pair<F>(w0, true), a[3] = fp8_pair<F>(w1, true);
   } else if constexpr (F == KvFormat::kInt8) {
     const uint32_t flip = sym ? 0x80808080u : 0u;
     const uint32_t w0 = kc[row * kStride + 4 * j + c] ^ flip, w1 = kc[(row + 8) * kStride + 4 * j + c] ^ flip;
@@ -264,6 +283,16 @@ __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i,
     lo[2] = __byte_perm(w[2].x, w[3].x, 0x5410), lo[3] = __byte_perm(w[2].x, w[3].x, 0x7632);
     hi[0] = __byte_perm(w[0].y, w[1].y, 0x5410), hi[1] = __byte_perm(w[0].y, w[1].y, 0x7632);
     hi[2] = __byte_perm(w[2].y, w[3].y, 0x5410), hi[3] = __byte_perm(w[2].y, w[3].y, 0x7632);
+  } else if constexpr (TcOperand<F>::kFp8) {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = vc[rows[k] * kStride + 8 * i + g];
+    const uint32_t ab01 = __byte_perm(w[0], w[1], 0x5140), ab23 = __byte_perm(w[0], w[1], 0x7362);
+    const uint32_t cd01 = __byte_perm(w[2], w[3], 0x5140), cd23 = __byte_perm(w[2], w[3], 0x7362);
+    lo[0] = fp8_pair<F>(ab01, false), lo[1] = fp8_pair<F>(ab01, true);
+    lo[2] = fp8_pair<F>(cd01, false), lo[3] = fp8_pair<F>(cd01, true);
+    hi[0] = fp8_pair<F>(ab23, false), hi[1] = fp8_pair<F>(ab23, true);
+    hi[2] = fp8_pair<F>(cd23, false), hi[3] = fp8_pair<F>(cd23, true);
   } else if constexpr (F == KvFormat::kInt8) {
     const uint32_t flip = sym ? 0x80808080u : 0u;
     uint32_t w[4];

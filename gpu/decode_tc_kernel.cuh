@@ -1,4 +1,5 @@
-// The tensor-core decode kernel, instantiated per storage format in decode_tc_<format>.cu.
+// The tensor-core decode kernel, instantiated per K storage format in decode_tc_<format>.cu (for
+// every V format: K and V are read each in its own).
 //
 // CTA = (b, KV head, key split, block of 8 query heads): the heads are the N = 8 of every MMA and
 // share each K/V byte. Each of the 4 warps takes every 4th step of kStepTokens keys, streams its
@@ -49,10 +50,10 @@ __device__ __forceinline__ float fast_exp2(float x) {  // 2^-22 relative error, 
 
 // Q of the CTA's heads as MMA operands, per-head logit factors and sum(q) per K scale group. A warp
 // per head, each lane E = D/32 consecutive elements: one load, shuffles for the max and the sums.
-template <KvFormat F, int D>
+template <typename Tr, int D>
 __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b, int64_t hk, int64_t hb,
                             int64_t group_size, int k_groups) {
-  using Tr = TcTraits<F, D>;
+  constexpr bool kBf16Q = Tr::K::kBf16Mma;
   constexpr int E = D / 32;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int i = warp; i < Tr::kHeads; i += Tr::kWarps) {
@@ -68,13 +69,13 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b
     }
 #pragma unroll
     for (int o = 16; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const int exponent = Tr::kBf16Mma ? 0 : fp16_operand_exponent(amax);
+    const int exponent = kBf16Q ? 0 : fp16_operand_exponent(amax);
     float sum = 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      const uint16_t op = Tr::kBf16Mma ? bits[e] : fp32_to_fp16_bits(bf16_bits_to_fp32(bits[e]) * pow2(exponent));
+      const uint16_t op = kBf16Q ? bits[e] : fp32_to_fp16_bits(bf16_bits_to_fp32(bits[e]) * pow2(exponent));
       pro.q[i][E * lane + e] = op;
-      sum += Tr::kBf16Mma ? bf16_bits_to_fp32(op) : fp16_bits_to_fp32(op);
+      sum += kBf16Q ? bf16_bits_to_fp32(op) : fp16_bits_to_fp32(op);
     }
     const int lanes_per_group = D / k_groups / E;  // groups hold whole lanes (G >= 16 >= E)
     for (int o = 1; o < lanes_per_group; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -90,10 +91,11 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b
 // group when known at compile time (0: read from p). The common shapes -- one group per row, and
 // groups of 32 -- get their own kernels: the group boundaries in the unrolled loops are then
 // constants and the loops straight-line code.
-template <KvFormat F, int D, int kKSlicesPerGroup, int kVPairsPerGroup>
-__global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMinCtas)
+template <KvFormat FK, KvFormat FV, int D, int kKSlicesPerGroup, int kVPairsPerGroup>
+__global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV, D>::kMinCtas)
     decode_tc_kernel(const DecodeParams p) {
-  using Tr = TcTraits<F, D>;
+  using Tr = TcTraits<FK, FV, D>;
+  constexpr bool kKQuant = Tr::K::kQuantized, kVQuant = Tr::V::kQuantized;
   constexpr int kST = Tr::kStepTokens, kS = Tr::kStages;
   extern __shared__ uint4 tc_smem[];
   TcPrologue<D>& pro = *reinterpret_cast<TcPrologue<D>*>(tc_smem);
@@ -115,14 +117,14 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
   const int64_t t_begin = split * per_split;
   const int64_t t_end = t_begin + per_split < len ? t_begin + per_split : len;
 
-  const TcStageLayout lay = tc_stage_layout<F, D>(p);
-  const TcSource ks = tc_source<D>(p.k, p, b, hk, Tr::kRowWords, kST);
-  const TcSource vs = tc_source<D>(p.v, p, b, hk, Tr::kRowWords, kST);
-  const int k_groups = Tr::kQuantized ? ks.groups : 1, v_groups = Tr::kQuantized ? vs.groups : 1;
+  const TcStageLayout lay = tc_stage_layout<FK, FV, D>(p);
+  const TcSource ks = tc_source<D>(p.k, p, b, hk, Tr::kKRowWords, kST);
+  const TcSource vs = tc_source<D>(p.v, p, b, hk, Tr::kVRowWords, kST);
+  const int k_groups = kKQuant ? ks.groups : 1, v_groups = kVQuant ? vs.groups : 1;
   // Groups are powers of two (they divide D and hold whole k-slices): shifts, not divisions, in the loops.
   const int k_shift = kKSlicesPerGroup > 0 ? ilog2(kKSlicesPerGroup) : __ffs(Tr::kSlices / k_groups) - 1;
   const int v_shift = kVPairsPerGroup > 0 ? ilog2(kVPairsPerGroup) : __ffs(Tr::kSlices / 2 / v_groups) - 1;
-  tc_prologue<F, D>(pro, p, b, hk, hb, group_size, k_groups);
+  tc_prologue<Tr, D>(pro, p, b, hk, hb, group_size, k_groups);
   __syncthreads();
 
   // This lane's Q operands (head g) and its two heads of the QK result (2c, 2c + 1).
@@ -130,19 +132,19 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
 #pragma unroll
   for (int j = 0; j < Tr::kSlices; ++j) {
     const uint16_t* q = pro.q[g] + 16 * j + 4 * c;
-    qf[j][0] = q[q_perm<F>(0)] | static_cast<uint32_t>(q[q_perm<F>(1)]) << 16;
-    qf[j][1] = q[q_perm<F>(2)] | static_cast<uint32_t>(q[q_perm<F>(3)]) << 16;
+    qf[j][0] = q[q_perm<FK>(0)] | static_cast<uint32_t>(q[q_perm<FK>(1)]) << 16;
+    qf[j][1] = q[q_perm<FK>(2)] | static_cast<uint32_t>(q[q_perm<FK>(3)]) << 16;
   }
   const float factor[2] = {pro.factor[2 * c], pro.factor[2 * c + 1]};
   const float slope[2] = {pro.slope[2 * c], pro.slope[2 * c + 1]};
 
   // 2^Ev: the V scale of the split's first key brings P' = p * s * 2^Ev near 1.
   float v_fold = 1.0f;
-  if (Tr::kQuantized && t_begin < t_end) {
+  if (kVQuant && t_begin < t_end) {
     RowParams first{vs.tensor_scale, 0.0f};
     if (vs.mode == ParamMode::kInlineRow)
       first.scale = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.rows + t_begin * vs.stride_t))));
-    else if (vs.mode != ParamMode::kTensor)
+    else if (vs.mode != ParamMode::kTensor && vs.mode != ParamMode::kNone)
       first.scale = vs.fp32_params ? __ldg(reinterpret_cast<const float*>(vs.scales) + vs.first_param + t_begin * vs.groups)
                                    : __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.scales) +
                                                                         vs.first_param + t_begin * vs.groups)));
@@ -163,16 +165,16 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
   const int my_steps = static_cast<int>(all_steps > warp ? (all_steps - warp + Tr::kWarps - 1) / Tr::kWarps : 0);
   uint32_t* ring = stages + warp * kS * lay.stage_words;
   // 2^24 / (copies per row) + 1: copy index -> row by a multiply (exact for the step's indices)
-  const uint32_t k_magic = (1u << 24) / static_cast<uint32_t>((ks.inline_words + Tr::kRowWords) / ks.copy_words) + 1;
-  const uint32_t v_magic = (1u << 24) / static_cast<uint32_t>((vs.inline_words + Tr::kRowWords) / vs.copy_words) + 1;
+  const uint32_t k_magic = (1u << 24) / static_cast<uint32_t>((ks.inline_words + Tr::kKRowWords) / ks.copy_words) + 1;
+  const uint32_t v_magic = (1u << 24) / static_cast<uint32_t>((vs.inline_words + Tr::kVRowWords) / vs.copy_words) + 1;
   auto step_start = [&](int s) { return t_begin + (static_cast<int64_t>(s) * Tr::kWarps + warp) * kST; };
   auto issue = [&](int s) {
     if (s < my_steps) {
       uint32_t* st = ring + (s % kS) * lay.stage_words;
       const int64_t t0 = step_start(s);
       const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
-      copy_step<Tr::kRowWords, Tr::kKStride, kST>(st, st + lay.k_params, ks, t0, n, lane, k_magic);
-      copy_step<Tr::kRowWords, Tr::kVStride, kST>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0, n, lane, v_magic);
+      copy_step<Tr::kKRowWords, Tr::kKStride, kST>(st, st + lay.k_params, ks, t0, n, lane, k_magic);
+      copy_step<Tr::kVRowWords, Tr::kVStride, kST>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0, n, lane, v_magic);
     }
     cp_async_commit();  // empty groups keep the count uniform
   };
@@ -201,10 +203,10 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
 #pragma unroll
       for (int mt = 0; mt < Tr::kMTiles; ++mt) {
         uint32_t a[4];
-        k_fragment<F, Tr::kKStride>(kc, 16 * mt + g, j, c, !ks.asymmetric, a);
-        mma_16816<Tr::kBf16Mma>(acc[mt][j % 2], a, qf[j][0], qf[j][1]);
+        k_fragment<FK, Tr::kKStride>(kc, 16 * mt + g, j, c, !ks.asymmetric, a);
+        mma_16816<Tr::K::kBf16Mma>(acc[mt][j % 2], a, qf[j][0], qf[j][1]);
       }
-      if constexpr (Tr::kQuantized) {
+      if constexpr (kKQuant) {
         if (((j + 1) & ((1 << k_shift) - 1)) == 0) {  // the group's product is complete: scale it
           const int grp = j >> k_shift;
           const float qs0 = ks.asymmetric ? pro.q_sum[grp][2 * c] : 0.0f;
@@ -233,7 +235,7 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = 16 * mt + g + (e < 2 ? 0 : 8);
-        const float dot = Tr::kQuantized ? total[mt][e] : acc[mt][0][e] + acc[mt][1][e];
+        const float dot = kKQuant ? total[mt][e] : acc[mt][0][e] + acc[mt][1][e];
         sc[mt][e] = r < n ? dot * factor[e % 2] : -INFINITY;
         if (p.alibi_slopes) sc[mt][e] -= slope[e % 2] * static_cast<float>(len - 1 - (t0 + r));  // -inf stays
       }
@@ -269,7 +271,7 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
     uint32_t pb[Tr::kMTiles][2];
 #pragma unroll
     for (int i = 0; i < Tr::kSlices / 2; ++i) {
-      if constexpr (Tr::kQuantized) {
+      if constexpr (kVQuant) {
         if ((i & ((1 << v_shift) - 1)) == 0) {
           const int grp = i >> v_shift;
           RowParams vp[Tr::kMTiles][2];
@@ -289,16 +291,16 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
       } else if (i == 0) {
 #pragma unroll
         for (int mt = 0; mt < Tr::kMTiles; ++mt) {
-          pb[mt][0] = transpose_8x8(pack_rounded<Tr::kBf16Mma>(sc[mt][0], sc[mt][1]));
-          pb[mt][1] = transpose_8x8(pack_rounded<Tr::kBf16Mma>(sc[mt][2], sc[mt][3]));
+          pb[mt][0] = transpose_8x8(pack_rounded<Tr::V::kBf16Mma>(sc[mt][0], sc[mt][1]));
+          pb[mt][1] = transpose_8x8(pack_rounded<Tr::V::kBf16Mma>(sc[mt][2], sc[mt][3]));
         }
       }
 #pragma unroll
       for (int mt = 0; mt < Tr::kMTiles; ++mt) {
         uint32_t lo[4], hi[4];
-        v_fragments<F, Tr::kVStride>(vc, 16 * mt + 2 * c, i, g, !vs.asymmetric, lo, hi);
-        mma_16816<Tr::kBf16Mma>(o[2 * i], lo, pb[mt][0], pb[mt][1]);
-        mma_16816<Tr::kBf16Mma>(o[2 * i + 1], hi, pb[mt][0], pb[mt][1]);
+        v_fragments<FV, Tr::kVStride>(vc, 16 * mt + 2 * c, i, g, !vs.asymmetric, lo, hi);
+        mma_16816<Tr::V::kBf16Mma>(o[2 * i], lo, pb[mt][0], pb[mt][1]);
+        mma_16816<Tr::V::kBf16Mma>(o[2 * i + 1], hi, pb[mt][0], pb[mt][1]);
       }
     }
   }
@@ -327,7 +329,7 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int hh = e % 2, d = d0 + e / 2;
-      const float value = Tr::kQuantized ? __fmaf_rn(o[j][e], inv_fold, z[hh]) : o[j][e];
+      const float value = kVQuant ? __fmaf_rn(o[j][e], inv_fold, z[hh]) : o[j][e];
       w_o[(warp * Tr::kHeads + 2 * c + hh) * D + d] = value;
     }
   }
@@ -377,80 +379,84 @@ __global__ void __launch_bounds__(TcTraits<F, D>::kThreads, TcTraits<F, D>::kMin
   }
 }
 
-// The scale-group shapes with kernels of their own (decode_tc_kernel's template arguments).
+// The scale-group shapes with kernels of their own (decode_tc_kernel's template arguments). Only
+// storages with K and V in one format get the specialised shapes; mixed pairs run the general one.
 enum class TcGroupShape { kRow, kG32, kAny };
 inline TcGroupShape tc_group_shape(const DecodeParams& p) {
-  const bool quantized = p.format == KvFormat::kInt8 || p.format == KvFormat::kInt4 || p.format == KvFormat::kInt4Fbgemm;
+  if (tc_codes(p.k_format) != tc_codes(p.v_format)) return TcGroupShape::kAny;
   auto row = [&](const KvOperand& op) { return op.group <= 0 || op.group == p.head_dim; };
-  if (!quantized || (row(p.k) && row(p.v))) return TcGroupShape::kRow;
+  if (!is_quantized(p.k_format) || (row(p.k) && row(p.v))) return TcGroupShape::kRow;
   if (p.k.group == 32 && p.v.group == 32) return TcGroupShape::kG32;
   return TcGroupShape::kAny;
 }
 
-// Launch of one format's tensor-core kernels, dispatched over D and the group shape.
-template <KvFormat F>
-struct DecodeTcKernels {
-  static const void* kernel(const DecodeParams& p);
-  static int smem_bytes(const DecodeParams& p);
-  static void launch(const DecodeParams& p, cudaStream_t stream);
+// The kernels of one (K, V) storage pair, over D and the group shape.
+struct TcEntry {
+  const void* (*kernel)(const DecodeParams&) = nullptr;
+  int (*smem_bytes)(const DecodeParams&) = nullptr;
+  // Every kernel of the pair, for the one-time shared-memory opt-in.
+  void (*for_each_kernel)(void (*fn)(const void*)) = nullptr;
 };
 
-template <KvFormat F, int D>
+template <KvFormat FK, KvFormat FV, int D>
 const void* tc_kernel_for(TcGroupShape shape) {
-  constexpr int kSlices = TcTraits<F, D>::kSlices;
-  if constexpr (!TcTraits<F, D>::kQuantized) {
-    return reinterpret_cast<const void*>(&decode_tc_kernel<F, D, kSlices, kSlices / 2>);
+  using Tr = TcTraits<FK, FV, D>;
+  constexpr int kSlices = Tr::kSlices;
+  if constexpr (FK != FV || !Tr::kQuantized) {
+    if constexpr (FK != FV) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, 0>);
+    else return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kSlices, kSlices / 2>);
   } else {
     switch (shape) {
-      case TcGroupShape::kRow: return reinterpret_cast<const void*>(&decode_tc_kernel<F, D, kSlices, kSlices / 2>);
-      case TcGroupShape::kG32: return reinterpret_cast<const void*>(&decode_tc_kernel<F, D, 2, 1>);
+      case TcGroupShape::kRow: return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kSlices, kSlices / 2>);
+      case TcGroupShape::kG32: return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 2, 1>);
       case TcGroupShape::kAny: break;
     }
-    return reinterpret_cast<const void*>(&decode_tc_kernel<F, D, 0, 0>);
+    return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, 0>);
   }
 }
 
-template <KvFormat F>
-const void* DecodeTcKernels<F>::kernel(const DecodeParams& p) {
-  const TcGroupShape shape = tc_group_shape(p);
-  switch (p.head_dim) {
-    case 64: return tc_kernel_for<F, 64>(shape);
-    case 128: return tc_kernel_for<F, 128>(shape);
-    case 256: return tc_kernel_for<F, 256>(shape);
-  }
-  return nullptr;
-}
-
-template <KvFormat F>
-int DecodeTcKernels<F>::smem_bytes(const DecodeParams& p) {
-  switch (p.head_dim) {
-    case 64: return tc_smem_bytes<F, 64>(p);
-    case 128: return tc_smem_bytes<F, 128>(p);
-    case 256: return tc_smem_bytes<F, 256>(p);
-  }
-  return 0;
-}
-
-template <KvFormat F>
-void DecodeTcKernels<F>::launch(const DecodeParams& p, cudaStream_t stream) {
-  const void* fn = kernel(p);
-  if (!fn) throw CudaError("decode-tc: no kernel for this head_dim");
-  const int64_t head_blocks = (p.q_heads / p.kv_heads + 7) / 8;
-  const int64_t ctas = p.batch * p.kv_heads * p.splits * head_blocks;
-  if (ctas == 0) return;
-  const int smem = smem_bytes(p);
-  static const bool opted_in = [] {  // once per format: the device's whole opt-in limit (not a stream op)
-    int device = 0, optin = 0;
-    KVQ_CUDA_CHECK(cudaGetDevice(&device));
-    KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+template <KvFormat FK, KvFormat FV>
+TcEntry tc_entry() {
+  TcEntry e;
+  e.kernel = [](const DecodeParams& p) -> const void* {
+    const TcGroupShape shape = tc_group_shape(p);
+    switch (p.head_dim) {
+      case 64: return tc_kernel_for<FK, FV, 64>(shape);
+      case 128: return tc_kernel_for<FK, FV, 128>(shape);
+      case 256: return tc_kernel_for<FK, FV, 256>(shape);
+    }
+    return nullptr;
+  };
+  e.smem_bytes = [](const DecodeParams& p) {
+    switch (p.head_dim) {
+      case 64: return tc_smem_bytes<FK, FV, 64>(p);
+      case 128: return tc_smem_bytes<FK, FV, 128>(p);
+      case 256: return tc_smem_bytes<FK, FV, 256>(p);
+    }
+    return 0;
+  };
+  e.for_each_kernel = [](void (*fn)(const void*)) {
     for (TcGroupShape shape : {TcGroupShape::kRow, TcGroupShape::kG32, TcGroupShape::kAny})
-      for (const void* k : {tc_kernel_for<F, 64>(shape), tc_kernel_for<F, 128>(shape), tc_kernel_for<F, 256>(shape)})
-        KVQ_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-    return true;
-  }();
-  (void)opted_in;
-  void* args[] = {const_cast<DecodeParams*>(&p)};
-  KVQ_CUDA_CHECK(cudaLaunchKernel(fn, dim3(static_cast<unsigned>(ctas)), dim3(128), args, static_cast<size_t>(smem), stream));
+      for (const void* k : {tc_kernel_for<FK, FV, 64>(shape), tc_kernel_for<FK, FV, 128>(shape),
+                            tc_kernel_for<FK, FV, 256>(shape)})
+        fn(k);
+  };
+  return e;
+}
+
+// The entries of K format FK with every V format (explicitly instantiated in decode_tc_<FK>.cu).
+template <KvFormat FK>
+TcEntry tc_entry_for_v(KvFormat v) {
+  switch (tc_codes(v)) {
+    case KvFormat::kBf16: return tc_entry<FK, KvFormat::kBf16>();
+    case KvFormat::kFp16: return tc_entry<FK, KvFormat::kFp16>();
+    case KvFormat::kInt8: return tc_entry<FK, KvFormat::kInt8>();
+    case KvFormat::kInt4: return tc_entry<FK, KvFormat::kInt4>();
+    case KvFormat::kFp8E4m3: return tc_entry<FK, KvFormat::kFp8E4m3>();
+    case KvFormat::kFp8E5m2: return tc_entry<FK, KvFormat::kFp8E5m2>();
+    case KvFormat::kInt4Fbgemm: break;  // tc_codes maps it to kInt4
+  }
+  return {};
 }
 
 }  // namespace kvq::detail

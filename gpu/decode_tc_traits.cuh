@@ -30,24 +30,38 @@
 
 namespace kvq::detail {
 
-template <KvFormat F, int D>
-struct TcTraits {
-  static constexpr int kBits = F == KvFormat::kInt8 ? 8 : (F == KvFormat::kInt4 || F == KvFormat::kInt4Fbgemm) ? 4 : 16;
+// One operand's storage: bits per element, whether codes need scales, the MMA type it is read in.
+template <KvFormat F>
+struct TcOperand {
+  static constexpr bool kFp8 = F == KvFormat::kFp8E4m3 || F == KvFormat::kFp8E5m2;
+  static constexpr int kBits = F == KvFormat::kInt8 || kFp8 ? 8 : (F == KvFormat::kInt4 || F == KvFormat::kInt4Fbgemm) ? 4 : 16;
   static constexpr bool kQuantized = kBits < 16;
   static constexpr bool kBf16Mma = F == KvFormat::kBf16;  // every other storage multiplies in fp16
+};
+
+// The storage the kernels are instantiated for: FBGEMM rows differ from planar int4 only in where
+// the parameters are, which is a run-time property of the operand (TcSource).
+constexpr KvFormat tc_codes(KvFormat f) { return f == KvFormat::kInt4Fbgemm ? KvFormat::kInt4 : f; }
+
+template <KvFormat FK, KvFormat FV, int D>
+struct TcTraits {
+  using K = TcOperand<FK>;
+  using V = TcOperand<FV>;
+  static constexpr bool kQuantized = K::kQuantized && V::kQuantized;  // both: the quantized tiles below
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kHeads = 8;                // query heads per CTA: the MMA's N
   static constexpr int kSlices = D / 16;          // QK k-slices = PV m-tiles
-  static constexpr int kRowWords = D * kBits / 32;  // codes of one row
+  static constexpr int kKRowWords = D * K::kBits / 32;  // codes of one row
+  static constexpr int kVRowWords = D * V::kBits / 32;
   // Row strides in shared memory (words). K fragments read rows g = 0..7 at once, V fragments rows
   // 2c = 0, 2, 4, 6: these paddings put each of those reads in 32 different banks.
-  static constexpr int kKStride = kRowWords + (kBits == 16 ? 8 : 4);
-  static constexpr int kVStride = kRowWords + 4;
+  static constexpr int kKStride = kKRowWords + (K::kBits == 16 ? 8 : 4);
+  static constexpr int kVStride = kVRowWords + 4;
   // Measured on the H100 (experiments/tune_decode_tc.sh): 32 keys per step for int8 and int4 (16
-  // for bf16, whose rows are 4x larger); a warp consumes a step far slower than memory delivers the
-  // next, so two stages suffice for the quantized formats, and the shared memory saved buys a third
-  // CTA per SM at 168 registers (fewer registers spill).
+  // when an operand is bf16, whose rows are 4x larger); a warp consumes a step far slower than
+  // memory delivers the next, so two stages suffice for the quantized formats, and the shared
+  // memory saved buys a third CTA per SM at 168 registers (fewer registers spill).
   static constexpr int kStepTokens = KVQ_TC_STEP_TOKENS > 0 ? KVQ_TC_STEP_TOKENS : kQuantized ? 32 : 16;
   static constexpr int kMTiles = kStepTokens / 16;
   static constexpr int kCodeWords = kStepTokens * (kKStride + kVStride);
@@ -61,8 +75,6 @@ struct TcTraits {
     const int n = 232448 / (kWarps * kStages * kCodeWords * 4 + 3000 + 1024);
     return n < 1 ? 1 : n > 4 ? 4 : n;
   }();
-  static constexpr int kMaxKGroups = D / 16;  // K scale groups must hold whole k-slices
-  static constexpr int kMaxVGroups = D / 32;  // V scale groups must hold whole m-tile pairs
 };
 
 // Words of shared memory one operand's parameters take per stage.
@@ -84,9 +96,9 @@ struct TcStageLayout {
   int stage_words = 0;
 };
 
-template <KvFormat F, int D>
+template <KvFormat FK, KvFormat FV, int D>
 KVQ_HD TcStageLayout tc_stage_layout(const DecodeParams& p) {
-  using Tr = TcTraits<F, D>;
+  using Tr = TcTraits<FK, FV, D>;
   TcStageLayout l;
   l.k_params = Tr::kCodeWords;
   l.v_params = l.k_params + tc_param_words(p.k, Tr::kStepTokens, D);
@@ -106,10 +118,10 @@ struct TcPrologue {
   float pad[8];  // keeps the stages that follow 16-byte aligned
 };
 
-template <KvFormat F, int D>
+template <KvFormat FK, KvFormat FV, int D>
 KVQ_HD int tc_smem_bytes(const DecodeParams& p) {
-  return static_cast<int>(sizeof(TcPrologue<D>)) +
-         TcTraits<F, D>::kWarps * TcTraits<F, D>::kStages * tc_stage_layout<F, D>(p).stage_words * 4;
+  using Tr = TcTraits<FK, FV, D>;
+  return static_cast<int>(sizeof(TcPrologue<D>)) + Tr::kWarps * Tr::kStages * tc_stage_layout<FK, FV, D>(p).stage_words * 4;
 }
 
 #if defined(__CUDACC__)

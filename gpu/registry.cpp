@@ -121,7 +121,7 @@ DecodeParams DecodeVariant::plan(const DecodeParams& p, int sm_count, int forced
 
 std::string DecodeVariant::unsupported_reason(const DecodeParams& p) const {
   if (family == DecodeFamily::kTensorCore) return tensor_core_unsupported_reason(p);
-  return decode_head_dim_supported(p.head_dim) ? "" : fmt::format("head_dim {}", p.head_dim);
+  return cuda_core_unsupported_reason(p);
 }
 
 const std::vector<DecodeVariant>& decode_variants() {

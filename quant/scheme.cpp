@@ -181,8 +181,7 @@ void check_scheme_fits(const Scheme& s, int head_dim) {
                                   to_string(s), head_dim));
 }
 
-std::string integer_codes_only_reason(const Scheme& s) {
-  if (s.fp8()) return fmt::format("{}: FP8 codes; no decode kernel reads them yet", to_string(s));
+std::string decode_modifier_reason(const Scheme& s) {
   if (s.hadamard)
     return fmt::format("{}: Hadamard-rotated storage (+had); no decode kernel rotates the query yet", to_string(s));
   if (s.has_window())

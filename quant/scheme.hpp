@@ -80,8 +80,8 @@ std::vector<Scheme> parse_scheme_list(std::string_view names);
 // "int4-g48: group size 48 does not divide head_dim 128", "int4-head+had: ... power of two".
 void check_scheme_fits(const Scheme& s, int head_dim);
 
-// Why a kernel that reads plain integer codes (today's GPU decode kernels) cannot read `s`: FP8
-// codes, a rotated basis (+had) or a full-precision window (+wW); "" for plain integer schemes.
-std::string integer_codes_only_reason(const Scheme& s);
+// Why the GPU decode kernels cannot read `s` whatever its codes: a rotated basis (+had) or a
+// full-precision window (+wW); "" without modifiers.
+std::string decode_modifier_reason(const Scheme& s);
 
 }  // namespace kvq

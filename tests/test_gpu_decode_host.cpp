@@ -22,6 +22,12 @@ TEST_CASE("decode operands carry the layouts' strides and parameter modes") {
   CHECK(rows.inline_bytes == 16);
   CHECK(rows.stride_h == 80);
   CHECK(rows.stride_t == 240);
+  const KvOperand free = quantized_operand(parse_scheme("fp8-e5m2"), 2, 3, 10, 128, false, nullptr, nullptr, nullptr);
+  CHECK(free.mode == ParamMode::kNone);  // scale-free FP8: the codes are the values
+  CHECK(free.stride_t == 128);
+  CHECK(free.stride_b == 3 * 10 * 128);
+  CHECK(quantized_format(parse_scheme("fp8-e5m2-g32"), false) == KvFormat::kFp8E5m2);
+  CHECK(quantized_format(parse_scheme("int4-head-asym"), true) == KvFormat::kInt4Fbgemm);
   const KvOperand bsnh = raw_operand(nullptr, 3, 10, 64, true);
   CHECK(bsnh.stride_h == 128);
   CHECK(bsnh.stride_t == 384);
@@ -40,9 +46,7 @@ TEST_CASE("schemes the decode kernels cannot read are refused with the reason") 
         }) == "int8-chan-t32: per-channel groups change along the keys; no decode kernel reads them yet");
 }
 
-TEST_CASE("FP8, rotated and windowed storages are refused by the decode benchmark with the reason") {
-  CHECK(test::message_of<InputError>([] { parse_bench_storages("int8-head,fp8-e4m3-head"); }) ==
-        "fp8-e4m3-head: FP8 codes; no decode kernel reads them yet");
+TEST_CASE("rotated and windowed storages are refused by the decode benchmark with the reason") {
   CHECK(test::message_of<InputError>([] { bench_storage(parse_scheme("int4-g32-asym+had"), parse_scheme("int4-g32-asym"), false); })
             .find("Hadamard-rotated storage (+had)") != std::string::npos);
   CHECK(test::message_of<InputError>([] { parse_bench_storages("int4-chan-t32-asym+w128"); })
@@ -50,10 +54,39 @@ TEST_CASE("FP8, rotated and windowed storages are refused by the decode benchmar
   CHECK(parse_bench_storages("int4-g32-asym").size() == 1);
 }
 
+TEST_CASE("the decode benchmark reads K/V pairs, raw operands and FP8") {
+  const std::vector<BenchStorage> st =
+      parse_bench_storages("int4-g32-asym/int8-head,bf16/int4-head-asym,fp8-e4m3-head,fp16,int4-g32-asym:fbgemm");
+  REQUIRE(st.size() == 5);
+  CHECK(st[0].name == "int4-g32-asym/int8-head");
+  CHECK((st[0].k_format == KvFormat::kInt4 && st[0].v_format == KvFormat::kInt8));
+  CHECK((!st[1].k && st[1].k_format == KvFormat::kBf16 && st[1].v_format == KvFormat::kInt4));
+  CHECK((st[2].k_format == KvFormat::kFp8E4m3 && st[2].v_format == KvFormat::kFp8E4m3 && st[2].name == "fp8-e4m3-head"));
+  CHECK((!st[3].k && !st[3].v && st[3].k_format == KvFormat::kFp16));
+  CHECK((st[4].k_format == KvFormat::kInt4Fbgemm && st[4].v_format == KvFormat::kInt4Fbgemm));
+  CHECK(test::message_of<InputError>([] { parse_bench_storages("int8-head/int4-head-asym:fbgemm"); }) ==
+        "int8-head/int4-head-asym:fbgemm: FBGEMM rows hold int4 K and V");
+  CHECK_THROWS_AS(parse_bench_storages("int4-head/nonsense"), SchemeError);
+}
+
+TEST_CASE("the CUDA-core family reads K and V in one integer or raw format") {
+  DecodeParams p;
+  p.batch = 1, p.q_heads = 8, p.kv_heads = 1, p.tokens = 64, p.head_dim = 128;
+  p.k_format = KvFormat::kInt8, p.v_format = KvFormat::kInt8;
+  CHECK(cuda_core_unsupported_reason(p).empty());
+  p.v_format = KvFormat::kInt4;
+  CHECK(cuda_core_unsupported_reason(p) ==
+        "K int8 / V int4: CUDA-core kernels read K and V in one format (decode-tc reads mixed pairs)");
+  p.k_format = p.v_format = KvFormat::kFp8E5m2;
+  CHECK(cuda_core_unsupported_reason(p) == "fp8-e5m2: CUDA-core kernels read no FP8 (decode-tc does)");
+  p.head_dim = 96;
+  CHECK(cuda_core_unsupported_reason(p) == "head_dim 96");
+}
+
 TEST_CASE("the tensor-core family names what it cannot read and its precision profile") {
   DecodeParams p;
   p.batch = 1, p.q_heads = 8, p.kv_heads = 1, p.tokens = 64, p.head_dim = 128;
-  p.format = KvFormat::kInt4;
+  p.k_format = p.v_format = KvFormat::kInt4;
   p.k = quantized_operand(parse_scheme("int4-g16-asym"), 1, 1, 64, 128, false, nullptr, nullptr, nullptr);
   p.v = quantized_operand(parse_scheme("int4-g32"), 1, 1, 64, 128, false, nullptr, nullptr, nullptr);
   CHECK(tensor_core_unsupported_reason(p).empty());
@@ -64,7 +97,7 @@ TEST_CASE("the tensor-core family names what it cannot read and its precision pr
   CHECK(tensor_core_unsupported_reason(p) ==
         "K scale groups of 8 elements: tensor-core kernels need a multiple of 16 (whole k-slices)");
   p.k = p.v = quantized_operand(parse_scheme("int8-head"), 1, 1, 64, 128, false, nullptr, nullptr, nullptr);
-  p.format = KvFormat::kInt8;
+  p.k_format = p.v_format = KvFormat::kInt8;
   p.k.data = reinterpret_cast<const uint8_t*>(uintptr_t{2});
   CHECK(tensor_core_unsupported_reason(p) ==
         "K rows or parameters are not 4-byte aligned (tensor-core kernels copy words)");
@@ -73,8 +106,13 @@ TEST_CASE("the tensor-core family names what it cannot read and its precision pr
         "head_dim 8: tensor-core kernels take 64, 128 or 256 (the CUDA-core variants take 8)");
   p.family = DecodeFamily::kTensorCore;
   CHECK(std::string(decode_precision_profile(p)) == "fp32-qfp16-pfp16-obf16");
-  p.format = KvFormat::kBf16;
+  p.v_format = KvFormat::kBf16;  // fp16 QK, bf16 PV
+  CHECK(std::string(decode_precision_profile(p)) == "fp32-qfp16-pbf16-obf16");
+  p.k_format = KvFormat::kBf16;
   CHECK(std::string(decode_precision_profile(p)) == "fp32-pbf16-obf16");
+  p.v_format = KvFormat::kFp8E4m3;  // bf16 QK (Q exact), fp16 PV
+  CHECK(std::string(decode_precision_profile(p)) == "fp32-pfp16-obf16");
+  p.k_format = KvFormat::kBf16, p.v_format = KvFormat::kBf16;
   p.family = DecodeFamily::kCudaCore;
   CHECK(std::string(decode_precision_profile(p)) == "fp32-obf16");
   for (const DecodeVariant& v : decode_variants())  // every profile parses

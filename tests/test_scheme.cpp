@@ -97,8 +97,8 @@ TEST_CASE("bad fp8 and modifier names are rejected with the reason") {
 }
 
 TEST_CASE("storages that integer-code kernels cannot read say why") {
-  CHECK(integer_codes_only_reason(parse_scheme("int4-g32-asym")).empty());
-  CHECK(integer_codes_only_reason(parse_scheme("fp8-e4m3-head")) == "fp8-e4m3-head: FP8 codes; no decode kernel reads them yet");
-  CHECK(integer_codes_only_reason(parse_scheme("int4-g32-asym+had")).find("+had") != std::string::npos);
-  CHECK(integer_codes_only_reason(parse_scheme("int4-chan-t32-asym+w128")).find("window (+w128)") != std::string::npos);
+  CHECK(decode_modifier_reason(parse_scheme("int4-g32-asym")).empty());
+  CHECK(decode_modifier_reason(parse_scheme("fp8-e4m3-head")).empty());
+  CHECK(decode_modifier_reason(parse_scheme("int4-g32-asym+had")).find("+had") != std::string::npos);
+  CHECK(decode_modifier_reason(parse_scheme("int4-chan-t32-asym+w128")).find("window (+w128)") != std::string::npos);
 }

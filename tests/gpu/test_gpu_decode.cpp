@@ -21,7 +21,7 @@ TEST_CASE("every decode variant passes the quick gate") {
 TEST_CASE("the split heuristic splits a long single sequence and keeps a full grid unsplit") {
   const DeviceInfo dev = device_info();
   DecodeParams p;
-  p.batch = 1, p.q_heads = 32, p.kv_heads = 8, p.tokens = 32768, p.head_dim = 128, p.format = KvFormat::kInt8;
+  p.batch = 1, p.q_heads = 32, p.kv_heads = 8, p.tokens = 32768, p.head_dim = 128, p.k_format = p.v_format = KvFormat::kInt8;
   const DecodeVariant& splitk = *find_decode_variants("^decode-splitk$").at(0);
   const DecodeParams one = splitk.plan(p, dev.sm_count);
   CHECK(one.heads_per_cta == 4);

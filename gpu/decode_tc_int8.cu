@@ -1,6 +1,0 @@
-// Tensor-core decode kernels for the int8 storage format(s); the template is in decode_tc_kernel.cuh.
-#include "gpu/decode_tc_kernel.cuh"
-
-namespace kvq::detail {
-template struct DecodeTcKernels<KvFormat::kInt8>;
-}  // namespace kvq::detail
