@@ -242,8 +242,8 @@ def time_flashinfer(shape, peer, args, l2, memory, workspace):
     1.6/sqrt(T) and the bound is 2 % of max |ref|: a wrong page, head or layout moves O by about |O|
     itself, bf16 rounding of P and O by well under 1 %."""
     sets = input_sets(flashinfer_bytes(shape, peer.kv_bytes), l2, memory)
-    data = [(torch.randn(shape.B, shape.HQ, shape.D, device="cuda", dtype=torch.bfloat16), *flashinfer_cache(shape, peer))
-            for _ in range(sets)]
+    data = [(torch.randn(shape.B, shape.HQ, shape.D, device="cuda", dtype=torch.bfloat16),
+             *flashinfer_cache(shape, peer)) for _ in range(sets)]
     decoder = flashinfer_decoder(shape, peer, workspace)
     ref = flashinfer_reference(shape, *data[0])
     err = (flashinfer_run(decoder, *data[0]).float() - ref).abs().max().item()

@@ -79,7 +79,11 @@ if [[ ${KVQ_BENCH_QUANTIZE:-1} == 1 ]]; then
   step "kvq bench-quantize" bench_quantize.log "$kvq" bench-quantize --csv "$OUT/quantize_bandwidth.csv"
 fi
 # Decode: the peers first (torch), then every kvq variant with the peers beside it, same run.
-# FBGEMM's INT4 kernel comes from the fbgemm-gpu-genai wheel in .whl/ (README), unzipped onto PYTHONPATH.
+# FBGEMM's INT4 kernel comes from the fbgemm-gpu-genai wheel in .whl/ (README), unzipped onto PYTHONPATH;
+# FlashInfer from the wheels in .whl/flashinfer/ (README), unzipped the same way with the ninja its JIT
+# build runs. Its kernels build at first use into the run's temp dir, or come prebuilt for sm_90a from
+# the zip beside the wheels (only on an sm_90 GPU; one that does not load is built instead).
+peers_path=${PYTHONPATH:-}
 peers_env=()
 fbgemm_wheel=$(ls .whl/fbgemm_gpu_genai-*.whl 2> /dev/null | head -n 1)
 if [[ -z $fbgemm_wheel ]]; then
@@ -87,14 +91,37 @@ if [[ -z $fbgemm_wheel ]]; then
 else
   fbgemm_dir=$(mktemp -d /tmp/kvq-fbgemm.XXXXXX)
   if python3 -m zipfile -e "$fbgemm_wheel" "$fbgemm_dir"; then
-    peers_env=(env "PYTHONPATH=$fbgemm_dir${PYTHONPATH:+:$PYTHONPATH}")
+    peers_path=$fbgemm_dir${peers_path:+:$peers_path}
   else
     summary+=("[FAIL] FBGEMM peer: cannot unzip $fbgemm_wheel")
     status=1
   fi
 fi
-step "peers: cuDNN, FlashAttention-2, FBGEMM INT4 (bench_peers.py)" peers.log \
-  "${peers_env[@]}" python3 experiments/bench_peers.py --out "$OUT/peers.csv" --shapes "${KVQ_SHAPES:-.}"
+unzip_flashinfer() {  # unzip_flashinfer DIR: wheels (and prebuilt kernels) into DIR/site, ninja into DIR/bin
+  local f
+  for f in .whl/flashinfer/*.whl; do python3 -m zipfile -e "$f" "$1/site" || return 1; done
+  if [[ $(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -n 1) == 9.0 ]]; then
+    for f in .whl/flashinfer/*-sm90a-*.zip; do
+      if [[ -e $f ]]; then python3 -m zipfile -e "$f" "$1/site" || return 1; fi
+    done
+  fi
+  mkdir -p "$1/bin" && cp "$1"/site/ninja-*.data/scripts/ninja "$1/bin/" && chmod +x "$1/bin/ninja"
+}
+if ! compgen -G ".whl/flashinfer/*.whl" > /dev/null; then
+  summary+=("[SKIP] FlashInfer peer: no .whl/flashinfer/*.whl (README, 'FlashInfer peer')")
+else
+  flashinfer_dir=$(mktemp -d /tmp/kvq-flashinfer.XXXXXX)
+  if unzip_flashinfer "$flashinfer_dir"; then
+    peers_path=$flashinfer_dir/site${peers_path:+:$peers_path}
+    peers_env+=("PATH=$flashinfer_dir/bin:$PATH" "FLASHINFER_WORKSPACE_BASE=$flashinfer_dir")
+  else
+    summary+=("[FAIL] FlashInfer peer: cannot unzip .whl/flashinfer/ into $flashinfer_dir")
+    status=1
+  fi
+fi
+[[ -n $peers_path ]] && peers_env+=("PYTHONPATH=$peers_path")
+step "peers: cuDNN, FlashAttention-2, FBGEMM INT4, FlashInfer FP8/bf16 (bench_peers.py)" peers.log \
+  env "${peers_env[@]}" python3 experiments/bench_peers.py --out "$OUT/peers.csv" --shapes "${KVQ_SHAPES:-.}"
 bench_args=(--shapes "${KVQ_SHAPES:-.}" --variant "${KVQ_DECODE_VARIANTS:-.}")
 [[ -n ${KVQ_SCHEMES:-} ]] && bench_args+=(--schemes "$KVQ_SCHEMES")
 step "kvq bench (decode)" bench.log "$kvq" bench --peers "$OUT/peers.csv" --csv "$OUT/decode.csv" "${bench_args[@]}"
@@ -123,7 +150,7 @@ fi
   [[ -f $logs/sanitizers.log ]] && grep -E "SUMMARY" "$logs/sanitizers.log" | sed 's/^/compute-sanitizer: /'
   echo
   [[ -f $logs/bench_quantize.log ]] && sed -n '/device-to-device copy/,$p' "$logs/bench_quantize.log" && echo
-  [[ -f $logs/peers.log ]] && grep -E "^\[(OK|FAIL)\] fbgemm|^FBGEMM rows skipped" "$logs/peers.log"
+  [[ -f $logs/peers.log ]] && grep -E "^\[(OK|FAIL)\] fbgemm|^\[FAIL\] flashinfer|^FBGEMM rows skipped|^FlashInfer " "$logs/peers.log"
   [[ -f $logs/bench.log ]] && grep -E "^read-only bandwidth" "$logs/bench.log" && sed -n '/fastest variant/,$p' "$logs/bench.log"
   echo
   printf '%s\n' "${summary[@]}"
