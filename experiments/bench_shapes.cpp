@@ -119,10 +119,15 @@ BenchCaches::BenchCaches(const DecodeShape& sh, const BenchStorage& st, const De
       const std::optional<Scheme>& scheme = which == 0 ? st.k : st.v;
       const DeviceBuffer<uint8_t>& src = which == 0 ? k_src : v_src;
       std::vector<KvOperand>& ops = which == 0 ? k_ : v_;
-      if (!scheme) {  // raw: a copy of the source (fp16 reads the same bits as fp16 numbers)
+      std::vector<KvWindow>& windows = which == 0 ? k_window_ : v_window_;
+      auto raw_copy = [&] {  // a copy of the source (fp16 reads the same bits as fp16 numbers)
         raw_.emplace_back(src.size());
         KVQ_CUDA_CHECK(cudaMemcpy(raw_.back().data(), src.data(), src.bytes(), cudaMemcpyDeviceToDevice));
-        ops.push_back(raw_operand(raw_.back().data(), kv.heads, kv.tokens, sh.head_dim, false));
+        return raw_operand(raw_.back().data(), kv.heads, kv.tokens, sh.head_dim, false);
+      };
+      if (!scheme) {
+        ops.push_back(raw_copy());
+        windows.emplace_back();
         continue;
       }
       const DeviceKv input = DeviceKv::bnsh(src.data(), InputDtype::kBf16, kv);
@@ -132,6 +137,8 @@ BenchCaches::BenchCaches(const DecodeShape& sh, const BenchStorage& st, const De
       quantized_.back()->check_flags(which == 0 ? "K" : "V", nullptr);
       ops.push_back(quantized_operand(*scheme, kv.batch, kv.heads, kv.tokens, sh.head_dim, fbgemm, qp.codes, qp.scales,
                                       scheme->asymmetric ? qp.zeros : nullptr));
+      // +wW: the window's tokens are the bf16 source itself (the cache a model keeps beside the codes)
+      windows.push_back(scheme->has_window() ? scheme_window(*scheme, raw_copy(), KvFormat::kBf16) : KvWindow{});
     }
   }
 }
@@ -147,6 +154,7 @@ DecodeTiming time_decode(const DecodeVariant& variant, const DecodeShape& sh, co
   std::vector<DecodeParams> planned;
   for (int s = 0; s < caches.sets(); ++s) {
     run.set_cache(st.k_format, caches.k(s), st.v_format, caches.v(s));
+    run.set_windows(caches.k_window(s), caches.v_window(s));
     planned.push_back(run.plan(variant, dev.sm_count, forced_splits));
   }
   DecodeTiming out;

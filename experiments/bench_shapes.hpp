@@ -31,8 +31,8 @@ struct BenchStorage {
 
 inline constexpr const char* kBenchStorages =
     "bf16,int8-tensor,int8-token,int8-head,int8-g32,int4-head-asym,int4-g32-asym,int4-head-asym:fbgemm,"
-    "int4-g32-asym:fbgemm,fp8-e4m3-head,fp8-e4m3-tensor,int8-head/int4-g32-asym,int4-g32-asym/int8-head,"
-    "bf16/int4-g32-asym,fp8-e4m3-head/int4-g32-asym";
+    "int4-g32-asym:fbgemm,fp8-e4m3,fp8-e4m3-head,int8-head/int4-g32-asym,int4-g32-asym/int8-head,bf16/int4-g32-asym,"
+    "fp8-e4m3-head/int4-g32-asym,int4-g32-asym+w128";
 
 // Throws InputError / SchemeError naming the bad entry.
 std::vector<BenchStorage> parse_bench_storages(const std::string& list);
@@ -53,11 +53,14 @@ class BenchCaches {
   int sets() const { return static_cast<int>(k_.size()); }
   const KvOperand& k(int set) const { return k_[set]; }
   const KvOperand& v(int set) const { return v_[set]; }
+  const KvWindow& k_window(int set) const { return k_window_[set]; }
+  const KvWindow& v_window(int set) const { return v_window_[set]; }
 
  private:
   std::vector<DeviceBuffer<uint8_t>> raw_;                   // bf16 / fp16 caches
   std::vector<std::unique_ptr<QuantizeWorkspace>> quantized_;  // quantized caches
   std::vector<KvOperand> k_, v_;
+  std::vector<KvWindow> k_window_, v_window_;
 };
 
 struct DecodeTiming {

@@ -46,12 +46,16 @@ struct Row {
 using PeerKey = std::tuple<std::string, int64_t, int64_t, std::string>;  // shape, B, T, peer
 
 // The peers bench_peers.py writes, by kernel name; `layout` is the suffix of the kvq storage that
-// holds the same bytes (FBGEMM's INT4 rows are kvq's `<scheme>:fbgemm`).
+// holds the same bytes (FBGEMM's INT4 rows are kvq's `<scheme>:fbgemm`); `ratio` puts the peer in
+// the ratio table beside kvq's storages (cuDNN and FlashAttention-2 are its first columns).
 struct PeerKind {
   const char* kernel;
   const char* layout;
+  bool ratio;
 };
-constexpr PeerKind kPeers[] = {{"cudnn", ""}, {"flash2", ""}, {"fbgemm-int4-g1", ":fbgemm"}, {"fbgemm-int4-g4", ":fbgemm"}};
+constexpr PeerKind kPeers[] = {{"cudnn", "", false},          {"flash2", "", false},
+                               {"fbgemm-int4-g1", ":fbgemm", true}, {"fbgemm-int4-g4", ":fbgemm", true},
+                               {"flashinfer-bf16", "", true},  {"flashinfer-fp8-e4m3", "", true}};
 
 // Rows of bench_peers.py's CSV (same schema) by (shape, B, T, peer).
 std::map<PeerKey, size_t> index_peers(const CsvTable& t) {
@@ -137,7 +141,7 @@ int run_bench(const BenchArgs& a) {
         row.splits = timed.planned.splits, row.heads_per_cta = timed.planned.heads_per_cta, row.sets = caches.sets();
         row.t = timed.time;
         row.bytes = timed.bytes;
-        emit(row, st.k ? to_string(*st.k) : "bf16", st.v ? to_string(*st.v) : "bf16");
+        emit(row, st.k ? to_string(*st.k) : to_string(st.k_format), st.v ? to_string(*st.v) : to_string(st.v_format));
         double& b = best[{sh.group, sh.batch, sh.tokens}][st.name];
         b = b == 0 ? row.t.median_us : std::min(b, row.t.median_us);
       }
@@ -146,7 +150,7 @@ int run_bench(const BenchArgs& a) {
   // The ratio table: the quantized peers (FBGEMM) and the fastest variant per storage / cuDNN.
   std::vector<std::string> ratio_columns;
   for (const PeerKind& peer : kPeers)
-    if (*peer.layout && peers_seen.count(peer.kernel)) ratio_columns.push_back(peer.kernel);
+    if (peer.ratio && peers_seen.count(peer.kernel)) ratio_columns.push_back(peer.kernel);
   for (const BenchStorage& st : storages) ratio_columns.push_back(st.name);
   fmt::print("\nfastest variant / cuDNN bf16 (same run); cuDNN and FlashAttention-2 in us\n{:<8} {:>4} {:>6} {:>8} {:>8}",
              "shape", "B", "T", "cudnn", "flash2");

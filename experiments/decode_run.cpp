@@ -32,6 +32,8 @@ void DecodeRun::set_cache(KvFormat k_format, const KvOperand& k, KvFormat v_form
   base_.k_format = k_format, base_.v_format = v_format, base_.k = k, base_.v = v;
 }
 
+void DecodeRun::set_windows(const KvWindow& k, const KvWindow& v) { base_.k_window = k, base_.v_window = v; }
+
 DecodeParams DecodeRun::plan(const DecodeVariant& variant, int sm_count, int forced_splits) {
   DecodeParams p = variant.plan(base_, sm_count, forced_splits);
   if (static_cast<int64_t>(partial_o_.size()) < partial_o_floats(p)) partial_o_ = DeviceBuffer<float>(partial_o_floats(p));

@@ -19,6 +19,8 @@ class DecodeRun {
             double softmax_scale = 0.0);
   // K/V operands (device memory owned by the caller) and their storage kind.
   void set_cache(KvFormat k_format, const KvOperand& k, KvFormat v_format, const KvOperand& v);
+  // +wW: where the raw tokens of K and V are (no window: a default KvWindow).
+  void set_windows(const KvWindow& k, const KvWindow& v);
   // The launch shape `variant` picks here (forced_splits > 0: that many, split-K variants only);
   // allocates the partials it needs.
   DecodeParams plan(const DecodeVariant& variant, int sm_count, int forced_splits = 0);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -56,13 +57,15 @@ int64_t seq_len(const Case& c, int64_t b) { return c.seq_lens.empty() ? c.shape.
 
 // One of K or V on the device, and the values the reference sees (dequantized, padding zeroed).
 struct DeviceOperand {
-  DeviceBuffer<uint8_t> codes, scales, zeros;
+  DeviceBuffer<uint8_t> codes, scales, zeros, window_values;
   KvOperand op;
+  KvWindow window;  // +wW: the raw tokens (bf16, NaN outside the window)
   std::vector<float> reference_values;  // BNSH
 };
 
 // Padding rows (t >= seq_len) get garbage codes and NaN parameters on the device (raw: NaN
-// values): the kernel must never read them into the output.
+// values): the kernel must never read them into the output. So do a +wW scheme's window rows in
+// the codes, and every row outside the window in its raw values.
 DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optional<Scheme>& scheme, KvFormat format) {
   const DecodeShape& s = c.shape;
   const KvShape kv{s.batch, s.kv_heads, s.tokens, s.head_dim};
@@ -89,7 +92,9 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
     out.reference_values = std::move(x);
     return out;
   }
-  const QuantizedKv q = quantize(KvView::bnsh(x.data(), kv), *scheme, "K/V");
+  if (scheme->has_window())  // the window keeps the input: bf16 values, as a model's cache holds them
+    for (float& e : x) e = round_to_bf16(e);
+  const QuantizedKv q = quantize(KvView::bnsh(x.data(), kv), *scheme, "K/V", c.seq_lens.empty() ? nullptr : c.seq_lens.data());
   std::vector<float> deq = dequantize(q);
   const bool fbgemm = format == KvFormat::kInt4Fbgemm;
   GpuQuantized bytes = device_bytes(q, fbgemm ? CodeLayout::kFbgemm : CodeLayout::kPlanar);
@@ -98,7 +103,7 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
   const bool per_row_params = scheme->granularity == Granularity::kHead || scheme->granularity == Granularity::kGroup;
   for (int64_t b = 0; b < kv.batch; ++b)
     for (int64_t h = 0; h < kv.heads; ++h)
-      for (int64_t t = seq_len(c, b); t < kv.tokens; ++t) {
+      for (int64_t t = q.quantized_tokens.empty() ? seq_len(c, b) : q.quantized_tokens[b]; t < kv.tokens; ++t) {
         const int64_t r = fbgemm ? (b * kv.tokens + t) * kv.heads + h : (b * kv.heads + h) * kv.tokens + t;
         for (int64_t i = 0; i < row; ++i) bytes.codes[r * row + i] = static_cast<uint8_t>(0x7e ^ (i * 37));
         if (per_row_params && !fbgemm) {  // NaN scales (FBGEMM rows hold theirs, poisoned above) and zero points (the bytes 0x7e... are NaN in fp16 and fp32)
@@ -109,8 +114,24 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
               if (!bytes.zeros.empty()) bytes.zeros[g * pbytes + i] = 0x7e;
             }
         }
-        for (int64_t d = 0; d < kv.head_dim; ++d) deq[((b * kv.heads + h) * kv.tokens + t) * kv.head_dim + d] = 0.0f;
+        if (t >= seq_len(c, b))
+          for (int64_t d = 0; d < kv.head_dim; ++d) deq[((b * kv.heads + h) * kv.tokens + t) * kv.head_dim + d] = 0.0f;
       }
+  if (scheme->has_window()) {
+    std::vector<uint16_t> raw(static_cast<size_t>(kv.numel()), uint16_t{0x7fc1});
+    for (int64_t b = 0; b < kv.batch; ++b)
+      for (int64_t h = 0; h < kv.heads; ++h)
+        for (int64_t t = q.quantized_tokens[b]; t < seq_len(c, b); ++t)
+          for (int64_t d = 0; d < kv.head_dim; ++d) {
+            const int64_t i = ((b * kv.heads + h) * kv.tokens + t) * kv.head_dim + d;
+            raw[i] = fp32_to_bf16_bits(q.window_values[i]);
+          }
+    std::vector<uint8_t> bytes(2 * raw.size());
+    std::memcpy(bytes.data(), raw.data(), bytes.size());
+    out.window_values = DeviceBuffer<uint8_t>(bytes);
+    out.window = scheme_window(*scheme, raw_operand(out.window_values.data(), kv.heads, kv.tokens, s.head_dim, false),
+                               KvFormat::kBf16);
+  }
   out.codes = DeviceBuffer<uint8_t>(bytes.codes);
   out.scales = DeviceBuffer<uint8_t>(bytes.scales);
   out.zeros = DeviceBuffer<uint8_t>(bytes.zeros);
@@ -174,6 +195,7 @@ struct Gate {
       DeviceOperand dv = make_operand(c, std::move(vv), c.storage.v, c.storage.v_format);
       DecodeRun run(s, q, c.seq_lens, c.alibi, softmax_scale);
       run.set_cache(c.storage.k_format, dk.op, c.storage.v_format, dv.op);
+      run.set_windows(dk.window, dv.window);
       const DecodeParams planned = run.plan(v, sm_count, c.splits);
       r.shape = shape_string(c, planned);
       if (const std::string why = v.unsupported_reason(planned); !why.empty()) {
@@ -305,12 +327,20 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
       quantized("int4-g32-asym", "int8-head"), quantized("int8-head-asym", "int4-head"), quantized("bf16", "int4-g32-asym"),
       quantized("int8-token-asym", "bf16"), quantized("fp8-e4m3-head", "int4-g32-asym"), quantized("fp16", "fp8-e5m2-head"),
       quantized("int4-head-asym", "fp16"), quantized("int4-g32-asym", "fp8-e4m3-tensor"),
-      quantized("int4-g32-asym+had", "int4-g32-asym"), quantized("int4-token-asym+w16", "int4-token-asym+w16")};
+      // +wW: both windows, one of them, W = 0 and W >= T, K and V windows of different lengths
+      quantized("int4-token-asym+w16", "int4-token-asym+w16"), quantized("int4-g32-asym+w64", "int8-head+w64"),
+      quantized("int8-head+w100", "int4-g32-asym"), quantized("bf16", "fp8-e4m3-head+w40"),
+      quantized("int4-head-asym+w0", "int4-head-asym+w1000"), quantized("int4-g32-asym+w32", "int4-g32-asym+w80"),
+      // chan-tN K (KIVI), with and without windows; token groups tensor cores cannot read
+      quantized("int4-chan-t32-asym", "int4-g32-asym"), quantized("int8-chan-t64", "int8-head"),
+      quantized("int4-chan-t32-asym+w64", "int4-g32-asym+w64"), quantized("int8-chan-t32-asym+w50", "int4-head-asym"),
+      quantized("int4-chan-t16-asym", "int4-g32-asym"), quantized("int4-g32-asym+had", "int4-g32-asym")};
   for (const Storage& st : storages) g.run({"varlen GQA", gqa, lens, false, st});
   // Head dims, head-group sizes (MHA, MQA, groups that are not a power of two, groups over 8), ALiBi.
   for (const auto& [k, vs] : {std::pair{"bf16", "bf16"}, std::pair{"int8-head", "int8-head"},
                                std::pair{"int4-g32-asym", "int4-g32-asym"}, std::pair{"fp8-e4m3-head", "fp8-e4m3-head"},
-                               std::pair{"int4-head-asym", "int8-g32-asym"}}) {
+                               std::pair{"int4-head-asym", "int8-g32-asym"},
+                               std::pair{"int4-chan-t32-asym+w128", "int4-g32-asym+w128"}}) {
     const Storage st = std::string(k) == "bf16" ? raw(KvFormat::kBf16) : quantized(k, vs);
     for (int d : {64, 256}) g.run({"head_dim", {"", 2, 4, 2, T, d}, {}, false, st});
     g.run({"MHA", {"", 2, 4, 4, T, 128}, {}, false, st});
@@ -318,12 +348,16 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
     g.run({"group of 6, ALiBi", {"", 2, 12, 2, T, 128}, {static_cast<int32_t>(T - 1), 5}, true, st});
     g.run({"group of 16", {"", 1, 16, 1, T, 64}, {}, false, st});
   }
+  g.run({"ALiBi, windows", {"", 2, 12, 2, T, 128}, {static_cast<int32_t>(T - 1), 5}, true,
+         quantized("int4-g32-asym+w48", "int8-head+w20")});
   // Split-K: forced split counts agree with the single pass (both within the rule).
   if (v.split_k)
     for (int splits : {1, 2, 3, 7, 64, kMaxSplits}) {
       const Case c{fmt::format("forced {} splits", splits), {"", 2, 8, 2, 1000, 128}, {1000, 333}, false,
                    quantized("int8-head", "int8-head"), splits};
       g.run(c);
+      g.run({fmt::format("forced {} splits, windows", splits), {"", 2, 8, 2, 1000, 128}, {1000, 333}, false,
+             quantized("int4-g32-asym+w200", "int8-head+w37"), splits});
     }
   // Hostile shapes: one key, keys not a tile multiple, no keys at all, no batch.
   for (const Case& c : {Case{"one key", {"", 1, 4, 1, 1, 128}, {}, false, raw(KvFormat::kBf16)},

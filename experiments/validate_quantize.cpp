@@ -1,6 +1,7 @@
 #include "experiments/validate_quantize.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <random>
 
@@ -60,18 +61,21 @@ struct Checker {
   const std::function<void(const CaseResult&)>& report;
   std::vector<CaseResult> results;
 
-  // One case: GPU vs CPU on `values` (rounded to dt first), BNSH unless `bsnh`.
+  // One case: GPU vs CPU on `values` (rounded to dt first), BNSH unless `bsnh`; `seq_lens` place
+  // a +wW window (empty: every sequence T tokens).
   void compare(const std::string& name, std::vector<float> values, const KvShape& shape, const Scheme& scheme,
-               InputDtype dt, CodeLayout layout, bool bsnh = false) {
+               InputDtype dt, CodeLayout layout, bool bsnh = false, const std::vector<int32_t>& seq_lens = {}) {
     if (!v.accepts(scheme, shape.head_dim, layout, dt)) return;
     for (float& x : values) x = round_to(x, dt);
     CaseResult r{v.name, name, to_string(scheme), to_string(dt), to_string(layout),
-                 fmt::format("[{}, {}, {}, {}]{}", shape.batch, shape.heads, shape.tokens, shape.head_dim, bsnh ? " BSNH" : ""),
+                 fmt::format("[{}, {}, {}, {}]{}{}", shape.batch, shape.heads, shape.tokens, shape.head_dim,
+                             bsnh ? " BSNH" : "", seq_lens.empty() ? "" : fmt::format(" lens {}", fmt::join(seq_lens, ","))),
                  "", shape.numel(), false};
     std::string cpu_error, gpu_error;
     GpuQuantized cpu, gpu;
     try {
-      cpu = device_bytes(quantize(KvView::bnsh(values.data(), shape), scheme, "K"), layout);
+      cpu = device_bytes(quantize(KvView::bnsh(values.data(), shape), scheme, "K", seq_lens.empty() ? nullptr : seq_lens.data()),
+                         layout);
     } catch (const InputError& e) {
       cpu_error = e.what();
     }
@@ -89,7 +93,7 @@ struct Checker {
     if (bsnh) kv.stride_b = shape.tokens * shape.heads * shape.head_dim, kv.stride_h = shape.head_dim,
               kv.stride_t = shape.heads * shape.head_dim;
     try {
-      gpu = run_quantize(v.launch, kv, scheme, layout, "K");
+      gpu = run_quantize(v.launch, kv, scheme, layout, "K", nullptr, seq_lens);
     } catch (const InputError& e) {
       gpu_error = e.what();
     }
@@ -209,9 +213,21 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
                              "int4-token-asym", "int4-tensor-asym"})
       c.compare("hostile shape", random_values(shape.numel(), 5, D), shape, parse_scheme(name), InputDtype::kBf16,
                 CodeLayout::kPlanar);
+  // +wW over varlen batches (an empty sequence, a full one, one shorter than its window; W = 0;
+  // chan-tN's boundary rounded down to whole token groups) and +had, alone and together.
+  for (const char* name : {"int4-g32-asym+w16", "int8-head+w0", "int4-chan-t32-asym+w40", "int8-chan-t16+w20",
+                           "fp8-e4m3-token+w8", "int8-tensor+w20", "int4-token-asym+w24", "fp8-e4m3+w5",
+                           "int4-head-asym+had", "int4-g32-asym+had+w16", "fp8-e4m3-head+had", "int8-tensor-asym+had",
+                           "int4-chan-t32-asym+had+w33"})
+    for (InputDtype dt : kDtypes) {
+      const KvShape shape{4, 2, opt.quick ? 40 : 70, 64};
+      const int32_t T = static_cast<int32_t>(shape.tokens);
+      c.compare("window / rotation", random_values(shape.numel(), 10, 64), shape, parse_scheme(name), dt,
+                CodeLayout::kPlanar, false, {T, 0, T / 2 + 3, 7});
+    }
   // Bad input: the GPU must fail with the CPU's message.
   for (const char* name : {"int8-head", "int4-g32-asym", "int8-tensor", "int8-token", "int4-chan-t32-asym",
-                           "int4-tensor-asym", "int4-token-asym"}) {
+                           "int4-tensor-asym", "int4-token-asym", "int4-g32-asym+had", "int8-head+w4"}) {
     const KvShape shape{2, 3, 20, D};
     std::vector<float> bad = random_values(shape.numel(), 6, D);
     bad[((1 * 3 + 2) * 20 + 5) * D + 17] = NAN;

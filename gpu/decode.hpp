@@ -8,7 +8,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "quant/host_device.hpp"
 #include "quant/scheme.hpp"
 
 namespace kvq {
@@ -26,7 +28,8 @@ KvFormat quantized_format(const Scheme& s, bool fbgemm_rows);
 enum class DecodeFamily { kCudaCore, kTensorCore };
 
 // Where one chunk's scale (and zero point) lives.
-enum class ParamMode : int { kNone, kTensor, kToken, kHead, kGroup, kInlineRow };
+// kChannel: chan-tN, one (scale, zero) per (b, h, t / N, d); K only, tensor cores only.
+enum class ParamMode : int { kNone, kTensor, kToken, kHead, kGroup, kInlineRow, kChannel };
 
 // One of K or V on the device. Row (b, h, t) starts at data + b*stride_b + h*stride_h + t*stride_t
 // (bytes), so BNSH, BSNH and FBGEMM's [B, T, H] rows are all strides.
@@ -38,9 +41,42 @@ struct KvOperand {
   ParamMode mode = ParamMode::kNone;
   bool asymmetric = false;
   bool fp32_params = false;  // scale dtype fp32 (else fp16)
-  int group = 0;             // elements per group along D (kGroup, kInlineRow)
+  int group = 0;             // elements per group along D (kGroup, kInlineRow); tokens per group (kChannel)
   int inline_bytes = 0;      // kInlineRow: 4 x groups per row, before the codes
 };
+
+// +wW: the last tokens of each sequence kept in the input precision. Tokens t >= window_start of
+// an operand are read from `raw` (bf16 / fp16, laid out as raw_operand) instead of its codes.
+struct KvWindow {
+  int64_t tokens = -1;  // W; -1: no window
+  int round_to = 1;     // the quantized prefix is a multiple of this many tokens (chan-tN: N)
+  KvFormat format = KvFormat::kBf16;
+  KvOperand raw;
+  KVQ_HD bool present() const { return tokens >= 0; }
+};
+// The first token of a sequence of `len` tokens that `w` keeps raw (quant/groups.hpp quantized_length).
+KVQ_HD int64_t window_start(const KvWindow& w, int64_t len) {
+  if (!w.present()) return len;
+  int64_t lq = len - w.tokens > 0 ? len - w.tokens : 0;
+  return lq - lq % w.round_to;
+}
+
+// With windows the keys of a sequence fall into regions by which operands are still quantized;
+// each region is one launch over [lo, hi) (decode_regions), its partials merged with the others'.
+enum class KeyRegion : int { kAll, kBothQuantized, kKRaw, kVRaw, kBothRaw };
+// [lo, hi) of region r for a sequence of `len` tokens; empty regions have lo >= hi.
+KVQ_HD void key_region_bounds(KeyRegion r, const KvWindow& kw, const KvWindow& vw, int64_t len, int64_t& lo,
+                              int64_t& hi) {
+  const int64_t k = window_start(kw, len), v = window_start(vw, len);
+  const int64_t first = k < v ? k : v, last = k < v ? v : k;
+  switch (r) {
+    case KeyRegion::kAll: lo = 0, hi = len; return;
+    case KeyRegion::kBothQuantized: lo = 0, hi = first; return;
+    case KeyRegion::kKRaw: lo = k, hi = v; return;  // K raw from k, V still quantized until v
+    case KeyRegion::kVRaw: lo = v, hi = k; return;
+    case KeyRegion::kBothRaw: lo = last, hi = len; return;
+  }
+}
 
 inline constexpr int kMaxSplits = 128;
 inline constexpr int kDecodeChunk = 8;  // elements of one row a lane dequantizes at once
@@ -58,6 +94,9 @@ struct DecodeParams {
   uint16_t* out = nullptr;  // bf16 [B, Hq, D]
   float* lse = nullptr;     // [B, Hq], natural log; -inf for an empty key set
   // Launch shape: filled by plan_decode() unless forced.
+  KvWindow k_window, v_window;  // +wW (tensor-core family only)
+  KeyRegion region = KeyRegion::kAll;  // set per launch by decode_regions
+  int split_base = 0;                  // the region's first partial slot
   int splits = 0;         // key splits per (b, KV head); 1 = single pass
   int heads_per_cta = 0;  // query heads sharing one CTA's K/V reads: 1, 2, 4 or 8
   float* partial_o = nullptr;    // [splits, B, Hq, D] when splits > 1
@@ -66,10 +105,13 @@ struct DecodeParams {
 
 // The operand of a quantized tensor in the layouts gpu/quantize.hpp writes: planar codes BNSH
 // [B, H, T, D*bits/8] with params in group order, or FBGEMM rows [B, T, H, D/2 + 4n].
-// Throws SchemeError for schemes the decode kernels do not read (chan-tN; groups not a multiple
-// of 8 elements). Scale-free FP8 has mode kNone (scale 1).
+// Throws SchemeError for schemes the decode kernels do not read (groups not a multiple of 8
+// elements). Scale-free FP8 has mode kNone (scale 1); chan-tN kChannel (tensor-core K only).
 KvOperand quantized_operand(const Scheme& s, int64_t batch, int64_t heads, int64_t tokens, int head_dim,
                             bool fbgemm_rows, const uint8_t* codes, const void* scales, const void* zeros);
+// The window of a +wW scheme over `raw` (bf16 / fp16 values of every token, as raw_operand lays
+// them out; only the window's tokens are read); no window for other schemes.
+KvWindow scheme_window(const Scheme& s, const KvOperand& raw, KvFormat raw_format);
 // Raw bf16/fp16 K or V, BNSH or BSNH.
 KvOperand raw_operand(const void* data, int64_t heads, int64_t tokens, int head_dim, bool bsnh);
 // D = 8 (small test models such as the bundled one), 64, 128, 256.
@@ -95,7 +137,13 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta = 8
 // `resident_ctas` at once: the fewest (each at least 128 keys) whose last wave is >= 85% full.
 int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens);
 
-// Floats of partial_o and partial_lse needed for p.splits.
+// The launches of a planned `p`: one (region kAll) without windows; with windows one per region an
+// operand pair can have, p.splits divided over them by their expected share of the keys (at
+// least one each), partial slots consecutive. Their splits sum to total_splits(p).
+std::vector<DecodeParams> decode_regions(const DecodeParams& p);
+int total_splits(const DecodeParams& p);
+
+// Floats of partial_o and partial_lse needed for p's launches.
 int64_t partial_o_floats(const DecodeParams& p);
 int64_t partial_lse_floats(const DecodeParams& p);
 

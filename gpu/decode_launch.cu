@@ -162,6 +162,10 @@ std::string cuda_core_unsupported_reason(const DecodeParams& p) {
                        to_string(p.k_format), to_string(p.v_format));
   if (p.k_format == KvFormat::kFp8E4m3 || p.k_format == KvFormat::kFp8E5m2)
     return fmt::format("{}: CUDA-core kernels read no FP8 (decode-tc does)", to_string(p.k_format));
+  if (p.k_window.present() || p.v_window.present())
+    return "full-precision windows (+wW): CUDA-core kernels read one storage per operand (decode-tc reads windows)";
+  if (p.k.mode == ParamMode::kChannel || p.v.mode == ParamMode::kChannel)
+    return "chan-tN: per-channel groups change along the keys; CUDA-core kernels do not read them (decode-tc reads K)";
   return "";
 }
 
@@ -169,8 +173,6 @@ std::string decode_unsupported_reason(const Scheme& s, int head_dim, bool fbgemm
   if (std::string why = decode_modifier_reason(s); !why.empty()) return why;  // +had, +wW
   if (!decode_head_dim_supported(head_dim))
     return fmt::format("head_dim {} (decode kernels take 8, 64, 128 or 256)", head_dim);
-  if (s.granularity == Granularity::kChannel)
-    return fmt::format("{}: per-channel groups change along the keys; no decode kernel reads them yet", to_string(s));
   if (s.granularity == Granularity::kGroup && s.group % kDecodeChunk != 0)
     return fmt::format("{}: groups of {} elements (decode kernels need a multiple of {})", to_string(s), s.group,
                        kDecodeChunk);
@@ -187,12 +189,28 @@ std::string decode_unsupported_reason(const Scheme& s, int head_dim, bool fbgemm
 std::string tensor_core_unsupported_reason(const DecodeParams& p) {
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
     return fmt::format("head_dim {}: tensor-core kernels take 64, 128 or 256 (the CUDA-core variants take 8)", p.head_dim);
-  if (is_quantized(p.k_format) && p.k.group % 16 != 0)
+  if (p.v.mode == ParamMode::kChannel)
+    return "V chan-tN: tensor-core kernels read per-channel groups for K only";
+  if (p.k.mode == ParamMode::kChannel) {
+    const bool int_pair = (p.k_format == KvFormat::kInt8 || p.k_format == KvFormat::kInt4) &&
+                          (p.v_format == KvFormat::kInt8 || p.v_format == KvFormat::kInt4);
+    if (!int_pair)
+      return fmt::format("K chan-tN with V {}: tensor-core kernels read it with int8 or int4 planar V", to_string(p.v_format));
+    if (p.k.group % 32 != 0)
+      return fmt::format("K chan-t{}: tensor-core kernels need token groups of a multiple of 32 (whole key steps)", p.k.group);
+    if (p.k.fp32_params)
+      return "K chan-tN with fp32 parameters: tensor-core kernels dequantize K with fp16 ones";
+  } else if (is_quantized(p.k_format) && p.k.group % 16 != 0)
     return fmt::format("K scale groups of {} elements: tensor-core kernels need a multiple of 16 (whole k-slices)", p.k.group);
   if (is_quantized(p.v_format) && p.v.group % 32 != 0)
     return fmt::format("V scale groups of {} elements: tensor-core kernels need a multiple of 32 (whole m-tile pairs)",
                        p.v.group);
-  for (const auto& [name, op] : {std::pair{"K", &p.k}, std::pair{"V", &p.v}}) {
+  for (const auto& [name, w] : {std::pair{"K", &p.k_window}, std::pair{"V", &p.v_window}})
+    if (w->present() && (is_quantized(w->format) || w->round_to < 1))
+      return fmt::format("{} window: expected raw bf16 / fp16 values and round_to >= 1, got {} / {}", name,
+                         to_string(w->format), w->round_to);
+  for (const auto& [name, op] : {std::pair{"K", &p.k}, std::pair{"V", &p.v}, std::pair{"K window", &p.k_window.raw},
+                                 std::pair{"V window", &p.v_window.raw}}) {
     const bool aligned = reinterpret_cast<uintptr_t>(op->data) % 4 == 0 && op->stride_b % 4 == 0 &&
                          op->stride_h % 4 == 0 && op->stride_t % 4 == 0 &&
                          reinterpret_cast<uintptr_t>(op->scales) % 4 == 0 && reinterpret_cast<uintptr_t>(op->zeros) % 4 == 0;
@@ -205,6 +223,8 @@ const char* decode_precision_profile(const DecodeParams& p) {
   if (p.family == DecodeFamily::kCudaCore) return "fp32-obf16";  // fp32 throughout, O rounded to bf16
   // Q·K in bf16 (bf16 K: Q exact) or fp16 (Q scaled by 2^e and rounded); P·V in bf16 (bf16 V) or
   // fp16, P (P' = p s 2^Ev for quantized V) rounded to that type.
+  // chan-tN K: dequantized to fp16 (kfp16), then multiplied as raw fp16 K.
+  if (p.k.mode == ParamMode::kChannel) return "fp32-qfp16-kfp16-pfp16-obf16";
   const bool bf16_qk = p.k_format == KvFormat::kBf16, bf16_pv = p.v_format == KvFormat::kBf16;
   if (bf16_qk) return bf16_pv ? "fp32-pbf16-obf16" : "fp32-pfp16-obf16";
   return bf16_pv ? "fp32-qfp16-pbf16-obf16" : "fp32-qfp16-pfp16-obf16";
@@ -240,10 +260,20 @@ KvOperand quantized_operand(const Scheme& s, int64_t batch, int64_t heads, int64
     case Granularity::kToken: op.mode = ParamMode::kToken; break;
     case Granularity::kHead: op.mode = ParamMode::kHead; break;
     case Granularity::kGroup: op.mode = ParamMode::kGroup; break;
-    case Granularity::kChannel: break;  // rejected above
+    case Granularity::kChannel: op.mode = ParamMode::kChannel, op.group = s.group; break;
   }
   (void)batch;
   return op;
+}
+
+KvWindow scheme_window(const Scheme& s, const KvOperand& raw, KvFormat raw_format) {
+  KvWindow w;
+  if (!s.has_window()) return w;
+  w.tokens = s.window;
+  w.round_to = s.granularity == Granularity::kChannel ? s.group : 1;
+  w.format = raw_format;
+  w.raw = raw;
+  return w;
 }
 
 KvOperand raw_operand(const void* data, int64_t heads, int64_t tokens, int head_dim, bool bsnh) {
@@ -273,7 +303,10 @@ void check_decode_params(const DecodeParams& p) {
     throw InputError(fmt::format("decode: heads_per_cta {} (expected 1, 2, 4 or 8)", p.heads_per_cta));
   if (p.batch > 0 && (!p.q || !p.out || !p.lse || (p.tokens > 0 && (!p.k.data || !p.v.data))))
     throw InputError("decode: Q, K, V, O and LSE buffers are required");
-  if (p.splits > 1 && (!p.partial_o || !p.partial_lse)) throw InputError("decode: split-K needs partial buffers");
+  for (const auto& [name, w] : {std::pair{"K", &p.k_window}, std::pair{"V", &p.v_window}})
+    if (p.batch > 0 && p.tokens > 0 && w->present() && !w->raw.data)
+      throw InputError(fmt::format("decode: the {} window (+w{}) needs its raw values", name, w->tokens));
+  if (total_splits(p) > 1 && (!p.partial_o || !p.partial_lse)) throw InputError("decode: split-K needs partial buffers");
 }
 
 int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens) {
@@ -312,16 +345,54 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
   return p;
 }
 
-int64_t partial_o_floats(const DecodeParams& p) { return p.splits > 1 ? p.splits * p.batch * p.q_heads * p.head_dim : 0; }
-int64_t partial_lse_floats(const DecodeParams& p) { return p.splits > 1 ? p.splits * p.batch * p.q_heads : 0; }
+std::vector<DecodeParams> decode_regions(const DecodeParams& p) {
+  DecodeParams all = p;
+  all.region = KeyRegion::kAll, all.split_base = 0;
+  if (!p.k_window.present() && !p.v_window.present()) return {all};
+  std::vector<KeyRegion> regions = {KeyRegion::kBothQuantized};
+  if (p.k_window.present()) regions.push_back(KeyRegion::kKRaw);
+  if (p.v_window.present()) regions.push_back(KeyRegion::kVRaw);
+  if (p.k_window.present() && p.v_window.present()) regions.push_back(KeyRegion::kBothRaw);
+  std::vector<DecodeParams> out;
+  int base = 0;
+  for (KeyRegion r : regions) {
+    DecodeParams q = p;
+    q.region = r, q.split_base = base;
+    if (r == KeyRegion::kKRaw || r == KeyRegion::kBothRaw) q.k = p.k_window.raw, q.k_format = p.k_window.format;
+    if (r == KeyRegion::kVRaw || r == KeyRegion::kBothRaw) q.v = p.v_window.raw, q.v_format = p.v_window.format;
+    int64_t lo = 0, hi = 0;  // the region's keys in a full-length sequence: its share of the splits
+    key_region_bounds(r, p.k_window, p.v_window, p.tokens, lo, hi);
+    const double share = p.tokens > 0 ? static_cast<double>(std::max<int64_t>(hi - lo, 0)) / static_cast<double>(p.tokens) : 0;
+    q.splits = std::max(1, static_cast<int>(std::lround(share * p.splits)));
+    base += q.splits;
+    out.push_back(q);
+  }
+  return out;
+}
+
+int total_splits(const DecodeParams& p) {
+  int total = 0;
+  for (const DecodeParams& r : decode_regions(p)) total += r.splits;
+  return total;
+}
+
+int64_t partial_o_floats(const DecodeParams& p) {
+  const int64_t n = total_splits(p);
+  return n > 1 ? n * p.batch * p.q_heads * p.head_dim : 0;
+}
+int64_t partial_lse_floats(const DecodeParams& p) {
+  const int64_t n = total_splits(p);
+  return n > 1 ? n * p.batch * p.q_heads : 0;
+}
 
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   check_decode_params(p);
   if (p.batch == 0) return;
+  const int splits = total_splits(p);
   if (p.family == DecodeFamily::kTensorCore) {
     const std::string why = tensor_core_unsupported_reason(p);
     if (!why.empty()) throw InputError("decode (tensor cores): " + why);
-    detail::launch_tc(p, stream);
+    for (const DecodeParams& region : decode_regions(p)) detail::launch_tc(region, stream);
   } else if (const std::string why = cuda_core_unsupported_reason(p); !why.empty()) {
     throw InputError("decode (CUDA cores): " + why);
   } else switch (p.k_format) {
@@ -334,9 +405,11 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     case KvFormat::kFp8E5m2: break;  // rejected above
   }
   KVQ_CHECK_LAUNCH();
-  if (p.splits > 1) {
+  if (splits > 1) {
+    DecodeParams merge = p;
+    merge.splits = splits;
     const int threads = std::min(p.head_dim, 128);
-    detail::merge_splits_kernel<<<static_cast<unsigned>(p.batch * p.q_heads), threads, 0, stream>>>(p);
+    detail::merge_splits_kernel<<<static_cast<unsigned>(p.batch * p.q_heads), threads, 0, stream>>>(merge);
     KVQ_CHECK_LAUNCH();
   }
 }
@@ -345,6 +418,11 @@ int64_t decode_bytes_moved(const DecodeParams& p, const Scheme* k_scheme, const 
                            const int32_t* host_seq_lens) {
   int64_t live = 0;
   for (int64_t b = 0; b < p.batch; ++b) live += host_seq_lens ? host_seq_lens[b] : p.tokens;
+  auto quantized_live = [&](const Scheme* s) {  // +wW: the tokens read as codes, the rest raw
+    int64_t n = 0;
+    for (int64_t b = 0; b < p.batch; ++b) n += quantized_length(*s, host_seq_lens ? host_seq_lens[b] : p.tokens, p.tokens);
+    return std::min(n, live);
+  };
   auto per_token_head = [&](const Scheme* s) -> double {  // bytes per (token, KV head)
     if (!s) return 2.0 * p.head_dim;
     const double param_bytes = (s->scale_dtype == ScaleDtype::kFp16 ? 2.0 : 4.0) * (s->asymmetric ? 2 : 1);
@@ -358,7 +436,13 @@ int64_t decode_bytes_moved(const DecodeParams& p, const Scheme* k_scheme, const 
     }
     return static_cast<double>(code_bytes_per_row(*s, p.head_dim)) + groups * param_bytes;
   };
-  const double kv = static_cast<double>(live * p.kv_heads) * (per_token_head(k_scheme) + per_token_head(v_scheme));
+  auto operand = [&](const Scheme* s) {
+    if (!s || !s->has_window()) return static_cast<double>(live * p.kv_heads) * per_token_head(s);
+    const int64_t q = quantized_live(s);
+    return static_cast<double>(p.kv_heads) * (static_cast<double>(q) * per_token_head(s) +
+                                              static_cast<double>(live - q) * per_token_head(nullptr));
+  };
+  const double kv = operand(k_scheme) + operand(v_scheme);
   const int64_t q_o = 2 * 2 * p.batch * p.q_heads * p.head_dim + 4 * p.batch * p.q_heads;
   return static_cast<int64_t>(kv) + q_o;
 }

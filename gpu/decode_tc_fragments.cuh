@@ -44,6 +44,8 @@ struct TcSource {
   int param_words = 0;   // words of one step's span (the zero points' follow the scales' in a stage)
   int param_offset = 0;  // the span's first element within its first word (fp16: 0 or 1)
   int param_row_bytes = 0;  // parameter bytes per key
+  int channel_tokens = 0;    // kChannel: tokens per group (a step lies in one); its span is D parameters
+  int channel_bytes = 0;
 };
 
 // The words of row (b, h) rows and params of `op` for this CTA.
@@ -55,7 +57,7 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const DecodeP
   s.stride_t = op.stride_t;
   s.mode = op.mode;
   s.asymmetric = op.asymmetric, s.fp32_params = op.fp32_params;
-  s.groups = op.group > 0 ? D / op.group : 1;
+  s.groups = op.group > 0 && op.mode != ParamMode::kChannel ? D / op.group : 1;
   s.inline_words = op.inline_bytes / 4;
   s.vec16 = s.inline_words == 0 && row_words % 4 == 0 && (reinterpret_cast<uintptr_t>(s.rows) % 16 == 0) &&
             op.stride_t % 16 == 0;
@@ -84,6 +86,13 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const DecodeP
       s.first_param = (b * p.kv_heads + h) * p.tokens * s.groups;
       param_bytes = p.batch * p.kv_heads * p.tokens * s.groups * pbytes;
       break;
+    case ParamMode::kChannel: {
+      const int64_t token_groups = (p.tokens + op.group - 1) / op.group;
+      s.first_param = (b * p.kv_heads + h) * token_groups * D;
+      param_bytes = p.batch * p.kv_heads * token_groups * D * pbytes;
+      s.channel_tokens = op.group, s.channel_bytes = D * pbytes;
+      break;
+    }
     default: break;
   }
   s.scales = static_cast<const uint8_t*>(op.scales), s.zeros = static_cast<const uint8_t*>(op.zeros);
@@ -91,7 +100,7 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const DecodeP
     const int64_t first_word = s.first_param * pbytes / 4, lane = threadIdx.x % 32;
     s.param_offset = static_cast<int>(s.first_param * pbytes % 4) / pbytes;
     s.param_words = tc_param_words(op, step_tokens, D) / (op.asymmetric ? 2 : 1);
-    s.param_row_bytes = s.groups * pbytes;
+    s.param_row_bytes = op.mode == ParamMode::kChannel ? 0 : s.groups * pbytes;
     s.scale_lane = s.scales + 4 * (first_word + lane), s.scale_end = s.scales + param_bytes;
     if (op.asymmetric) s.zero_lane = s.zeros + 4 * (first_word + lane), s.zero_end = s.zeros + param_bytes;
   }
@@ -113,12 +122,12 @@ __device__ __forceinline__ void copy_param_words(uint32_t* dst, const uint8_t* l
 // Rows [t0, t0 + n) in copies of kUnit words: inline parameters to `params`, codes to `codes`.
 template <int kUnit, int kRowWords, int kStride, int kStepTokens>
 __device__ __forceinline__ void copy_rows_in_units(uint32_t* codes, uint32_t* params, const TcSource& s, int64_t t0,
-                                                   int n, int lane, uint32_t units_magic) {
+                                                   int n_lo, int n, int lane, uint32_t units_magic) {
   const int units = (s.inline_words + kRowWords) / kUnit;
   for (int i = lane; i < kStepTokens * units; i += 32) {
     const int r = static_cast<int>((static_cast<uint64_t>(i) * units_magic) >> 24);  // i / units
     const int w = (i - r * units) * kUnit;
-    const bool ok = r < n;
+    const bool ok = r >= n_lo && r < n;
     uint32_t* dst = w < s.inline_words ? params + r * s.inline_words + w : codes + r * kStride + (w - s.inline_words);
     const uint8_t* src = s.rows + (ok ? (t0 + r) * s.stride_t + w * 4 : 0);
     if constexpr (kUnit == 4) cp_async16(smem_address(dst), src, ok);
@@ -126,11 +135,11 @@ __device__ __forceinline__ void copy_rows_in_units(uint32_t* codes, uint32_t* pa
   }
 }
 
-// One step of rows [t0, t0 + n) into a stage: codes into `codes` (row stride kStride words, rows
-// n.. zero-filled so that masked keys multiply finite values), parameters into `params`.
+// One step of rows [t0 + n_lo, t0 + n) into a stage: codes into `codes` (row stride kStride words,
+// the other rows zero-filled so that masked keys multiply finite values), parameters into `params`.
 template <int kRowWords, int kStride, int kStepTokens>
-__device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, const TcSource& s, int64_t t0, int n,
-                                          int lane, uint32_t units_magic) {
+__device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, const TcSource& s, int64_t t0, int n_lo,
+                                          int n, int lane, uint32_t units_magic) {
   if (s.vec16) {  // lane takes chunk lane % kChunks of rows lane / kChunks + k * kRowsPerPass
     constexpr int kChunks = kRowWords / 4;
     constexpr int kRowsPerPass = 32 / kChunks;
@@ -141,17 +150,18 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
     const uint32_t dst = smem_address(codes + row0 * kStride + ch * 4);
 #pragma unroll
     for (int k = 0; k < kPasses; ++k) {
-      const bool ok = row0 + k * kRowsPerPass < n;  // masked rows copy nothing from a valid address
+      const int row = row0 + k * kRowsPerPass;
+      const bool ok = row >= n_lo && row < n;  // masked rows copy nothing from a valid address
       cp_async16(dst + 4 * k * kRowsPerPass * kStride, ok ? src : s.rows, ok);
       src += s.pass_bytes;
     }
   } else if (s.copy_words == 4) {  // FBGEMM rows whose params and codes tile 16-byte chunks
-    copy_rows_in_units<4, kRowWords, kStride, kStepTokens>(codes, params, s, t0, n, lane, units_magic);
+    copy_rows_in_units<4, kRowWords, kStride, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic);
   } else {  // other FBGEMM rows, unaligned rows
-    copy_rows_in_units<1, kRowWords, kStride, kStepTokens>(codes, params, s, t0, n, lane, units_magic);
+    copy_rows_in_units<1, kRowWords, kStride, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic);
   }
   if (s.scale_lane) {  // whole spans: rows past n copy their neighbours' parameters, never used
-    const int64_t advance = t0 * s.param_row_bytes;
+    const int64_t advance = s.channel_tokens ? t0 / s.channel_tokens * s.channel_bytes : t0 * s.param_row_bytes;
     copy_param_words(params, s.scale_lane + advance, s.scale_end, s.scales, s.param_words, lane);
     if (s.asymmetric)
       copy_param_words(params + s.param_words, s.zero_lane + advance, s.zero_end, s.zeros, s.param_words, lane);
@@ -159,7 +169,7 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
 }
 
 // Scale and zero point of group `grp` of the lane's rows 16 mt + g (h = 0) and + 8 (h = 1) of every
-// m-tile of a stage (0 for rows past the step, whose stage words are stale). One set of branches on
+// m-tile of a stage (0 for rows outside [n_lo, n), whose stage words are stale). One set of branches on
 // the (warp-uniform) parameter mode per call, not per row.
 struct RowParams {
   float scale, zero;
@@ -169,7 +179,7 @@ __device__ __forceinline__ float param_at(const uint32_t* words, int index, bool
               : __half2float(__ushort_as_half(reinterpret_cast<const uint16_t*>(words)[index]));
 }
 template <int kMTiles>
-__device__ __forceinline__ void tile_params(const TcSource& s, const uint32_t* params, int g, int grp, int n,
+__device__ __forceinline__ void tile_params(const TcSource& s, const uint32_t* params, int g, int grp, int n_lo, int n,
                                             RowParams (&out)[kMTiles][2]) {
   if (s.mode == ParamMode::kTensor || s.mode == ParamMode::kNone) {  // kNone: scale-free FP8 (1, 0)
 #pragma unroll
@@ -199,7 +209,8 @@ __device__ __forceinline__ void tile_params(const TcSource& s, const uint32_t* p
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const bool live = 16 * mt + g + 8 * h < n;
+      const int row = 16 * mt + g + 8 * h;
+      const bool live = row >= n_lo && row < n;
       out[mt][h] = {live ? out[mt][h].scale : 0.0f, live ? out[mt][h].zero : 0.0f};
     }
 }
@@ -266,6 +277,26 @@ __device__ __forceinline__ void k_fragment(const uint32_t* kc, int row, int j, i
     a[0] = nibble_pair_low(x0, sym), a[1] = nibble_pair_low(x1, sym);
     a[2] = nibble_pair_high(x0, sym), a[3] = nibble_pair_high(x1, sym);
   }
+}
+
+// chan-tN K: the k-slice j fragment `a` of a key (codes as exact fp16) becomes c * s + z, rounded
+// once (fma) to fp16, with the scale and zero point of each element's channel in the step's token
+// group: D fp16 scales at `params`, the zero points `zero_words` words after (asymmetric only).
+// The pairs follow the fragment's element order (q_perm).
+template <KvFormat F>
+__device__ __forceinline__ void channel_dequant(uint32_t (&a)[4], const uint32_t* params, int zero_words, int j, int c,
+                                                bool asymmetric) {
+  auto pairs = [](uint2 w, uint32_t& first, uint32_t& second) {  // halves d .. d+3 -> (a[0], a[2]) order
+    if constexpr (F == KvFormat::kInt4 || F == KvFormat::kInt4Fbgemm)
+      first = __byte_perm(w.x, w.y, 0x5410), second = __byte_perm(w.x, w.y, 0x7632);  // (d, d+2), (d+1, d+3)
+    else
+      first = w.x, second = w.y;
+  };
+  uint32_t s0, s1, z0 = 0, z1 = 0;
+  pairs(*reinterpret_cast<const uint2*>(params + 8 * j + 2 * c), s0, s1);
+  if (asymmetric) pairs(*reinterpret_cast<const uint2*>(params + zero_words + 8 * j + 2 * c), z0, z1);
+  a[0] = hfma2(a[0], s0, z0), a[1] = hfma2(a[1], s0, z0);
+  a[2] = hfma2(a[2], s1, z1), a[3] = hfma2(a[3], s1, z1);
 }
 
 // A fragments of PV m-tiles 2i (`lo`) and 2i + 1 (`hi`) for the k-step whose lane keys are

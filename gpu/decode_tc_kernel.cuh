@@ -88,14 +88,16 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b
 }
 
 // kKSlicesPerGroup / kVPairsPerGroup: K k-slices per K scale group and V m-tile pairs per V scale
-// group when known at compile time (0: read from p). The common shapes -- one group per row, and
+// group when known at compile time (0: read from p). kKSlicesPerGroup = -1: chan-tN K, dequantized
+// to fp16 in the fragments (a step lies in one token group), then multiplied as raw fp16 K. The common shapes -- one group per row, and
 // groups of 32 -- get their own kernels: the group boundaries in the unrolled loops are then
 // constants and the loops straight-line code.
 template <KvFormat FK, KvFormat FV, int D, int kKSlicesPerGroup, int kVPairsPerGroup>
 __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV, D>::kMinCtas)
     decode_tc_kernel(const DecodeParams p) {
   using Tr = TcTraits<FK, FV, D>;
-  constexpr bool kKQuant = Tr::K::kQuantized, kVQuant = Tr::V::kQuantized;
+  constexpr bool kChanK = kKSlicesPerGroup < 0;
+  constexpr bool kKQuant = Tr::K::kQuantized && !kChanK, kVQuant = Tr::V::kQuantized;  // kKQuant: scales after QK
   constexpr int kST = Tr::kStepTokens, kS = Tr::kStages;
   extern __shared__ uint4 tc_smem[];
   TcPrologue<D>& pro = *reinterpret_cast<TcPrologue<D>*>(tc_smem);
@@ -111,11 +113,16 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   cta /= p.splits;
   const int64_t hk = cta % p.kv_heads, b = cta / p.kv_heads;
   const int64_t len = p.seq_lens ? p.seq_lens[b] : p.tokens;
-  // Whole rounds of steps per split, so every warp of a CTA gets the same number of steps.
+  // The region's keys [lo, hi); steps start at multiples of 16 keys from `base` (the parameter
+  // copies rely on it), keys below lo masked. Whole rounds of steps per split, so every warp of a
+  // CTA gets the same number of steps.
+  int64_t lo = 0, hi = len;
+  key_region_bounds(p.region, p.k_window, p.v_window, len, lo, hi);
+  const int64_t base = lo / 16 * 16, span = hi > base ? hi - base : 0;
   constexpr int kRound = Tr::kWarps * kST;
-  const int64_t per_split = ((len + p.splits - 1) / p.splits + kRound - 1) / kRound * kRound;
-  const int64_t t_begin = split * per_split;
-  const int64_t t_end = t_begin + per_split < len ? t_begin + per_split : len;
+  const int64_t per_split = ((span + p.splits - 1) / p.splits + kRound - 1) / kRound * kRound;
+  const int64_t t_begin = base + split * per_split;
+  const int64_t t_end = t_begin + per_split < hi ? t_begin + per_split : hi;
 
   const TcStageLayout lay = tc_stage_layout<FK, FV, D>(p);
   const TcSource ks = tc_source<D>(p.k, p, b, hk, Tr::kKRowWords, kST);
@@ -173,8 +180,10 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
       uint32_t* st = ring + (s % kS) * lay.stage_words;
       const int64_t t0 = step_start(s);
       const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
-      copy_step<Tr::kKRowWords, Tr::kKStride, kST>(st, st + lay.k_params, ks, t0, n, lane, k_magic);
-      copy_step<Tr::kVRowWords, Tr::kVStride, kST>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0, n, lane, v_magic);
+      const int n_lo = t0 < lo ? static_cast<int>(lo - t0) : 0;
+      copy_step<Tr::kKRowWords, Tr::kKStride, kST>(st, st + lay.k_params, ks, t0, n_lo, n, lane, k_magic);
+      copy_step<Tr::kVRowWords, Tr::kVStride, kST>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0, n_lo, n, lane,
+                                                   v_magic);
     }
     cp_async_commit();  // empty groups keep the count uniform
   };
@@ -190,6 +199,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     const uint32_t* vc = st + kST * Tr::kKStride;
     const int64_t t0 = step_start(s);
     const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
+    const int n_lo = t0 < lo ? static_cast<int>(lo - t0) : 0;  // rows [n_lo, n) are keys
 
     // ---- QK: scores of keys (16 mt + g, + 8) x heads (2c, 2c + 1), log2 domain. The m-tiles and
     // two accumulators per m-tile (even / odd k-slices) are independent MMA chains.
@@ -204,6 +214,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
       for (int mt = 0; mt < Tr::kMTiles; ++mt) {
         uint32_t a[4];
         k_fragment<FK, Tr::kKStride>(kc, 16 * mt + g, j, c, !ks.asymmetric, a);
+        if constexpr (kChanK) channel_dequant<FK>(a, st + lay.k_params, ks.param_words, j, c, ks.asymmetric);
         mma_16816<Tr::K::kBf16Mma>(acc[mt][j % 2], a, qf[j][0], qf[j][1]);
       }
       if constexpr (kKQuant) {
@@ -212,7 +223,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
           const float qs0 = ks.asymmetric ? pro.q_sum[grp][2 * c] : 0.0f;
           const float qs1 = ks.asymmetric ? pro.q_sum[grp][2 * c + 1] : 0.0f;
           RowParams kp[Tr::kMTiles][2];
-          tile_params(ks, st + lay.k_params, g, grp, n, kp);
+          tile_params(ks, st + lay.k_params, g, grp, n_lo, n, kp);
 #pragma unroll
           for (int mt = 0; mt < Tr::kMTiles; ++mt) {
             const RowParams p0 = kp[mt][0], p1 = kp[mt][1];
@@ -236,7 +247,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
       for (int e = 0; e < 4; ++e) {
         const int r = 16 * mt + g + (e < 2 ? 0 : 8);
         const float dot = kKQuant ? total[mt][e] : acc[mt][0][e] + acc[mt][1][e];
-        sc[mt][e] = r < n ? dot * factor[e % 2] : -INFINITY;
+        sc[mt][e] = r >= n_lo && r < n ? dot * factor[e % 2] : -INFINITY;
         if (p.alibi_slopes) sc[mt][e] -= slope[e % 2] * static_cast<float>(len - 1 - (t0 + r));  // -inf stays
       }
 
@@ -275,7 +286,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
         if ((i & ((1 << v_shift) - 1)) == 0) {
           const int grp = i >> v_shift;
           RowParams vp[Tr::kMTiles][2];
-          tile_params(vs, st + lay.v_params, g, grp, n, vp);
+          tile_params(vs, st + lay.v_params, g, grp, n_lo, n, vp);
 #pragma unroll
           for (int mt = 0; mt < Tr::kMTiles; ++mt) {
             const float f0 = vp[mt][0].scale * v_fold, f1 = vp[mt][1].scale * v_fold;
@@ -369,20 +380,23 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     float out = 0.0f;
 #pragma unroll
     for (int w = 0; w < Tr::kWarps; ++w) out = __fmaf_rn(w_weight[i * Tr::kWarps + w], w_o[(w * Tr::kHeads + i) * D + d], out);
-    if (p.splits == 1) {
+    if (p.splits == 1 && p.region == KeyRegion::kAll) {
       p.out[(b * p.q_heads + h) * D + d] = fp32_to_bf16_bits(out);
       if (d == 0) p.lse[b * p.q_heads + h] = head_lse[i];
     } else {
-      p.partial_o[((split * p.batch + b) * p.q_heads + h) * D + d] = out;
-      if (d == 0) p.partial_lse[(split * p.batch + b) * p.q_heads + h] = head_lse[i];
+      const int64_t slot = p.split_base + split;
+      p.partial_o[((slot * p.batch + b) * p.q_heads + h) * D + d] = out;
+      if (d == 0) p.partial_lse[(slot * p.batch + b) * p.q_heads + h] = head_lse[i];
     }
   }
 }
 
 // The scale-group shapes with kernels of their own (decode_tc_kernel's template arguments). Only
-// storages with K and V in one format get the specialised shapes; mixed pairs run the general one.
-enum class TcGroupShape { kRow, kG32, kAny };
+// storages with K and V in one format get the specialised shapes; mixed pairs run the general one;
+// chan-tN K (int8 / int4 K and V) its own.
+enum class TcGroupShape { kRow, kG32, kAny, kChannelK };
 inline TcGroupShape tc_group_shape(const DecodeParams& p) {
+  if (p.k.mode == ParamMode::kChannel) return TcGroupShape::kChannelK;
   if (tc_codes(p.k_format) != tc_codes(p.v_format)) return TcGroupShape::kAny;
   auto row = [&](const KvOperand& op) { return op.group <= 0 || op.group == p.head_dim; };
   if (!is_quantized(p.k_format) || (row(p.k) && row(p.v))) return TcGroupShape::kRow;
@@ -402,6 +416,11 @@ template <KvFormat FK, KvFormat FV, int D>
 const void* tc_kernel_for(TcGroupShape shape) {
   using Tr = TcTraits<FK, FV, D>;
   constexpr int kSlices = Tr::kSlices;
+  constexpr bool kIntPair = (FK == KvFormat::kInt8 || FK == KvFormat::kInt4) && (FV == KvFormat::kInt8 || FV == KvFormat::kInt4);
+  if (shape == TcGroupShape::kChannelK) {
+    if constexpr (kIntPair) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, -1, 0>);
+    else return nullptr;  // tensor_core_unsupported_reason names it
+  }
   if constexpr (FK != FV || !Tr::kQuantized) {
     if constexpr (FK != FV) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, 0>);
     else return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kSlices, kSlices / 2>);
@@ -409,7 +428,8 @@ const void* tc_kernel_for(TcGroupShape shape) {
     switch (shape) {
       case TcGroupShape::kRow: return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kSlices, kSlices / 2>);
       case TcGroupShape::kG32: return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 2, 1>);
-      case TcGroupShape::kAny: break;
+      case TcGroupShape::kAny:
+      case TcGroupShape::kChannelK: break;
     }
     return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, 0>);
   }
@@ -436,10 +456,10 @@ TcEntry tc_entry() {
     return 0;
   };
   e.for_each_kernel = [](void (*fn)(const void*)) {
-    for (TcGroupShape shape : {TcGroupShape::kRow, TcGroupShape::kG32, TcGroupShape::kAny})
+    for (TcGroupShape shape : {TcGroupShape::kRow, TcGroupShape::kG32, TcGroupShape::kAny, TcGroupShape::kChannelK})
       for (const void* k : {tc_kernel_for<FK, FV, 64>(shape), tc_kernel_for<FK, FV, 128>(shape),
                             tc_kernel_for<FK, FV, 256>(shape)})
-        fn(k);
+        if (k) fn(k);
   };
   return e;
 }

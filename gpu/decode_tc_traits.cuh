@@ -79,6 +79,10 @@ struct TcTraits {
 
 // Words of shared memory one operand's parameters take per stage.
 KVQ_HD int tc_param_words(const KvOperand& op, int step_tokens, int head_dim) {
+  if (op.mode == ParamMode::kChannel) {  // one token group per step: D scales (and D zero points)
+    const int one = head_dim * (op.fp32_params ? 4 : 2) / 4;
+    return op.asymmetric ? 2 * one : one;
+  }
   const int groups = op.group > 0 ? head_dim / op.group : 1;
   switch (op.mode) {
     case ParamMode::kNone:

@@ -33,6 +33,8 @@ struct QuantizeParams {
   GroupStats* stats = nullptr;          // workspace [num_groups] (variants that need it)
   GroupStats* partials = nullptr;       // workspace for per-tensor reductions [kMaxPartials]
   uint8_t* scratch = nullptr;           // workspace for layout conversion (planar bytes)
+  const int32_t* seq_lens = nullptr;    // +wW: [B] on the device (nullptr: all T); the window keeps code 0
+  float* rotated = nullptr;             // +had: workspace, the input rotated along D (fp32, BNSH)
   unsigned long long* first_bad = nullptr;       // min flat [B,H,T,D] index of a non-finite input
   unsigned long long* first_overflow = nullptr;  // min group index whose scale overflows
 };
@@ -65,7 +67,9 @@ struct DeviceKv {
 // (timing replays the same launch).
 class QuantizeWorkspace {
  public:
-  QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme, CodeLayout layout);
+  // seq_lens (+wW schemes): each sequence's length, checked as the CPU quantizer checks them.
+  QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme, CodeLayout layout,
+                    const std::vector<int32_t>& seq_lens = {});
   const QuantizeParams& params() const { return params_; }
   // Clears the error flags and poisons the outputs, so that an unwritten byte shows.
   void reset();
@@ -79,6 +83,8 @@ class QuantizeWorkspace {
   DeviceKv input_;
   QuantizeParams params_;
   DeviceBuffer<uint8_t> codes_, scales_, zeros_, scratch_;
+  DeviceBuffer<int32_t> seq_lens_;
+  DeviceBuffer<float> rotated_;
   DeviceBuffer<GroupStats> stats_, partials_;
   DeviceBuffer<unsigned long long> flags_;
 };
@@ -87,11 +93,13 @@ class QuantizeWorkspace {
 // flags: non-finite input and scale overflow throw InputError with the CPU quantizer's message.
 GpuQuantized run_quantize(void (*launch)(const QuantizeParams&, cudaStream_t), const DeviceKv& input,
                           const Scheme& scheme, CodeLayout layout, const std::string& tensor_name,
-                          cudaStream_t stream = nullptr);
+                          cudaStream_t stream = nullptr, const std::vector<int32_t>& seq_lens = {});
 
 // ---- kernels' launch functions (one per variant) ----------------------------------------------
-// Generic: any scheme, any even D, any strides; stats pass (two-pass reduction for per-tensor),
-// params pass, encode pass; FBGEMM through a planar scratch and a row conversion.
+// Generic: any scheme (+had: a rotation pass into p.rotated first; +wW: statistics over the
+// quantized tokens, code 0 in the window), any even D, any strides; stats pass (two-pass
+// reduction for per-tensor), params pass, encode pass; FBGEMM through a planar scratch and a row
+// conversion.
 void launch_quantize_generic(const QuantizeParams& p, cudaStream_t stream);
 // Fused row-wise: head and gG granularities, D in {64, 128, 256}: one warp per (b, h, t) row
 // reads it once, reduces the groups with shuffles and writes codes and scales.

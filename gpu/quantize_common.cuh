@@ -25,6 +25,11 @@ __device__ __forceinline__ int64_t element_offset(const QuantizeParams& p, int64
   return b * p.stride_b + h * p.stride_h + t * p.stride_t + d;
 }
 
+// +wW: tokens [0, quantized_tokens) of sequence b are quantized, the rest keep code 0.
+__device__ __forceinline__ int64_t quantized_tokens(const QuantizeParams& p, int64_t b) {
+  return quantized_length(p.scheme, p.seq_lens ? p.seq_lens[b] : p.shape.tokens, p.shape.tokens);
+}
+
 // Flat logical index in [B, H, T, D] order: what the CPU's "first bad index" means.
 __device__ __forceinline__ unsigned long long flat_index(const KvShape& s, int64_t b, int64_t h, int64_t t, int64_t d) {
   return static_cast<unsigned long long>(((b * s.heads + h) * s.tokens + t) * s.head_dim + d);

@@ -1,12 +1,15 @@
 // The generic quantize variant: correct for every scheme, D and stride; the incumbent that faster
 // variants are checked and timed against.
+//   0. +had: one thread per row rotates it into p.rotated (fp32), which the passes below read
 //   1. stats: one thread per group scans its box (per-tensor: a two-pass block reduction; min and
-//      max are exact in any order, so the result is deterministic)
+//      max are exact in any order, so the result is deterministic); +wW: window tokens are checked
+//      for finiteness only
 //   2. params: one thread per group applies the codec's group_params and stores scale / zero point
 //   3. encode: one thread per code byte; FBGEMM rows are then assembled from the planar bytes
 #include <algorithm>
 
 #include "gpu/quantize_common.cuh"
+#include "quant/hadamard.hpp"
 
 namespace kvq {
 namespace {
@@ -17,19 +20,39 @@ constexpr int kThreads = 256;
 
 int blocks_for(int64_t work) { return static_cast<int>(std::min<int64_t>((work + kThreads - 1) / kThreads, 65535)); }
 
+// +had: row r of the input, rotated with the codec's transform, into p.rotated (BNSH fp32); the
+// non-finite check happens here, on the input, as the CPU's does.
+__global__ void rotate_rows_kernel(QuantizeParams p) {
+  const KvShape& s = p.shape;
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < s.rows(); r += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = r % s.tokens, h = (r / s.tokens) % s.heads, b = r / (s.tokens * s.heads);
+    float* row = p.rotated + r * s.head_dim;
+    unsigned long long bad = kNoIndex;
+    for (int64_t d = 0; d < s.head_dim; ++d) {
+      row[d] = detail::load_as_float(p.input, p.in_dtype, detail::element_offset(p, b, h, t, d));
+      if (!is_finite_float(row[d])) bad = min(bad, detail::flat_index(s, b, h, t, d));
+    }
+    if (bad != kNoIndex) atomicMin(p.first_bad, bad);
+    hadamard_rotate(row, s.head_dim);
+  }
+}
+
 __global__ void group_stats_kernel(QuantizeParams p, int64_t g0, int64_t g1) {
   for (int64_t g = g0 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < g1; g += int64_t(gridDim.x) * blockDim.x) {
     const GroupBox box = group_box(p.scheme, p.shape, g);
     GroupStats st;
     unsigned long long bad = kNoIndex;
-    for (int64_t b = box.b0; b < box.b1; ++b)
+    for (int64_t b = box.b0; b < box.b1; ++b) {
+      const int64_t quantized = detail::quantized_tokens(p, b);
       for (int64_t h = box.h0; h < box.h1; ++h)
         for (int64_t t = box.t0; t < box.t1; ++t)
           for (int64_t d = box.d0; d < box.d1; ++d) {
             const float x = detail::load_as_float(p.input, p.in_dtype, detail::element_offset(p, b, h, t, d));
-            if (is_finite_float(x)) st.add(x);
-            else bad = min(bad, detail::flat_index(p.shape, b, h, t, d));
+            // +had: the input was checked; its rotation is taken as it is (inf -> overflow), as on the CPU
+            if (p.input != p.rotated && !is_finite_float(x)) bad = min(bad, detail::flat_index(p.shape, b, h, t, d));
+            else if (t < quantized) st.add(x);
           }
+    }
     if (bad != kNoIndex) atomicMin(p.first_bad, bad);
     p.stats[g] = st;
   }
@@ -46,8 +69,8 @@ __global__ void tensor_partials_kernel(QuantizeParams p) {
     const int64_t d = i % s.head_dim, r = i / s.head_dim;
     const int64_t t = r % s.tokens, h = (r / s.tokens) % s.heads, b = r / (s.tokens * s.heads);
     const float x = detail::load_as_float(p.input, p.in_dtype, detail::element_offset(p, b, h, t, d));
-    if (is_finite_float(x)) st.add(x);
-    else bad = min(bad, static_cast<unsigned long long>(i));
+    if (p.input != p.rotated && !is_finite_float(x)) bad = min(bad, static_cast<unsigned long long>(i));
+    else if (t < detail::quantized_tokens(p, b)) st.add(x);
   }
   if (bad != kNoIndex) atomicMin(p.first_bad, bad);
   lo[threadIdx.x] = st.lo_key, hi[threadIdx.x] = st.hi_key, amax[threadIdx.x] = st.amax;
@@ -99,6 +122,10 @@ __global__ void encode_kernel(QuantizeParams p, uint8_t* codes) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / row_bytes, j = i % row_bytes;
     const int64_t t = r % s.tokens, h = (r / s.tokens) % s.heads, b = r / (s.tokens * s.heads);
+    if (t >= detail::quantized_tokens(p, b)) {  // +wW window: code 0 (the values stay in the input)
+      codes[i] = 0;
+      continue;
+    }
     codes[i] = p.scheme.bits == 8 ? code_to_byte(encode_at(p, b, h, t, j))
                                   : pack_nibbles(encode_at(p, b, h, t, 2 * j), encode_at(p, b, h, t, 2 * j + 1));
   }
@@ -129,7 +156,16 @@ void launch_group_stats(const QuantizeParams& p, int64_t g0, int64_t g1, cudaStr
   KVQ_CHECK_LAUNCH();
 }
 
-void launch_quantize_generic(const QuantizeParams& p, cudaStream_t stream) {
+void launch_quantize_generic(const QuantizeParams& input, cudaStream_t stream) {
+  QuantizeParams p = input;
+  if (p.scheme.hadamard) {  // the passes below read the rotated rows, already checked for finiteness
+    if (!p.rotated) throw InputError("quantize-generic: +had needs the rotation workspace (QuantizeWorkspace)");
+    rotate_rows_kernel<<<blocks_for(p.shape.rows()), kThreads, 0, stream>>>(p);
+    KVQ_CHECK_LAUNCH();
+    p.input = p.rotated, p.in_dtype = InputDtype::kFp32;
+    p.stride_b = p.shape.heads * p.shape.tokens * p.shape.head_dim, p.stride_h = p.shape.tokens * p.shape.head_dim;
+    p.stride_t = p.shape.head_dim;
+  }
   const int64_t groups = num_groups(p.scheme, p.shape);
   if (groups == 0 && !(p.scheme.scale_free && p.shape.numel() > 0)) return;  // scale-free FP8: encode only
   if (p.scheme.granularity == Granularity::kTensor) {

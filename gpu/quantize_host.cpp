@@ -45,10 +45,17 @@ float element_on_device(const DeviceKv& in, int64_t b, int64_t h, int64_t t, int
 
 }  // namespace
 
-QuantizeWorkspace::QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme, CodeLayout layout) : input_(input) {
+QuantizeWorkspace::QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme, CodeLayout layout,
+                                     const std::vector<int32_t>& seq_lens)
+    : input_(input) {
   require_device();
   check_scheme_fits(scheme, static_cast<int>(input.shape.head_dim));
   const KvShape& s = input.shape;
+  if (!seq_lens.empty() && static_cast<int64_t>(seq_lens.size()) != s.batch)
+    throw InputError(fmt::format("quantize: {} seq_lens for a batch of {}", seq_lens.size(), s.batch));
+  window_boundaries(scheme, s, seq_lens.empty() ? nullptr : seq_lens.data());  // the CPU's checks and message
+  if (scheme.has_window() && !seq_lens.empty()) seq_lens_ = DeviceBuffer<int32_t>(seq_lens);
+  if (scheme.hadamard) rotated_ = DeviceBuffer<float>(s.numel());
   const QuantizedSizes out = quantized_sizes(scheme, s, layout), planar = quantized_sizes(scheme, s, CodeLayout::kPlanar);
   codes_ = DeviceBuffer<uint8_t>(out.codes);
   scales_ = DeviceBuffer<uint8_t>(planar.scales);  // FBGEMM: workspace of the generic variant
@@ -69,6 +76,8 @@ QuantizeWorkspace::QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme
   params_.stats = stats_.data();
   params_.partials = partials_.data();
   params_.scratch = scratch_.data();
+  params_.seq_lens = seq_lens_.size() ? seq_lens_.data() : nullptr;
+  params_.rotated = rotated_.size() ? rotated_.data() : nullptr;
   params_.first_bad = flags_.data();
   params_.first_overflow = flags_.data() + 1;
   reset();
@@ -115,8 +124,9 @@ int64_t QuantizeWorkspace::bytes_moved() const {
 }
 
 GpuQuantized run_quantize(void (*launch)(const QuantizeParams&, cudaStream_t), const DeviceKv& input,
-                          const Scheme& scheme, CodeLayout layout, const std::string& tensor_name, cudaStream_t stream) {
-  QuantizeWorkspace ws(input, scheme, layout);
+                          const Scheme& scheme, CodeLayout layout, const std::string& tensor_name, cudaStream_t stream,
+                          const std::vector<int32_t>& seq_lens) {
+  QuantizeWorkspace ws(input, scheme, layout, seq_lens);
   launch(ws.params(), stream);
   ws.check_flags(tensor_name, stream);
   return ws.download();

@@ -18,8 +18,10 @@ bool fbgemm_ok(const Scheme& s, int64_t head_dim) {
   }
 }
 
+// Only quantize-generic rotates (+had) or keeps a window (+wW).
+bool plain(const Scheme& s) { return !s.hadamard && !s.has_window(); }
+
 bool generic_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype) {
-  if (s.hadamard || s.has_window()) return false;  // the GPU quantizers do not rotate or keep windows yet
   try {
     check_scheme_fits(s, static_cast<int>(head_dim));
   } catch (const SchemeError&) {
@@ -29,19 +31,21 @@ bool generic_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, Input
 }
 
 bool groupthread_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype dtype) {
-  return !s.fp8() && groupthread_supports(s, head_dim) && generic_accepts(s, head_dim, layout, dtype);
+  return !s.fp8() && plain(s) && groupthread_supports(s, head_dim) && generic_accepts(s, head_dim, layout, dtype);
 }
 
 bool rowwarp_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype dtype) {
-  return !s.fp8() && rowwarp_supports(s, head_dim) && generic_accepts(s, head_dim, layout, dtype);
+  return !s.fp8() && plain(s) && rowwarp_supports(s, head_dim) && generic_accepts(s, head_dim, layout, dtype);
 }
 
 bool tokenteam_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype dtype) {
-  return tokenteam_supports(s, head_dim) && layout == CodeLayout::kPlanar && generic_accepts(s, head_dim, layout, dtype);
+  return plain(s) && tokenteam_supports(s, head_dim) && layout == CodeLayout::kPlanar &&
+         generic_accepts(s, head_dim, layout, dtype);
 }
 
 bool tensor2pass_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype dtype) {
-  return tensor2pass_supports(s, head_dim) && layout == CodeLayout::kPlanar && generic_accepts(s, head_dim, layout, dtype);
+  return plain(s) && tensor2pass_supports(s, head_dim) && layout == CodeLayout::kPlanar &&
+         generic_accepts(s, head_dim, layout, dtype);
 }
 
 }  // namespace
@@ -49,9 +53,10 @@ bool tensor2pass_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, I
 const std::vector<QuantizeVariant>& quantize_variants() {
   static const std::vector<QuantizeVariant> variants = {
       {"quantize-generic",
-       "stats pass (thread per group; per-tensor: two-pass block reduction), params pass, encode pass (thread per "
-       "code byte); FBGEMM rows assembled from planar bytes",
-       "every scheme (FP8 included; not yet +had or +wW); any even D; any strides; planar and FBGEMM layouts; "
+       "(+had: rotation pass, thread per row) stats pass (thread per group; per-tensor: two-pass block reduction), "
+       "params pass, encode pass (thread per code byte; +wW window tokens: code 0); FBGEMM rows assembled from planar "
+       "bytes",
+       "every scheme (FP8, +had and +wW included); any even D; any strides; planar and FBGEMM layouts; "
        "fp32/fp16/bf16 input", true,
        generic_accepts, launch_quantize_generic},
       {"quantize-rowwarp",
@@ -103,8 +108,9 @@ std::vector<const Variant*> find_variants(const std::vector<Variant>& all, const
 }
 
 const char* kDecodeSupports =
-    "Tq=1; MHA/GQA/MQA; ALiBi; per-sequence lengths; D in {8,64,128,256}; K/V bf16 or fp16 (BNSH or BSNH), int8 "
-    "(tensor/token/head/gG, sym/asym, fp16/fp32 scales), int4 planar (same) and FBGEMM rows; G a multiple of 8";
+    "Tq=1; MHA/GQA/MQA; ALiBi; per-sequence lengths; D in {8,64,128,256}; K and V in one format: bf16 or fp16 (BNSH or "
+    "BSNH), int8 (tensor/token/head/gG, sym/asym, fp16/fp32 scales), int4 planar (same) and FBGEMM rows; G a multiple "
+    "of 8 (no FP8, chan-tN or +wW: decode-tc)";
 
 }  // namespace
 
@@ -144,12 +150,14 @@ const std::vector<DecodeVariant>& decode_variants() {
        kDecodeSupports, false, true, 1},
       {"decode-tc",
        "tensor cores: mma.sync m16n8k16 with 16 keys x the 8 query heads of a KV head per tile (QK and PV); codes "
-       "converted exactly to fp16 in registers (bf16 storage: bf16 MMA), scales applied after QK and folded into P for "
-       "PV; each warp streams its own key steps through a 3-4 stage cp.async ring; keys split so the grid fills the "
-       "device, warps then splits merged by LSE",
-       "Tq=1; MHA/GQA/MQA; ALiBi; per-sequence lengths; D in {64,128,256} (D=8: the CUDA-core variants); K/V bf16 or "
-       "fp16 (BNSH or BSNH), int8 and int4 planar (tensor/token/head/gG, sym/asym, fp16/fp32 scales) and int4 FBGEMM "
-       "rows; K groups a multiple of 16, V groups a multiple of 32",
+       "converted exactly to fp16 in registers (bf16 storage: bf16 MMA; chan-tN K dequantized to fp16), scales applied "
+       "after QK and folded into P for PV; each warp streams its own key steps through a 2-3 stage cp.async ring; keys "
+       "split so the grid fills the device (+wW: one launch per region of quantized / raw keys), warps then splits "
+       "merged by LSE",
+       "Tq=1; MHA/GQA/MQA; ALiBi; per-sequence lengths; D in {64,128,256} (D=8: the CUDA-core variants); K and V each "
+       "bf16 or fp16 (BNSH or BSNH), int8, int4 or FP8 e4m3/e5m2 planar (tensor/token/head/gG, sym/asym, fp16/fp32 "
+       "scales; FP8 also scale-free), int4 FBGEMM rows (both); K groups a multiple of 16, V groups a multiple of 32; "
+       "chan-tN K (N a multiple of 32, fp16 params) with int8/int4 V; +wW windows read raw",
        false, true, 8, DecodeFamily::kTensorCore},
   };
   return variants;

@@ -184,9 +184,6 @@ void check_scheme_fits(const Scheme& s, int head_dim) {
 std::string decode_modifier_reason(const Scheme& s) {
   if (s.hadamard)
     return fmt::format("{}: Hadamard-rotated storage (+had); no decode kernel rotates the query yet", to_string(s));
-  if (s.has_window())
-    return fmt::format("{}: full-precision window (+w{}); no decode kernel reads mixed storage yet", to_string(s),
-                       s.window);
   return "";
 }
 

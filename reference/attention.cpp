@@ -89,6 +89,7 @@ void attend_kv_head(const AttentionProblem& p, const PrecisionProfile& prof, Key
   for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
     const int64_t nb = std::min(kKeyBlock, n - j0);
     kv_block = FloatRows(p.k.row(b, kvh, begin + j0), nb, d, Eigen::OuterStride<>(p.k.stride_t)).cast<Acc>();
+    if (prof.k_before_qk != RoundTo::kNone) kv_block = kv_block.unaryExpr([&](Acc x) { return round_as(x, prof.k_before_qk); });
     s.middleCols(j0, nb).noalias() = q * kv_block.transpose();
   }
 
@@ -208,12 +209,14 @@ PrecisionProfile PrecisionProfile::parse(const std::string& name) {
       prof.fp32 = part == "fp32";
     } else if (!first && part.size() > 1 && part[0] == 'q') {
       prof.q_before_qk = round_name(part, 1);
+    } else if (!first && part.size() > 1 && part[0] == 'k') {
+      prof.k_before_qk = round_name(part, 1);
     } else if (!first && part.size() > 1 && part[0] == 'p') {
       prof.p_before_pv = round_name(part, 1);
     } else if (!first && part.size() > 1 && part[0] == 'o') {
       prof.output = round_name(part, 1);
     } else {
-      throw InputError(fmt::format("precision profile '{}': expected fp64 or fp32[-q<bf16|fp16>][-p<bf16|fp16>][-o<bf16|fp16>]", name));
+      throw InputError(fmt::format("precision profile '{}': expected fp64 or fp32[-q<bf16|fp16>][-k<bf16|fp16>][-p<bf16|fp16>][-o<bf16|fp16>]", name));
     }
     first = false;
     if (dash == std::string::npos) break;
@@ -223,11 +226,13 @@ PrecisionProfile PrecisionProfile::parse(const std::string& name) {
 }
 
 std::string PrecisionProfile::name() const {
-  if (!fp32 && q_before_qk == RoundTo::kNone && p_before_pv == RoundTo::kNone && output == RoundTo::kNone)
+  if (!fp32 && q_before_qk == RoundTo::kNone && k_before_qk == RoundTo::kNone && p_before_pv == RoundTo::kNone &&
+      output == RoundTo::kNone)
     return "fp64";
   auto dt = [](RoundTo r) { return r == RoundTo::kBf16 ? "bf16" : "fp16"; };
   std::string s = fp32 ? "fp32" : "fp64";
   if (q_before_qk != RoundTo::kNone) s += std::string("-q") + dt(q_before_qk);
+  if (k_before_qk != RoundTo::kNone) s += std::string("-k") + dt(k_before_qk);
   if (p_before_pv != RoundTo::kNone) s += std::string("-p") + dt(p_before_pv);
   if (output != RoundTo::kNone) s += std::string("-o") + dt(output);
   return s;

@@ -47,11 +47,13 @@ struct PrecisionProfile {
   // Q rounded before Q.K: bf16, or fp16 after scaling each query row by 2^fp16_operand_exponent
   // (quant/float_formats.hpp), the scaling undone exactly afterwards (tensor-core kernels).
   RoundTo q_before_qk = RoundTo::kNone;
+  RoundTo k_before_qk = RoundTo::kNone;  // K values (as dequantized, fp32) rounded before Q.K
   RoundTo p_before_pv = RoundTo::kNone;
   RoundTo output = RoundTo::kNone;
 
   static PrecisionProfile reference() { return {}; }
-  // Parses "fp64" or "fp32[-q{bf16|fp16}][-p{bf16|fp16}][-o{bf16|fp16}]", e.g. "fp32-qfp16-pfp16-obf16".
+  // Parses "fp64" or "fp32[-q{bf16|fp16}][-k{bf16|fp16}][-p{bf16|fp16}][-o{bf16|fp16}]", e.g.
+  // "fp32-qfp16-pfp16-obf16".
   static PrecisionProfile parse(const std::string& name);
   std::string name() const;
 };

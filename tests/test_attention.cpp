@@ -183,6 +183,21 @@ TEST_CASE("precision mimic: qfp16 rounds each query row to fp16 after scaling it
   CHECK(PrecisionProfile::parse("fp32-qbf16").q_before_qk == RoundTo::kBf16);
 }
 
+TEST_CASE("precision mimic: kfp16 rounds each K value to fp16 before the product") {
+  // One key: LSE = scale * q . k shows the K value the mimic used.
+  std::vector<float> q = {1, 0, 0, 0, 0, 0, 0, 0}, v(8, 1.0f);
+  std::vector<float> k = {1.0f + std::ldexp(1.0f, -12), 0, 0, 0, 0, 0, 0, 0};  // a quarter fp16 step above 1
+  AttentionProblem p;
+  p.batch = 1, p.q_heads = 1, p.kv_heads = 1, p.head_dim = 8, p.softmax_scale = 1.0;
+  p.q = q.data();
+  p.k = KvView::bnsh(k.data(), {1, 1, 1, 8}), p.v = KvView::bnsh(v.data(), {1, 1, 1, 8});
+  const PrecisionProfile prof = PrecisionProfile::parse("fp32-qfp16-kfp16-pfp16-obf16");
+  CHECK(prof.name() == "fp32-qfp16-kfp16-pfp16-obf16");
+  CHECK(prof.k_before_qk == RoundTo::kFp16);
+  CHECK(attention(p, prof).lse[0] == 1.0);  // rounded to the nearest fp16, 1
+  CHECK(attention(p, PrecisionProfile::parse("fp32-qfp16")).lse[0] == static_cast<double>(k[0]));
+}
+
 TEST_CASE("probabilities sum to one over the key set") {
   const Case c = make_case({3, 4, 2, 1, 50, 8}, 41, true);
   std::vector<double> probs;

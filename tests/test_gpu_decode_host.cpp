@@ -1,10 +1,12 @@
 // Host side of the decode kernels (no device needed): operands, input checks, the tolerance rule.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "experiments/bench_shapes.hpp"
 #include "experiments/validate_decode.hpp"
+#include "quant/groups.hpp"
 #include "reference/attention.hpp"
 #include "test_util.hpp"
 
@@ -35,23 +37,57 @@ TEST_CASE("decode operands carry the layouts' strides and parameter modes") {
 
 TEST_CASE("schemes the decode kernels cannot read are refused with the reason") {
   CHECK(decode_unsupported_reason(parse_scheme("int8-head"), 128, false).empty());
-  CHECK(decode_unsupported_reason(parse_scheme("int4-chan-t32-asym"), 128, false) ==
-        "int4-chan-t32-asym: per-channel groups change along the keys; no decode kernel reads them yet");
+  CHECK(decode_unsupported_reason(parse_scheme("int4-chan-t32-asym"), 128, false).empty());  // decode-tc reads K
   CHECK(decode_unsupported_reason(parse_scheme("int4-g2-asym"), 128, false) ==
         "int4-g2-asym: groups of 2 elements (decode kernels need a multiple of 8)");
   CHECK(decode_unsupported_reason(parse_scheme("int8-head"), 96, false) ==
         "head_dim 96 (decode kernels take 8, 64, 128 or 256)");
-  CHECK(test::message_of<SchemeError>([] {
-          quantized_operand(parse_scheme("int8-chan-t32"), 1, 1, 1, 128, false, nullptr, nullptr, nullptr);
-        }) == "int8-chan-t32: per-channel groups change along the keys; no decode kernel reads them yet");
+  const KvOperand chan = quantized_operand(parse_scheme("int8-chan-t32"), 1, 1, 1, 128, false, nullptr, nullptr, nullptr);
+  CHECK(chan.mode == ParamMode::kChannel);
+  CHECK(chan.group == 32);  // tokens per group
 }
 
-TEST_CASE("rotated and windowed storages are refused by the decode benchmark with the reason") {
+TEST_CASE("the decode benchmark refuses rotated storages with the reason and reads windowed ones") {
   CHECK(test::message_of<InputError>([] { bench_storage(parse_scheme("int4-g32-asym+had"), parse_scheme("int4-g32-asym"), false); })
             .find("Hadamard-rotated storage (+had)") != std::string::npos);
-  CHECK(test::message_of<InputError>([] { parse_bench_storages("int4-chan-t32-asym+w128"); })
-            .find("full-precision window (+w128)") != std::string::npos);
+  CHECK(parse_bench_storages("int4-g32-asym+w128").at(0).name == "int4-g32-asym+w128");
   CHECK(parse_bench_storages("int4-g32-asym").size() == 1);
+}
+
+TEST_CASE("window starts and key regions follow quantized_length, per operand") {
+  const KvOperand none{};
+  const KvWindow k = scheme_window(parse_scheme("int4-chan-t32-asym+w128"), none, KvFormat::kBf16);
+  const KvWindow v = scheme_window(parse_scheme("int4-g32-asym+w128"), none, KvFormat::kBf16);
+  CHECK((k.tokens == 128 && k.round_to == 32 && v.round_to == 1));
+  CHECK(!scheme_window(parse_scheme("int4-g32-asym"), none, KvFormat::kBf16).present());
+  for (int64_t len : {0, 1, 100, 128, 129, 1000, 4097}) {  // the CPU quantizer's boundary, operand by operand
+    CHECK(window_start(k, len) == quantized_length(parse_scheme("int4-chan-t32-asym+w128"), len, 5000));
+    CHECK(window_start(v, len) == quantized_length(parse_scheme("int4-g32-asym+w128"), len, 5000));
+  }
+  // len 1000: K quantized below 864, V below 872: the regions tile [0, 1000) without overlap.
+  int64_t covered = 0, lo = 0, hi = 0;
+  for (KeyRegion r : {KeyRegion::kBothQuantized, KeyRegion::kKRaw, KeyRegion::kVRaw, KeyRegion::kBothRaw}) {
+    key_region_bounds(r, k, v, 1000, lo, hi);
+    covered += std::max<int64_t>(hi - lo, 0);
+    if (r == KeyRegion::kKRaw) CHECK((lo == 864 && hi == 872));
+    if (r == KeyRegion::kVRaw) CHECK(lo >= hi);
+  }
+  CHECK(covered == 1000);
+  DecodeParams p;
+  p.batch = 2, p.q_heads = 8, p.kv_heads = 1, p.tokens = 1000, p.head_dim = 128, p.splits = 10;
+  CHECK(decode_regions(p).size() == 1);
+  CHECK(total_splits(p) == 10);
+  p.k_window = k, p.v_window = v;
+  const std::vector<DecodeParams> regions = decode_regions(p);
+  REQUIRE(regions.size() == 4);
+  CHECK(regions[0].splits == 9);  // 864 of 1000 keys
+  int base = 0;
+  for (const DecodeParams& r : regions) {
+    CHECK(r.split_base == base);
+    base += r.splits;
+  }
+  CHECK(total_splits(p) == base);
+  CHECK(partial_lse_floats(p) == base * 2 * 8);
 }
 
 TEST_CASE("the decode benchmark reads K/V pairs, raw operands and FP8") {
@@ -98,6 +134,27 @@ TEST_CASE("the tensor-core family names what it cannot read and its precision pr
         "K scale groups of 8 elements: tensor-core kernels need a multiple of 16 (whole k-slices)");
   p.k = p.v = quantized_operand(parse_scheme("int8-head"), 1, 1, 64, 128, false, nullptr, nullptr, nullptr);
   p.k_format = p.v_format = KvFormat::kInt8;
+  auto op = [](const char* s) { return quantized_operand(parse_scheme(s), 1, 1, 64, 128, false, nullptr, nullptr, nullptr); };
+  p.k = op("int4-chan-t32-asym"), p.k_format = KvFormat::kInt4;
+  CHECK(tensor_core_unsupported_reason(p).empty());
+  p.family = DecodeFamily::kTensorCore;
+  CHECK(std::string(decode_precision_profile(p)) == "fp32-qfp16-kfp16-pfp16-obf16");
+  p.family = DecodeFamily::kCudaCore;
+  DecodeParams same = p;
+  same.v_format = KvFormat::kInt4;
+  CHECK(cuda_core_unsupported_reason(same) ==
+        "chan-tN: per-channel groups change along the keys; CUDA-core kernels do not read them (decode-tc reads K)");
+  p.k = op("int4-chan-t16-asym");
+  CHECK(tensor_core_unsupported_reason(p) ==
+        "K chan-t16: tensor-core kernels need token groups of a multiple of 32 (whole key steps)");
+  p.k = op("int4-chan-t32-asym-fp32");
+  CHECK(tensor_core_unsupported_reason(p) == "K chan-tN with fp32 parameters: tensor-core kernels dequantize K with fp16 ones");
+  p.k = op("int4-chan-t32"), p.v_format = KvFormat::kBf16;
+  CHECK(tensor_core_unsupported_reason(p) == "K chan-tN with V bf16: tensor-core kernels read it with int8 or int4 planar V");
+  p.k = p.v = op("int8-chan-t32");
+  p.k_format = p.v_format = KvFormat::kInt8;
+  CHECK(tensor_core_unsupported_reason(p) == "V chan-tN: tensor-core kernels read per-channel groups for K only");
+  p.k = p.v = op("int8-head");
   p.k.data = reinterpret_cast<const uint8_t*>(uintptr_t{2});
   CHECK(tensor_core_unsupported_reason(p) ==
         "K rows or parameters are not 4-byte aligned (tensor-core kernels copy words)");

@@ -30,9 +30,12 @@ def test_fbgemm_peers_name_storages_kvq_bench_times():
     storages = cpp_string("experiments/bench_shapes.hpp", "kBenchStorages").split(",")
     for peer in pr.FBGEMM_PEERS:
         assert f"{peer.scheme(128)}:fbgemm" in storages
+    for peer in pr.FLASHINFER_PEERS:  # the kvq storage holding FlashInfer's bytes is benched beside it
+        assert peer.scheme in storages
     cmd_bench = open(os.path.join(ROOT, "experiments/cmd_bench.cpp")).read()
-    kernels = re.findall(r'\{"([a-z0-9-]+)", "(?::fbgemm)?"\}', cmd_bench)
-    assert set(kernels) == set(pr.BF16_PEERS) | {p.name for p in pr.FBGEMM_PEERS}  # kvq bench shows every peer
+    kernels = re.findall(r'\{"([a-z0-9-]+)", "(?::fbgemm)?", (?:true|false)\}', cmd_bench)
+    everyone = set(pr.BF16_PEERS) | {p.name for p in pr.FBGEMM_PEERS} | {p.name for p in pr.FLASHINFER_PEERS}
+    assert set(kernels) == everyone  # kvq bench shows every peer
     assert pr.FbgemmPeer("x", 4).scheme(128) == "int4-g32-asym"
     assert pr.FbgemmPeer("x", 2).scheme(64) == "int4-g32-asym"
     assert pr.FbgemmPeer("x", 1).scheme(256) == "int4-head-asym"
@@ -96,3 +99,16 @@ def test_row_has_every_column_and_derived_numbers():
     assert bf16["splits"] == "" and bf16["vs_cudnn"] == "" and bf16["median_us"] == "5.000"
     with pytest.raises(ValueError, match="no timings"):
         pr.make_row(SEED000_B32, "cudnn", "bf16", [], splits=None, calls_per_graph=8, sets=1, nbytes=1, machine=MACHINE)
+
+
+def test_flashinfer_pages_bytes_and_kernel_choice():
+    assert pr.flashinfer_pages(8192) == (512, 16)
+    assert pr.flashinfer_pages(17) == (2, 1)
+    assert pr.flashinfer_pages(1) == (1, 1)
+    with pytest.raises(ValueError, match="T=0"):
+        pr.flashinfer_pages(0)
+    q_o = 2 * 2 * 32 * 8 * 128
+    assert pr.flashinfer_bytes(SEED000_B32, 1) == 2 * 32 * 8192 * 128 + q_o
+    assert pr.flashinfer_bytes(SEED000_B32, 2) == pr.bf16_bytes(SEED000_B32)
+    assert pr.flashinfer_tensor_cores(SEED000_B32)
+    assert not pr.flashinfer_tensor_cores(pr.Shape("mha", 2, 4, 4, 64, 128))
