@@ -192,10 +192,11 @@ std::string tensor_core_unsupported_reason(const DecodeParams& p) {
   if (p.v.mode == ParamMode::kChannel)
     return "V chan-tN: tensor-core kernels read per-channel groups for K only";
   if (p.k.mode == ParamMode::kChannel) {
-    const bool int_pair = (p.k_format == KvFormat::kInt8 || p.k_format == KvFormat::kInt4) &&
-                          (p.v_format == KvFormat::kInt8 || p.v_format == KvFormat::kInt4);
-    if (!int_pair)
-      return fmt::format("K chan-tN with V {}: tensor-core kernels read it with int8 or int4 planar V", to_string(p.v_format));
+    const bool pair = (p.k_format == KvFormat::kInt8 || p.k_format == KvFormat::kInt4) &&
+                      (p.v_format == KvFormat::kInt8 || p.v_format == KvFormat::kInt4 || !is_quantized(p.v_format));
+    if (!pair)
+      return fmt::format("K chan-tN with V {}: tensor-core kernels read it with int8, int4 planar or raw V",
+                         to_string(p.v_format));
     if (p.k.group % 32 != 0)
       return fmt::format("K chan-t{}: tensor-core kernels need token groups of a multiple of 32 (whole key steps)", p.k.group);
     if (p.k.fp32_params)

@@ -393,7 +393,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
 
 // The scale-group shapes with kernels of their own (decode_tc_kernel's template arguments). Only
 // storages with K and V in one format get the specialised shapes; mixed pairs run the general one;
-// chan-tN K (int8 / int4 K and V) its own.
+// chan-tN K (int8 / int4 K; int8, int4, bf16 or fp16 V) its own.
 enum class TcGroupShape { kRow, kG32, kAny, kChannelK };
 inline TcGroupShape tc_group_shape(const DecodeParams& p) {
   if (p.k.mode == ParamMode::kChannel) return TcGroupShape::kChannelK;
@@ -416,9 +416,11 @@ template <KvFormat FK, KvFormat FV, int D>
 const void* tc_kernel_for(TcGroupShape shape) {
   using Tr = TcTraits<FK, FV, D>;
   constexpr int kSlices = Tr::kSlices;
-  constexpr bool kIntPair = (FK == KvFormat::kInt8 || FK == KvFormat::kInt4) && (FV == KvFormat::kInt8 || FV == KvFormat::kInt4);
+  // chan-tN K: int8 / int4 K with int8, int4 or raw V (a +wW window's region)
+  constexpr bool kChanPair = (FK == KvFormat::kInt8 || FK == KvFormat::kInt4) &&
+                             (FV == KvFormat::kInt8 || FV == KvFormat::kInt4 || !Tr::V::kQuantized);
   if (shape == TcGroupShape::kChannelK) {
-    if constexpr (kIntPair) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, -1, 0>);
+    if constexpr (kChanPair) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, -1, 0>);
     else return nullptr;  // tensor_core_unsupported_reason names it
   }
   if constexpr (FK != FV || !Tr::kQuantized) {

@@ -121,6 +121,10 @@ bool tokenteam_supports(const Scheme& s, int64_t head_dim);
 void launch_quantize_tensor2pass(const QuantizeParams& p, cudaStream_t stream);
 bool tensor2pass_supports(const Scheme& s, int64_t head_dim);
 
+// The tensor statistics and codes are taken from: for +had schemes the rotated rows in p.rotated
+// (fp32, BNSH; quantize-generic writes them), else the input.
+QuantizeParams statistics_view(const QuantizeParams& p);
+
 // Statistics of groups [g0, g1) into p.stats (the generic stats pass; also used to describe an
 // overflowing group in error messages).
 void launch_group_stats(const QuantizeParams& p, int64_t g0, int64_t g1, cudaStream_t stream);

@@ -162,9 +162,7 @@ void launch_quantize_generic(const QuantizeParams& input, cudaStream_t stream) {
     if (!p.rotated) throw InputError("quantize-generic: +had needs the rotation workspace (QuantizeWorkspace)");
     rotate_rows_kernel<<<blocks_for(p.shape.rows()), kThreads, 0, stream>>>(p);
     KVQ_CHECK_LAUNCH();
-    p.input = p.rotated, p.in_dtype = InputDtype::kFp32;
-    p.stride_b = p.shape.heads * p.shape.tokens * p.shape.head_dim, p.stride_h = p.shape.tokens * p.shape.head_dim;
-    p.stride_t = p.shape.head_dim;
+    p = statistics_view(p);
   }
   const int64_t groups = num_groups(p.scheme, p.shape);
   if (groups == 0 && !(p.scheme.scale_free && p.shape.numel() > 0)) return;  // scale-free FP8: encode only

@@ -101,7 +101,7 @@ void QuantizeWorkspace::check_flags(const std::string& tensor_name, cudaStream_t
   }
   if (f[1] != ~0ull) {
     const int64_t g = static_cast<int64_t>(f[1]);
-    launch_group_stats(params_, g, g + 1, stream);  // the group's min and max, for the message
+    launch_group_stats(statistics_view(params_), g, g + 1, stream);  // the group's min and max, for the message
     KVQ_CUDA_CHECK(cudaStreamSynchronize(stream));
     GroupStats st;
     KVQ_CUDA_CHECK(cudaMemcpy(&st, stats_.data() + g, sizeof st, cudaMemcpyDeviceToHost));
@@ -121,6 +121,15 @@ GpuQuantized QuantizeWorkspace::download() const {
 int64_t QuantizeWorkspace::bytes_moved() const {
   const QuantizedSizes out = quantized_sizes(params_.scheme, params_.shape, params_.layout);
   return params_.shape.numel() * element_bytes(input_.dtype) + out.codes + out.scales + out.zeros;
+}
+
+QuantizeParams statistics_view(const QuantizeParams& p) {
+  if (!p.scheme.hadamard) return p;
+  QuantizeParams r = p;
+  r.input = p.rotated, r.in_dtype = InputDtype::kFp32;
+  r.stride_b = p.shape.heads * p.shape.tokens * p.shape.head_dim, r.stride_h = p.shape.tokens * p.shape.head_dim;
+  r.stride_t = p.shape.head_dim;
+  return r;
 }
 
 GpuQuantized run_quantize(void (*launch)(const QuantizeParams&, cudaStream_t), const DeviceKv& input,

@@ -149,10 +149,13 @@ TEST_CASE("the tensor-core family names what it cannot read and its precision pr
         "K chan-t16: tensor-core kernels need token groups of a multiple of 32 (whole key steps)");
   p.k = op("int4-chan-t32-asym-fp32");
   CHECK(tensor_core_unsupported_reason(p) == "K chan-tN with fp32 parameters: tensor-core kernels dequantize K with fp16 ones");
-  p.k = op("int4-chan-t32"), p.v_format = KvFormat::kBf16;
-  CHECK(tensor_core_unsupported_reason(p) == "K chan-tN with V bf16: tensor-core kernels read it with int8 or int4 planar V");
+  p.k = op("int4-chan-t32"), p.v_format = KvFormat::kFp8E5m2;
+  CHECK(tensor_core_unsupported_reason(p) ==
+        "K chan-tN with V fp8-e5m2: tensor-core kernels read it with int8, int4 planar or raw V");
+  p.v_format = KvFormat::kBf16;
+  CHECK(tensor_core_unsupported_reason(p).empty());
   p.k = p.v = op("int8-chan-t32");
-  p.k_format = p.v_format = KvFormat::kInt8;
+  p.k_format = p.v_format = KvFormat::kInt8;  // V chan-tN
   CHECK(tensor_core_unsupported_reason(p) == "V chan-tN: tensor-core kernels read per-channel groups for K only");
   p.k = p.v = op("int8-head");
   p.k.data = reinterpret_cast<const uint8_t*>(uintptr_t{2});
