@@ -357,12 +357,14 @@ std::vector<DecodeParams> decode_regions(const DecodeParams& p) {
   std::vector<DecodeParams> out;
   int base = 0;
   for (KeyRegion r : regions) {
+    int64_t lo = 0, hi = 0;  // the region's keys in a full-length sequence: its share of the splits
+    key_region_bounds(r, p.k_window, p.v_window, p.tokens, lo, hi);
+    // Every sequence T tokens long: a region empty at T is empty everywhere (one launch is kept).
+    if (!p.seq_lens && hi <= lo && !(r == regions.back() && out.empty())) continue;
     DecodeParams q = p;
     q.region = r, q.split_base = base;
     if (r == KeyRegion::kKRaw || r == KeyRegion::kBothRaw) q.k = p.k_window.raw, q.k_format = p.k_window.format;
     if (r == KeyRegion::kVRaw || r == KeyRegion::kBothRaw) q.v = p.v_window.raw, q.v_format = p.v_window.format;
-    int64_t lo = 0, hi = 0;  // the region's keys in a full-length sequence: its share of the splits
-    key_region_bounds(r, p.k_window, p.v_window, p.tokens, lo, hi);
     const double share = p.tokens > 0 ? static_cast<double>(std::max<int64_t>(hi - lo, 0)) / static_cast<double>(p.tokens) : 0;
     q.splits = std::max(1, static_cast<int>(std::lround(share * p.splits)));
     base += q.splits;

@@ -120,8 +120,15 @@ else
   fi
 fi
 [[ -n $peers_path ]] && peers_env+=("PYTHONPATH=$peers_path")
-step "peers: cuDNN, FlashAttention-2, FBGEMM INT4, FlashInfer FP8/bf16 (bench_peers.py)" peers.log \
-  env "${peers_env[@]}" python3 experiments/bench_peers.py --out "$OUT/peers.csv" --shapes "${KVQ_SHAPES:-.}"
+step "peers: cuDNN, FlashAttention-2, FBGEMM INT4 (bench_peers.py)" peers.log \
+  env "${peers_env[@]}" python3 experiments/bench_peers.py --out "$OUT/peers.csv" --shapes "${KVQ_SHAPES:-.}" \
+  --peers '^(cudnn|flash2|fbgemm)'
+# FlashInfer in a process of its own: with its modules loaded, FBGEMM's kernel stopped with an
+# illegal instruction (H100, fbgemm-gpu-genai 1.6.0, flashinfer 0.6.18). Its rows join peers.csv.
+step "peers: FlashInfer FP8/bf16 (bench_peers.py)" peers_flashinfer.log \
+  env "${peers_env[@]}" python3 experiments/bench_peers.py --out "$logs/peers_flashinfer.csv" \
+  --shapes "${KVQ_SHAPES:-.}" --peers '^flashinfer'
+[[ -s $logs/peers_flashinfer.csv && -s $OUT/peers.csv ]] && tail -n +2 "$logs/peers_flashinfer.csv" >> "$OUT/peers.csv"
 bench_args=(--shapes "${KVQ_SHAPES:-.}" --variant "${KVQ_DECODE_VARIANTS:-.}")
 [[ -n ${KVQ_SCHEMES:-} ]] && bench_args+=(--schemes "$KVQ_SCHEMES")
 step "kvq bench (decode)" bench.log "$kvq" bench --peers "$OUT/peers.csv" --csv "$OUT/decode.csv" "${bench_args[@]}"
@@ -150,7 +157,9 @@ fi
   [[ -f $logs/sanitizers.log ]] && grep -E "SUMMARY" "$logs/sanitizers.log" | sed 's/^/compute-sanitizer: /'
   echo
   [[ -f $logs/bench_quantize.log ]] && sed -n '/device-to-device copy/,$p' "$logs/bench_quantize.log" && echo
-  [[ -f $logs/peers.log ]] && grep -E "^\[(OK|FAIL)\] fbgemm|^\[FAIL\] flashinfer|^FBGEMM rows skipped|^FlashInfer " "$logs/peers.log"
+  for f in "$logs/peers.log" "$logs/peers_flashinfer.log"; do
+    [[ -f $f ]] && grep -E "^\[(OK|FAIL)\] fbgemm|^\[FAIL\] flashinfer|^FBGEMM rows skipped|^FlashInfer " "$f"
+  done
   [[ -f $logs/bench.log ]] && grep -E "^read-only bandwidth" "$logs/bench.log" && sed -n '/fastest variant/,$p' "$logs/bench.log"
   echo
   printf '%s\n' "${summary[@]}"

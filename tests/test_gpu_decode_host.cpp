@@ -78,6 +78,9 @@ TEST_CASE("window starts and key regions follow quantized_length, per operand") 
   CHECK(decode_regions(p).size() == 1);
   CHECK(total_splits(p) == 10);
   p.k_window = k, p.v_window = v;
+  CHECK(decode_regions(p).size() == 3);  // every sequence 1000 long: V is never raw while K is quantized
+  const int32_t lens[2] = {1000, 1000};  // lengths on the device: every region is launched
+  p.seq_lens = lens;
   const std::vector<DecodeParams> regions = decode_regions(p);
   REQUIRE(regions.size() == 4);
   CHECK(regions[0].splits == 9);  // 864 of 1000 keys
