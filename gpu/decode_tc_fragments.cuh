@@ -136,8 +136,10 @@ __device__ __forceinline__ void copy_rows_in_units(uint32_t* codes, uint32_t* pa
 }
 
 // One step of rows [t0 + n_lo, t0 + n) into a stage: codes into `codes` (row stride kStride words,
-// the other rows zero-filled so that masked keys multiply finite values), parameters into `params`.
-template <int kRowWords, int kStride, int kStepTokens>
+// the other rows zero-filled so that masked keys multiply finite values), parameters into `params`
+// (kChannel: the step's token group of chan-tN parameters; a template argument, so that the other
+// kernels carry none of its arithmetic).
+template <int kRowWords, int kStride, int kStepTokens, bool kChannel = false>
 __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, const TcSource& s, int64_t t0, int n_lo,
                                           int n, int lane, uint32_t units_magic) {
   if (s.vec16) {  // lane takes chunk lane % kChunks of rows lane / kChunks + k * kRowsPerPass
@@ -161,7 +163,7 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
     copy_rows_in_units<1, kRowWords, kStride, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic);
   }
   if (s.scale_lane) {  // whole spans: rows past n copy their neighbours' parameters, never used
-    const int64_t advance = s.channel_tokens ? t0 / s.channel_tokens * s.channel_bytes : t0 * s.param_row_bytes;
+    const int64_t advance = kChannel ? t0 / s.channel_tokens * s.channel_bytes : t0 * s.param_row_bytes;
     copy_param_words(params, s.scale_lane + advance, s.scale_end, s.scales, s.param_words, lane);
     if (s.asymmetric)
       copy_param_words(params + s.param_words, s.zero_lane + advance, s.zero_end, s.zeros, s.param_words, lane);

@@ -123,6 +123,8 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   const int64_t per_split = ((span + p.splits - 1) / p.splits + kRound - 1) / kRound * kRound;
   const int64_t t_begin = base + split * per_split;
   const int64_t t_end = t_begin + per_split < hi ? t_begin + per_split : hi;
+  // Keys below lo (at most 15) sit in the first step of the split's first warp only.
+  const int first_masked = split == 0 ? static_cast<int>(lo - base) : 0;
 
   const TcStageLayout lay = tc_stage_layout<FK, FV, D>(p);
   const TcSource ks = tc_source<D>(p.k, p, b, hk, Tr::kKRowWords, kST);
@@ -180,8 +182,8 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
       uint32_t* st = ring + (s % kS) * lay.stage_words;
       const int64_t t0 = step_start(s);
       const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
-      const int n_lo = t0 < lo ? static_cast<int>(lo - t0) : 0;
-      copy_step<Tr::kKRowWords, Tr::kKStride, kST>(st, st + lay.k_params, ks, t0, n_lo, n, lane, k_magic);
+      const int n_lo = s == 0 && warp == 0 ? first_masked : 0;
+      copy_step<Tr::kKRowWords, Tr::kKStride, kST, kChanK>(st, st + lay.k_params, ks, t0, n_lo, n, lane, k_magic);
       copy_step<Tr::kVRowWords, Tr::kVStride, kST>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0, n_lo, n, lane,
                                                    v_magic);
     }
@@ -199,7 +201,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     const uint32_t* vc = st + kST * Tr::kKStride;
     const int64_t t0 = step_start(s);
     const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
-    const int n_lo = t0 < lo ? static_cast<int>(lo - t0) : 0;  // rows [n_lo, n) are keys
+    const int n_lo = s == 0 && warp == 0 ? first_masked : 0;  // rows [n_lo, n) are keys
 
     // ---- QK: scores of keys (16 mt + g, + 8) x heads (2c, 2c + 1), log2 domain. The m-tiles and
     // two accumulators per m-tile (even / odd k-slices) are independent MMA chains.
