@@ -366,6 +366,9 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
                         Case{"odd T", {"", 3, 8, 2, 37, 128}, {37, 20, 1}, false, quantized("int8-head-asym", "int8-token-asym")},
                         Case{"odd T, groups", {"", 2, 8, 1, 45, 64}, {45, 13}, false, quantized("int4-g16-asym", "int4-g32")},
                         Case{"no keys", {"", 2, 4, 2, 16, 128}, {0, 0}, false, quantized("int8-head", "int8-head")},
+                        // both windows over every key: one launch (the raw region), O written directly
+                        Case{"windows over every key", {"", 2, 8, 2, 64, 128}, {}, false,
+                             quantized("int4-g32-asym+w128", "int8-head+w100")},
                         Case{"T = 0", {"", 1, 4, 2, 0, 128}, {}, false, raw(KvFormat::kBf16)},
                         Case{"B = 0", {"", 0, 4, 2, 16, 128}, {}, false, raw(KvFormat::kBf16)}})
     g.run(c);

@@ -97,6 +97,7 @@ struct DecodeParams {
   KvWindow k_window, v_window;  // +wW (tensor-core family only)
   KeyRegion region = KeyRegion::kAll;  // set per launch by decode_regions
   int split_base = 0;                  // the region's first partial slot
+  int region_count = 1;                // launches of this decode: with one and one split, O is written directly
   int splits = 0;         // key splits per (b, KV head); 1 = single pass
   int heads_per_cta = 0;  // query heads sharing one CTA's K/V reads: 1, 2, 4 or 8
   float* partial_o = nullptr;    // [splits, B, Hq, D] when splits > 1

@@ -370,6 +370,7 @@ std::vector<DecodeParams> decode_regions(const DecodeParams& p) {
     base += q.splits;
     out.push_back(q);
   }
+  for (DecodeParams& q : out) q.region_count = static_cast<int>(out.size());
   return out;
 }
 

@@ -38,20 +38,22 @@ struct TcSource {
   const uint8_t* lane_src = nullptr;  // 16-byte copies: this lane's first chunk of row 0
   int64_t pass_bytes = 0;             // 16-byte copies: bytes between the rows of consecutive passes
   // Planar per-row parameters (token, head, gG). A step's span of them starts at the same offset
-  // within a word in every step (steps start at multiples of 16 keys), so a lane copies the same
-  // word of every step: scale_lane / zero_lane is that word at t = 0 (null without per-row params).
+  // within a word in every step (steps start an even number of keys after the CTA's first key
+  // t_origin), so a lane copies the same word of every step: scale_lane / zero_lane is that word at
+  // t_origin (chan-tN: at t = 0; null without per-row params).
   const uint8_t *scale_lane = nullptr, *zero_lane = nullptr, *scale_end = nullptr, *zero_end = nullptr;
   int param_words = 0;   // words of one step's span (the zero points' follow the scales' in a stage)
   int param_offset = 0;  // the span's first element within its first word (fp16: 0 or 1)
   int param_row_bytes = 0;  // parameter bytes per key
   int channel_tokens = 0;    // kChannel: tokens per group (a step lies in one); its span is D parameters
   int channel_bytes = 0;
+  int64_t t_origin = 0;
 };
 
 // The words of row (b, h) rows and params of `op` for this CTA.
 template <int D>
 __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const DecodeParams& p, int64_t b, int64_t h,
-                                              int row_words, int step_tokens) {
+                                              int row_words, int step_tokens, int64_t t_origin) {
   TcSource s;
   s.rows = op.data + b * op.stride_b + h * op.stride_h;
   s.stride_t = op.stride_t;
@@ -97,8 +99,10 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const DecodeP
   }
   s.scales = static_cast<const uint8_t*>(op.scales), s.zeros = static_cast<const uint8_t*>(op.zeros);
   if (param_bytes > 0) {
-    const int64_t first_word = s.first_param * pbytes / 4, lane = threadIdx.x % 32;
-    s.param_offset = static_cast<int>(s.first_param * pbytes % 4) / pbytes;
+    s.t_origin = op.mode == ParamMode::kChannel ? 0 : t_origin;
+    const int64_t origin = s.first_param + s.t_origin * s.groups;  // the element of (t_origin, group 0)
+    const int64_t first_word = origin * pbytes / 4, lane = threadIdx.x % 32;
+    s.param_offset = static_cast<int>(origin * pbytes % 4) / pbytes;
     s.param_words = tc_param_words(op, step_tokens, D) / (op.asymmetric ? 2 : 1);
     s.param_row_bytes = op.mode == ParamMode::kChannel ? 0 : s.groups * pbytes;
     s.scale_lane = s.scales + 4 * (first_word + lane), s.scale_end = s.scales + param_bytes;
@@ -163,7 +167,7 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
     copy_rows_in_units<1, kRowWords, kStride, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic);
   }
   if (s.scale_lane) {  // whole spans: rows past n copy their neighbours' parameters, never used
-    const int64_t advance = kChannel ? t0 / s.channel_tokens * s.channel_bytes : t0 * s.param_row_bytes;
+    const int64_t advance = kChannel ? t0 / s.channel_tokens * s.channel_bytes : (t0 - s.t_origin) * s.param_row_bytes;
     copy_param_words(params, s.scale_lane + advance, s.scale_end, s.scales, s.param_words, lane);
     if (s.asymmetric)
       copy_param_words(params + s.param_words, s.zero_lane + advance, s.zero_end, s.zeros, s.param_words, lane);
@@ -171,7 +175,7 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
 }
 
 // Scale and zero point of group `grp` of the lane's rows 16 mt + g (h = 0) and + 8 (h = 1) of every
-// m-tile of a stage (0 for rows outside [n_lo, n), whose stage words are stale). One set of branches on
+// m-tile of a stage (0 for rows past the step, whose stage words are stale). One set of branches on
 // the (warp-uniform) parameter mode per call, not per row.
 struct RowParams {
   float scale, zero;
@@ -181,7 +185,7 @@ __device__ __forceinline__ float param_at(const uint32_t* words, int index, bool
               : __half2float(__ushort_as_half(reinterpret_cast<const uint16_t*>(words)[index]));
 }
 template <int kMTiles>
-__device__ __forceinline__ void tile_params(const TcSource& s, const uint32_t* params, int g, int grp, int n_lo, int n,
+__device__ __forceinline__ void tile_params(const TcSource& s, const uint32_t* params, int g, int grp, int n,
                                             RowParams (&out)[kMTiles][2]) {
   if (s.mode == ParamMode::kTensor || s.mode == ParamMode::kNone) {  // kNone: scale-free FP8 (1, 0)
 #pragma unroll
@@ -211,8 +215,7 @@ __device__ __forceinline__ void tile_params(const TcSource& s, const uint32_t* p
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = 16 * mt + g + 8 * h;
-      const bool live = row >= n_lo && row < n;
+      const bool live = 16 * mt + g + 8 * h < n;
       out[mt][h] = {live ? out[mt][h].scale : 0.0f, live ? out[mt][h].zero : 0.0f};
     }
 }

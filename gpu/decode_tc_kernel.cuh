@@ -113,22 +113,22 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   cta /= p.splits;
   const int64_t hk = cta % p.kv_heads, b = cta / p.kv_heads;
   const int64_t len = p.seq_lens ? p.seq_lens[b] : p.tokens;
-  // The region's keys [lo, hi); steps start at multiples of 16 keys from `base` (the parameter
-  // copies rely on it), keys below lo masked. Whole rounds of steps per split, so every warp of a
-  // CTA gets the same number of steps.
+  // The region's keys [lo, hi). Steps start at lo, except for chan-tN K, whose steps must each lie
+  // in one token group: they start at a multiple of 32 below lo, the keys below lo masked (in the
+  // split's first step only). Whole rounds of steps per split, so every warp of a CTA gets the
+  // same number of steps.
   int64_t lo = 0, hi = len;
   key_region_bounds(p.region, p.k_window, p.v_window, len, lo, hi);
-  const int64_t base = lo / 16 * 16, span = hi > base ? hi - base : 0;
+  const int64_t base = kChanK ? lo / 32 * 32 : lo, span = hi > base ? hi - base : 0;
   constexpr int kRound = Tr::kWarps * kST;
   const int64_t per_split = ((span + p.splits - 1) / p.splits + kRound - 1) / kRound * kRound;
   const int64_t t_begin = base + split * per_split;
   const int64_t t_end = t_begin + per_split < hi ? t_begin + per_split : hi;
-  // Keys below lo (at most 15) sit in the first step of the split's first warp only.
-  const int first_masked = split == 0 ? static_cast<int>(lo - base) : 0;
+  const int first_masked = kChanK && split == 0 ? static_cast<int>(lo - base) : 0;  // constant 0 unless chan-tN
 
   const TcStageLayout lay = tc_stage_layout<FK, FV, D>(p);
-  const TcSource ks = tc_source<D>(p.k, p, b, hk, Tr::kKRowWords, kST);
-  const TcSource vs = tc_source<D>(p.v, p, b, hk, Tr::kVRowWords, kST);
+  const TcSource ks = tc_source<D>(p.k, p, b, hk, Tr::kKRowWords, kST, t_begin);
+  const TcSource vs = tc_source<D>(p.v, p, b, hk, Tr::kVRowWords, kST, t_begin);
   const int k_groups = kKQuant ? ks.groups : 1, v_groups = kVQuant ? vs.groups : 1;
   // Groups are powers of two (they divide D and hold whole k-slices): shifts, not divisions, in the loops.
   const int k_shift = kKSlicesPerGroup > 0 ? ilog2(kKSlicesPerGroup) : __ffs(Tr::kSlices / k_groups) - 1;
@@ -177,12 +177,12 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   const uint32_t k_magic = (1u << 24) / static_cast<uint32_t>((ks.inline_words + Tr::kKRowWords) / ks.copy_words) + 1;
   const uint32_t v_magic = (1u << 24) / static_cast<uint32_t>((vs.inline_words + Tr::kVRowWords) / vs.copy_words) + 1;
   auto step_start = [&](int s) { return t_begin + (static_cast<int64_t>(s) * Tr::kWarps + warp) * kST; };
-  auto issue = [&](int s) {
+  // n_lo > 0 only for step 0 (chan-tN), issued before the loop: the loop's copies carry no lower mask.
+  auto issue = [&](int s, int n_lo) {
     if (s < my_steps) {
       uint32_t* st = ring + (s % kS) * lay.stage_words;
       const int64_t t0 = step_start(s);
       const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
-      const int n_lo = s == 0 && warp == 0 ? first_masked : 0;
       copy_step<Tr::kKRowWords, Tr::kKStride, kST, kChanK>(st, st + lay.k_params, ks, t0, n_lo, n, lane, k_magic);
       copy_step<Tr::kVRowWords, Tr::kVStride, kST>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0, n_lo, n, lane,
                                                    v_magic);
@@ -190,18 +190,20 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     cp_async_commit();  // empty groups keep the count uniform
   };
 #pragma unroll
-  for (int s = 0; s < kS - 1; ++s) issue(s);
+  for (int s = 0; s < kS - 1; ++s) issue(s, s == 0 && warp == 0 ? first_masked : 0);
 
   for (int s = 0; s < my_steps; ++s) {
     cp_async_wait<kS - 2>();
     __syncwarp();
-    issue(s + kS - 1);  // into the stage consumed at step s - 1
+    issue(s + kS - 1, 0);  // into the stage consumed at step s - 1
     const uint32_t* st = ring + (s % kS) * lay.stage_words;
     const uint32_t* kc = st;
     const uint32_t* vc = st + kST * Tr::kKStride;
     const int64_t t0 = step_start(s);
     const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
-    const int n_lo = s == 0 && warp == 0 ? first_masked : 0;  // rows [n_lo, n) are keys
+    // Rows [n_lo, n) are keys; n_lo > 0 only in the first step of a chan-tN region that starts
+    // mid-group, masked under a branch of its own.
+    const int n_lo = s == 0 && warp == 0 ? first_masked : 0;
 
     // ---- QK: scores of keys (16 mt + g, + 8) x heads (2c, 2c + 1), log2 domain. The m-tiles and
     // two accumulators per m-tile (even / odd k-slices) are independent MMA chains.
@@ -225,7 +227,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
           const float qs0 = ks.asymmetric ? pro.q_sum[grp][2 * c] : 0.0f;
           const float qs1 = ks.asymmetric ? pro.q_sum[grp][2 * c + 1] : 0.0f;
           RowParams kp[Tr::kMTiles][2];
-          tile_params(ks, st + lay.k_params, g, grp, n_lo, n, kp);
+          tile_params(ks, st + lay.k_params, g, grp, n, kp);
 #pragma unroll
           for (int mt = 0; mt < Tr::kMTiles; ++mt) {
             const RowParams p0 = kp[mt][0], p1 = kp[mt][1];
@@ -249,9 +251,15 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
       for (int e = 0; e < 4; ++e) {
         const int r = 16 * mt + g + (e < 2 ? 0 : 8);
         const float dot = kKQuant ? total[mt][e] : acc[mt][0][e] + acc[mt][1][e];
-        sc[mt][e] = r >= n_lo && r < n ? dot * factor[e % 2] : -INFINITY;
+        sc[mt][e] = r < n ? dot * factor[e % 2] : -INFINITY;
         if (p.alibi_slopes) sc[mt][e] -= slope[e % 2] * static_cast<float>(len - 1 - (t0 + r));  // -inf stays
       }
+    if (n_lo > 0)
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTiles; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (16 * mt + g + (e < 2 ? 0 : 8) < n_lo) sc[mt][e] = -INFINITY;
 
     // ---- online softmax over the step (per head: lanes with the same c hold it)
     float alpha[2];
@@ -288,7 +296,13 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
         if ((i & ((1 << v_shift) - 1)) == 0) {
           const int grp = i >> v_shift;
           RowParams vp[Tr::kMTiles][2];
-          tile_params(vs, st + lay.v_params, g, grp, n_lo, n, vp);
+          tile_params(vs, st + lay.v_params, g, grp, n, vp);
+          if (n_lo > 0)  // keys below the region: their (stale) V parameters must not reach P'
+#pragma unroll
+            for (int mt = 0; mt < Tr::kMTiles; ++mt)
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+                if (16 * mt + g + 8 * h < n_lo) vp[mt][h] = {0.0f, 0.0f};
 #pragma unroll
           for (int mt = 0; mt < Tr::kMTiles; ++mt) {
             const float f0 = vp[mt][0].scale * v_fold, f1 = vp[mt][1].scale * v_fold;
@@ -382,7 +396,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     float out = 0.0f;
 #pragma unroll
     for (int w = 0; w < Tr::kWarps; ++w) out = __fmaf_rn(w_weight[i * Tr::kWarps + w], w_o[(w * Tr::kHeads + i) * D + d], out);
-    if (p.splits == 1 && p.region == KeyRegion::kAll) {
+    if (p.splits == 1 && p.region_count == 1) {
       p.out[(b * p.q_heads + h) * D + d] = fp32_to_bf16_bits(out);
       if (d == 0) p.lse[b * p.q_heads + h] = head_lse[i];
     } else {

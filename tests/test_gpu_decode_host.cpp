@@ -79,6 +79,14 @@ TEST_CASE("window starts and key regions follow quantized_length, per operand") 
   CHECK(total_splits(p) == 10);
   p.k_window = k, p.v_window = v;
   CHECK(decode_regions(p).size() == 3);  // every sequence 1000 long: V is never raw while K is quantized
+  {
+    DecodeParams short_seq = p;  // 100 tokens, both windows cover them: one launch, O written directly
+    short_seq.tokens = 100, short_seq.splits = 1;
+    const std::vector<DecodeParams> one = decode_regions(short_seq);
+    REQUIRE(one.size() == 1);
+    CHECK((one[0].region == KeyRegion::kBothRaw && one[0].region_count == 1 && total_splits(short_seq) == 1));
+    CHECK(partial_o_floats(short_seq) == 0);
+  }
   const int32_t lens[2] = {1000, 1000};  // lengths on the device: every region is launched
   p.seq_lens = lens;
   const std::vector<DecodeParams> regions = decode_regions(p);
