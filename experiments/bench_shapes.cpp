@@ -28,8 +28,6 @@ std::vector<DecodeShape> bench_shapes(const std::string& regex) {
 
 BenchStorage bench_storage(const std::optional<Scheme>& k, KvFormat k_raw, const std::optional<Scheme>& v,
                            KvFormat v_raw, bool fbgemm) {
-  for (const std::optional<Scheme>& s : {k, v})
-    if (const std::string why = s ? decode_modifier_reason(*s) : ""; !why.empty()) throw InputError(why);
   BenchStorage st;
   auto name = [](const std::optional<Scheme>& s, KvFormat raw) { return s ? to_string(*s) : std::string(to_string(raw)); };
   st.name = name(k, k_raw) == name(v, v_raw) ? name(k, k_raw) : name(k, k_raw) + "/" + name(v, v_raw);

@@ -37,10 +37,7 @@ void attach_decode_latency(std::vector<SweepRow>& rows, const std::string& spec)
     auto it = measured.find(key);
     if (it == measured.end()) {
       std::optional<DecodeLatency> lat;
-      auto why = [&](const Scheme& s) {
-        const std::string modifier = decode_modifier_reason(s);
-        return modifier.empty() ? decode_unsupported_reason(s, shape.head_dim, false) : modifier;
-      };
+      auto why = [&](const Scheme& s) { return decode_unsupported_reason(s, shape.head_dim, false); };
       const std::string why_k = why(row.schemes.k), why_v = why(row.schemes.v);
       if (why_k.empty() && why_v.empty()) {
         const BenchStorage st = bench_storage(row.schemes.k, row.schemes.v, false);

@@ -43,6 +43,7 @@ struct KvOperand {
   bool fp32_params = false;  // scale dtype fp32 (else fp16)
   int group = 0;             // elements per group along D (kGroup, kInlineRow); tokens per group (kChannel)
   int inline_bytes = 0;      // kInlineRow: 4 x groups per row, before the codes
+  bool hadamard = false;     // +had: stored in the rotated basis (K: the kernel rotates Q alike)
 };
 
 // +wW: the last tokens of each sequence kept in the input precision. Tokens t >= window_start of

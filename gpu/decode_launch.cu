@@ -166,11 +166,11 @@ std::string cuda_core_unsupported_reason(const DecodeParams& p) {
     return "full-precision windows (+wW): CUDA-core kernels read one storage per operand (decode-tc reads windows)";
   if (p.k.mode == ParamMode::kChannel || p.v.mode == ParamMode::kChannel)
     return "chan-tN: per-channel groups change along the keys; CUDA-core kernels do not read them (decode-tc reads K)";
+  if (p.k.hadamard || p.v.hadamard) return "+had: CUDA-core kernels do not rotate the query (decode-tc does, for K)";
   return "";
 }
 
 std::string decode_unsupported_reason(const Scheme& s, int head_dim, bool fbgemm_rows) {
-  if (std::string why = decode_modifier_reason(s); !why.empty()) return why;  // +had, +wW
   if (!decode_head_dim_supported(head_dim))
     return fmt::format("head_dim {} (decode kernels take 8, 64, 128 or 256)", head_dim);
   if (s.granularity == Granularity::kGroup && s.group % kDecodeChunk != 0)
@@ -191,6 +191,10 @@ std::string tensor_core_unsupported_reason(const DecodeParams& p) {
     return fmt::format("head_dim {}: tensor-core kernels take 64, 128 or 256 (the CUDA-core variants take 8)", p.head_dim);
   if (p.v.mode == ParamMode::kChannel)
     return "V chan-tN: tensor-core kernels read per-channel groups for K only";
+  if (p.v.hadamard || p.v_window.raw.hadamard)
+    return "V +had: tensor-core kernels rotate Q for a rotated K; rotating O back for a rotated V is not implemented";
+  if (p.k.hadamard && p.k_window.present())
+    return "K +had with a +wW window: tensor-core kernels do not read a rotated window";
   if (p.k.mode == ParamMode::kChannel) {
     const bool pair = (p.k_format == KvFormat::kInt8 || p.k_format == KvFormat::kInt4) &&
                       (p.v_format == KvFormat::kInt8 || p.v_format == KvFormat::kInt4 || !is_quantized(p.v_format));
@@ -239,6 +243,7 @@ KvOperand quantized_operand(const Scheme& s, int64_t batch, int64_t heads, int64
   op.data = codes;
   op.asymmetric = s.asymmetric;
   op.fp32_params = s.scale_dtype == ScaleDtype::kFp32;
+  op.hadamard = s.hadamard;
   op.group = s.granularity == Granularity::kGroup ? s.group : head_dim;
   if (s.scale_free) {  // FP8 without a scale: codes are the values
     op.stride_t = code_bytes_per_row(s, head_dim), op.stride_h = tokens * op.stride_t, op.stride_b = heads * op.stride_h;
@@ -274,6 +279,7 @@ KvWindow scheme_window(const Scheme& s, const KvOperand& raw, KvFormat raw_forma
   w.round_to = s.granularity == Granularity::kChannel ? s.group : 1;
   w.format = raw_format;
   w.raw = raw;
+  w.raw.hadamard = s.hadamard;
   return w;
 }
 

@@ -22,6 +22,7 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/decode_tc_fragments.cuh"
 #include "quant/float_formats.hpp"
+#include "quant/hadamard.hpp"
 
 namespace kvq::detail {
 
@@ -48,6 +49,34 @@ __device__ __forceinline__ float fast_exp2(float x) {  // 2^-22 relative error, 
   return y;
 }
 
+// The codec's normalized Walsh-Hadamard transform (quant/hadamard.hpp) of a row of D elements held
+// E consecutive per lane: the same fp32 butterflies in the same order, partners in other lanes
+// (stride h >= E) exchanged by shuffles, so the result equals the host's bit for bit.
+template <int E, int D>
+__device__ __forceinline__ void hadamard_across_lanes(float (&x)[E], int lane) {
+#pragma unroll
+  for (int h = 1; h < D; h *= 2) {
+    if (h < E) {
+#pragma unroll
+      for (int j = 0; j < E; ++j)
+        if ((j & h) == 0) {
+          const float a = x[j], b = x[j + h];
+          x[j] = a + b, x[j + h] = a - b;
+        }
+    } else {
+      const int m = h / E;  // the partner lane of every element
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const float other = __shfl_xor_sync(0xffffffffu, x[e], m);
+        x[e] = lane & m ? other - x[e] : x[e] + other;
+      }
+    }
+  }
+  const float norm = hadamard_norm(D);
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] *= norm;
+}
+
 // Q of the CTA's heads as MMA operands, per-head logit factors and sum(q) per K scale group. A warp
 // per head, each lane E = D/32 consecutive elements: one load, shuffles for the max and the sums.
 template <typename Tr, int D>
@@ -61,19 +90,20 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b
     const bool ok = in_group < group_size;
     const uint16_t* q = p.q + (b * p.q_heads + hk * group_size + in_group) * D + E * lane;
     uint16_t bits[E];
-    float amax = 0.0f;
+    float x[E], amax = 0.0f;
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-      bits[e] = ok ? q[e] : uint16_t{0};
-      amax = fmaxf(amax, fabsf(bf16_bits_to_fp32(bits[e])));
-    }
+    for (int e = 0; e < E; ++e) bits[e] = ok ? q[e] : uint16_t{0}, x[e] = bf16_bits_to_fp32(bits[e]);
+    if constexpr (!kBf16Q)
+      if (p.k.hadamard) hadamard_across_lanes<E, D>(x, lane);  // K stored rotated (+had): Q alike
+#pragma unroll
+    for (int e = 0; e < E; ++e) amax = fmaxf(amax, fabsf(x[e]));
 #pragma unroll
     for (int o = 16; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const int exponent = kBf16Q ? 0 : fp16_operand_exponent(amax);
     float sum = 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      const uint16_t op = kBf16Q ? bits[e] : fp32_to_fp16_bits(bf16_bits_to_fp32(bits[e]) * pow2(exponent));
+      const uint16_t op = kBf16Q ? bits[e] : fp32_to_fp16_bits(x[e] * pow2(exponent));
       pro.q[i][E * lane + e] = op;
       sum += kBf16Q ? bf16_bits_to_fp32(op) : fp16_bits_to_fp32(op);
     }

@@ -157,7 +157,8 @@ const std::vector<DecodeVariant>& decode_variants() {
        "Tq=1; MHA/GQA/MQA; ALiBi; per-sequence lengths; D in {64,128,256} (D=8: the CUDA-core variants); K and V each "
        "bf16 or fp16 (BNSH or BSNH), int8, int4 or FP8 e4m3/e5m2 planar (tensor/token/head/gG, sym/asym, fp16/fp32 "
        "scales; FP8 also scale-free), int4 FBGEMM rows (both); K groups a multiple of 16, V groups a multiple of 32; "
-       "chan-tN K (N a multiple of 32, fp16 params) with int8/int4/raw V; +wW windows read raw",
+       "chan-tN K (N a multiple of 32, fp16 params) with int8/int4/raw V; +wW windows read raw; +had K (Q rotated in the "
+       "kernel)",
        false, true, 8, DecodeFamily::kTensorCore},
   };
   return variants;

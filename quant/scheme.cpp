@@ -181,10 +181,4 @@ void check_scheme_fits(const Scheme& s, int head_dim) {
                                   to_string(s), head_dim));
 }
 
-std::string decode_modifier_reason(const Scheme& s) {
-  if (s.hadamard)
-    return fmt::format("{}: Hadamard-rotated storage (+had); no decode kernel rotates the query yet", to_string(s));
-  return "";
-}
-
 }  // namespace kvq

@@ -80,8 +80,5 @@ std::vector<Scheme> parse_scheme_list(std::string_view names);
 // "int4-g48: group size 48 does not divide head_dim 128", "int4-head+had: ... power of two".
 void check_scheme_fits(const Scheme& s, int head_dim);
 
-// Why the GPU decode kernels cannot read `s` whatever its codes: a rotated basis (+had); "" for
-// the other modifiers.
-std::string decode_modifier_reason(const Scheme& s);
 
 }  // namespace kvq

@@ -47,10 +47,24 @@ TEST_CASE("schemes the decode kernels cannot read are refused with the reason") 
   CHECK(chan.group == 32);  // tokens per group
 }
 
-TEST_CASE("the decode benchmark refuses rotated storages with the reason and reads windowed ones") {
-  CHECK(test::message_of<InputError>([] { bench_storage(parse_scheme("int4-g32-asym+had"), parse_scheme("int4-g32-asym"), false); })
-            .find("Hadamard-rotated storage (+had)") != std::string::npos);
+TEST_CASE("the decode benchmark reads rotated and windowed storages; the kernels say which they cannot") {
+  CHECK(bench_storage(parse_scheme("int4-g32-asym+had"), parse_scheme("int4-g32-asym"), false).name ==
+        "int4-g32-asym+had/int4-g32-asym");
   CHECK(parse_bench_storages("int4-g32-asym+w128").at(0).name == "int4-g32-asym+w128");
+  DecodeParams p;
+  p.batch = 1, p.q_heads = 8, p.kv_heads = 1, p.tokens = 64, p.head_dim = 128;
+  p.k_format = p.v_format = KvFormat::kInt4;
+  auto op = [](const char* s) { return quantized_operand(parse_scheme(s), 1, 1, 64, 128, false, nullptr, nullptr, nullptr); };
+  p.k = op("int4-g32-asym+had"), p.v = op("int4-g32-asym");
+  CHECK(p.k.hadamard);
+  CHECK(tensor_core_unsupported_reason(p).empty());  // Q rotated in the kernel
+  CHECK(cuda_core_unsupported_reason(p) == "+had: CUDA-core kernels do not rotate the query (decode-tc does, for K)");
+  p.k = op("int4-g32-asym"), p.v = op("int4-g32-asym+had");
+  CHECK(tensor_core_unsupported_reason(p) ==
+        "V +had: tensor-core kernels rotate Q for a rotated K; rotating O back for a rotated V is not implemented");
+  p.k = op("int4-g32-asym+had+w16"), p.v = op("int4-g32-asym");
+  p.k_window = scheme_window(parse_scheme("int4-g32-asym+had+w16"), KvOperand{}, KvFormat::kBf16);
+  CHECK(tensor_core_unsupported_reason(p) == "K +had with a +wW window: tensor-core kernels do not read a rotated window");
   CHECK(parse_bench_storages("int4-g32-asym").size() == 1);
 }
 

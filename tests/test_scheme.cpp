@@ -96,9 +96,3 @@ TEST_CASE("bad fp8 and modifier names are rejected with the reason") {
   CHECK(msg("+had").find("bits '' must be int8, int4 or fp8") != std::string::npos);
 }
 
-TEST_CASE("storages that integer-code kernels cannot read say why") {
-  CHECK(decode_modifier_reason(parse_scheme("int4-g32-asym")).empty());
-  CHECK(decode_modifier_reason(parse_scheme("fp8-e4m3-head")).empty());
-  CHECK(decode_modifier_reason(parse_scheme("int4-g32-asym+had")).find("+had") != std::string::npos);
-  CHECK(decode_modifier_reason(parse_scheme("int4-g32-asym+w128")).empty());  // windows: decode-tc reads them
-}
