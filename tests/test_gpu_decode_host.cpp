@@ -47,7 +47,7 @@ TEST_CASE("schemes the decode kernels cannot read are refused with the reason") 
   CHECK(chan.group == 32);  // tokens per group
 }
 
-TEST_CASE("the decode benchmark reads rotated and windowed storages; the kernels say which they cannot") {
+TEST_CASE("the decode benchmark reads rotated and windowed storages and the kernels say which they cannot") {
   CHECK(bench_storage(parse_scheme("int4-g32-asym+had"), parse_scheme("int4-g32-asym"), false).name ==
         "int4-g32-asym+had/int4-g32-asym");
   CHECK(parse_bench_storages("int4-g32-asym+w128").at(0).name == "int4-g32-asym+w128");
