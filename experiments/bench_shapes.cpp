@@ -50,11 +50,6 @@ std::vector<BenchStorage> parse_bench_storages(const std::string& list) {
   std::vector<BenchStorage> out;
   std::stringstream in(list);
   std::string item;
-  // "bf16" / "fp16" (raw) or a scheme name.
-  auto operand = [](const std::string& text, std::optional<Scheme>& scheme, KvFormat& raw) {
-    if (text == "bf16" || text == "fp16") raw = text == "bf16" ? KvFormat::kBf16 : KvFormat::kFp16;
-    else scheme = parse_scheme(text);
-  };
   while (std::getline(in, item, ',')) {
     if (item.empty()) continue;
     const size_t colon = item.find(':');
@@ -63,11 +58,11 @@ std::vector<BenchStorage> parse_bench_storages(const std::string& list) {
       throw InputError(fmt::format("--schemes '{}': the only layout suffix is ':fbgemm'", item));
     const std::string pair = item.substr(0, colon);
     const size_t slash = pair.find('/');
-    std::optional<Scheme> k, v;
-    KvFormat k_raw = KvFormat::kBf16, v_raw = KvFormat::kBf16;
-    operand(pair.substr(0, slash), k, k_raw);
-    operand(slash == std::string::npos ? pair : pair.substr(slash + 1), v, v_raw);
-    out.push_back(bench_storage(k, k_raw, v, v_raw, fbgemm));
+    KvFormat k_format, v_format;
+    const std::optional<Scheme> k = parse_storage_operand(pair.substr(0, slash), fbgemm, k_format);
+    const std::optional<Scheme> v =
+        parse_storage_operand(slash == std::string::npos ? pair : pair.substr(slash + 1), fbgemm, v_format);
+    out.push_back(bench_storage(k, k_format, v, v_format, fbgemm));
   }
   if (out.empty()) throw InputError(fmt::format("--schemes '{}': no storage given", list));
   return out;

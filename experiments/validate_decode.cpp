@@ -232,12 +232,8 @@ Storage raw(KvFormat f, bool bsnh = false) { return {f, f, std::nullopt, std::nu
 // K and V by name: a scheme, or "bf16" / "fp16" for a raw operand.
 Storage quantized(const char* k, const char* v, bool fbgemm = false) {
   Storage st;
-  auto operand = [&](const std::string& name, std::optional<Scheme>& scheme, KvFormat& format) {
-    if (name == "bf16" || name == "fp16") format = name == "bf16" ? KvFormat::kBf16 : KvFormat::kFp16;
-    else scheme = parse_scheme(name), format = quantized_format(*scheme, fbgemm);
-  };
-  operand(k, st.k, st.k_format);
-  operand(v, st.v, st.v_format);
+  st.k = parse_storage_operand(k, fbgemm, st.k_format);
+  st.v = parse_storage_operand(v, fbgemm, st.v_format);
   return st;
 }
 

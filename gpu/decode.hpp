@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,9 @@ const char* to_string(KvFormat f);
 bool is_quantized(KvFormat f);
 // The format that stores codes of `s` (planar, or FBGEMM rows).
 KvFormat quantized_format(const Scheme& s, bool fbgemm_rows);
+// One operand of a storage as tools spell it: "bf16" or "fp16" (raw: no scheme) or a scheme name
+// (throws SchemeError for a bad one); `format` receives its KvFormat.
+std::optional<Scheme> parse_storage_operand(const std::string& name, bool fbgemm_rows, KvFormat& format);
 
 // The kernel family: CUDA-core FMAs (decode_kernel.cuh, every storage and D = 8) or tensor-core MMAs
 // (decode_tc_kernel.cuh: QK and PV as mma.sync m16n8k16, 16 keys x 8 query heads per tile).

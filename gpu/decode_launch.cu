@@ -78,12 +78,11 @@ const TcEntry& tc_prepared_entry(const DecodeParams& p) {
   if (it != prepared.end()) return it->second;
   const TcEntry e = tc_entry_of(p);
   if (!e.kernel) throw CudaError(fmt::format("decode-tc: no kernels for K {} / V {}", to_string(p.k_format), to_string(p.v_format)));
-  e.for_each_kernel([](const void* k) {
-    int device = 0, optin = 0;
-    KVQ_CUDA_CHECK(cudaGetDevice(&device));
-    KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  int device = 0, optin = 0;
+  KVQ_CUDA_CHECK(cudaGetDevice(&device));
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  for (const void* k : e.kernels())
     KVQ_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-  });
   return prepared.emplace(key, e).first->second;
 }
 
@@ -272,6 +271,16 @@ KvOperand quantized_operand(const Scheme& s, int64_t batch, int64_t heads, int64
   return op;
 }
 
+std::optional<Scheme> parse_storage_operand(const std::string& name, bool fbgemm_rows, KvFormat& format) {
+  if (name == "bf16" || name == "fp16") {
+    format = name == "bf16" ? KvFormat::kBf16 : KvFormat::kFp16;
+    return std::nullopt;
+  }
+  const Scheme s = parse_scheme(name);
+  format = quantized_format(s, fbgemm_rows);
+  return s;
+}
+
 KvWindow scheme_window(const Scheme& s, const KvOperand& raw, KvFormat raw_format) {
   KvWindow w;
   if (!s.has_window()) return w;
@@ -398,11 +407,13 @@ int64_t partial_lse_floats(const DecodeParams& p) {
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   check_decode_params(p);
   if (p.batch == 0) return;
-  const int splits = total_splits(p);
+  const std::vector<DecodeParams> regions = decode_regions(p);
+  int splits = 0;
+  for (const DecodeParams& region : regions) splits += region.splits;
   if (p.family == DecodeFamily::kTensorCore) {
     const std::string why = tensor_core_unsupported_reason(p);
     if (!why.empty()) throw InputError("decode (tensor cores): " + why);
-    for (const DecodeParams& region : decode_regions(p)) detail::launch_tc(region, stream);
+    for (const DecodeParams& region : regions) detail::launch_tc(region, stream);
   } else if (const std::string why = cuda_core_unsupported_reason(p); !why.empty()) {
     throw InputError("decode (CUDA cores): " + why);
   } else switch (p.k_format) {

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cmath>
+#include <vector>
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/decode_tc_fragments.cuh"
@@ -118,10 +119,10 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b
 }
 
 // kKSlicesPerGroup / kVPairsPerGroup: K k-slices per K scale group and V m-tile pairs per V scale
-// group when known at compile time (0: read from p). kKSlicesPerGroup = -1: chan-tN K, dequantized
-// to fp16 in the fragments (a step lies in one token group), then multiplied as raw fp16 K. The common shapes -- one group per row, and
+// group when known at compile time (0: read from p). The common shapes -- one group per row, and
 // groups of 32 -- get their own kernels: the group boundaries in the unrolled loops are then
-// constants and the loops straight-line code.
+// constants and the loops straight-line code. kKSlicesPerGroup = -1: chan-tN K, dequantized to fp16
+// in the fragments (a step lies in one token group), then multiplied as raw fp16 K.
 template <KvFormat FK, KvFormat FV, int D, int kKSlicesPerGroup, int kVPairsPerGroup>
 __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV, D>::kMinCtas)
     decode_tc_kernel(const DecodeParams p) {
@@ -455,7 +456,7 @@ struct TcEntry {
   const void* (*kernel)(const DecodeParams&) = nullptr;
   int (*smem_bytes)(const DecodeParams&) = nullptr;
   // Every kernel of the pair, for the one-time shared-memory opt-in.
-  void (*for_each_kernel)(void (*fn)(const void*)) = nullptr;
+  std::vector<const void*> (*kernels)() = nullptr;
 };
 
 template <KvFormat FK, KvFormat FV, int D>
@@ -503,11 +504,13 @@ TcEntry tc_entry() {
     }
     return 0;
   };
-  e.for_each_kernel = [](void (*fn)(const void*)) {
+  e.kernels = [] {
+    std::vector<const void*> all;
     for (TcGroupShape shape : {TcGroupShape::kRow, TcGroupShape::kG32, TcGroupShape::kAny, TcGroupShape::kChannelK})
       for (const void* k : {tc_kernel_for<FK, FV, 64>(shape), tc_kernel_for<FK, FV, 128>(shape),
                             tc_kernel_for<FK, FV, 256>(shape)})
-        if (k) fn(k);
+        if (k) all.push_back(k);
+    return all;
   };
   return e;
 }

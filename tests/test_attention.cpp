@@ -165,14 +165,23 @@ TEST_CASE("precision mimic: fp64 profile is the reference and fp32/bf16 profiles
         std::string::npos);
 }
 
-TEST_CASE("precision mimic: qfp16 rounds each query row to fp16 after scaling it by its power of two") {
-  // One key along d = 1: softmax = 1, so LSE = scale * q[1] shows the query value the mimic used.
-  std::vector<float> q = {1.0f, std::ldexp(1.0f + std::ldexp(1.0f, -7), -34), 0, 0, 0, 0, 0, 0};
-  std::vector<float> k = {0, 1, 0, 0, 0, 0, 0, 0}, v = {1, 2, 3, 4, 5, 6, 7, 8};
+namespace {
+// One query over one key, D = 8, softmax scale 1: softmax = 1, so LSE = q . k shows the values the
+// mimic multiplied.
+AttentionProblem one_key_problem(std::vector<float>& q, std::vector<float>& k, std::vector<float>& v) {
   AttentionProblem p;
   p.batch = 1, p.q_heads = 1, p.kv_heads = 1, p.head_dim = 8, p.softmax_scale = 1.0;
   p.q = q.data();
   p.k = KvView::bnsh(k.data(), {1, 1, 1, 8}), p.v = KvView::bnsh(v.data(), {1, 1, 1, 8});
+  return p;
+}
+}  // namespace
+
+TEST_CASE("precision mimic: qfp16 rounds each query row to fp16 after scaling it by its power of two") {
+  // One key along d = 1: LSE = q[1] shows the query value the mimic used.
+  std::vector<float> q = {1.0f, std::ldexp(1.0f + std::ldexp(1.0f, -7), -34), 0, 0, 0, 0, 0, 0};
+  std::vector<float> k = {0, 1, 0, 0, 0, 0, 0, 0}, v = {1, 2, 3, 4, 5, 6, 7, 8};
+  const AttentionProblem p = one_key_problem(q, k, v);
   const PrecisionProfile prof = PrecisionProfile::parse("fp32-qfp16-pfp16-obf16");
   CHECK(prof.name() == "fp32-qfp16-pfp16-obf16");
   // max|q| = 1: scaled by 2^14, q[1] becomes 2^-20 (1 + 2^-7), an fp16 subnormal (steps of 2^-24): 2^-20
@@ -184,13 +193,10 @@ TEST_CASE("precision mimic: qfp16 rounds each query row to fp16 after scaling it
 }
 
 TEST_CASE("precision mimic: kfp16 rounds each K value to fp16 before the product") {
-  // One key: LSE = scale * q . k shows the K value the mimic used.
+  // LSE = k[0] shows the K value the mimic used.
   std::vector<float> q = {1, 0, 0, 0, 0, 0, 0, 0}, v(8, 1.0f);
   std::vector<float> k = {1.0f + std::ldexp(1.0f, -12), 0, 0, 0, 0, 0, 0, 0};  // a quarter fp16 step above 1
-  AttentionProblem p;
-  p.batch = 1, p.q_heads = 1, p.kv_heads = 1, p.head_dim = 8, p.softmax_scale = 1.0;
-  p.q = q.data();
-  p.k = KvView::bnsh(k.data(), {1, 1, 1, 8}), p.v = KvView::bnsh(v.data(), {1, 1, 1, 8});
+  const AttentionProblem p = one_key_problem(q, k, v);
   const PrecisionProfile prof = PrecisionProfile::parse("fp32-qfp16-kfp16-pfp16-obf16");
   CHECK(prof.name() == "fp32-qfp16-kfp16-pfp16-obf16");
   CHECK(prof.k_before_qk == RoundTo::kFp16);
