@@ -21,8 +21,8 @@ std::vector<DecodeShape> bench_shapes(const std::string& regex) {
   }
   std::vector<DecodeShape> out;
   for (const DecodeShape& s : design_decode_shapes())
-    if (std::regex_search(s.group, re)) out.push_back(s);
-  if (out.empty()) throw InputError(fmt::format("--shapes '{}' matches none of seed000, seed002, llama8b", regex));
+    if (std::regex_search(s.label(), re)) out.push_back(s);  // group/B<b>/T<t>
+  if (out.empty()) throw InputError(fmt::format("--shapes '{}' matches none of the shapes (seed000, seed002, llama8b; a label reads seed000/B128/T8192)", regex));
   return out;
 }
 
