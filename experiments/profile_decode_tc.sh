@@ -27,3 +27,5 @@ for c in $cases; do
   grep -E "Duration|DRAM Throughput|Issue Slots Busy|Registers Per Thread|Achieved Occupancy|No Eligible|Warp Cycles Per Issued" \
     "$OUT/ncu-$name.txt" | head -n 12
 done
+# Few files come back from a lent GPU machine: one archive of the reports.
+tar -czf "$OUT/ncu.tar.gz" -C "$OUT" --remove-files $(cd "$OUT" && ls ncu-*.txt sass-*.csv bench-*.log)

@@ -48,6 +48,9 @@ struct TcSource {
   int channel_tokens = 0;    // kChannel: tokens per group (a step lies in one); its span is D parameters
   int channel_bytes = 0;
   int64_t t_origin = 0;
+  // Every step's span of this CTA lies inside the parameter arrays: whole-word copies, no clamping
+  // (only the CTAs at an array's end copy its last, possibly half, word).
+  bool params_inside = false;
 };
 
 // The words of row (b, h) rows and params of `op` for this CTA.
@@ -107,14 +110,24 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const DecodeP
     s.param_row_bytes = op.mode == ParamMode::kChannel ? 0 : s.groups * pbytes;
     s.scale_lane = s.scales + 4 * (first_word + lane), s.scale_end = s.scales + param_bytes;
     if (op.asymmetric) s.zero_lane = s.zeros + 4 * (first_word + lane), s.zero_end = s.zeros + param_bytes;
+    const int64_t last_span = op.mode == ParamMode::kChannel
+                                  ? (s.first_param + (p.tokens - 1) / op.group * D) * pbytes  // a span's first byte
+                                  : 4 * first_word + (p.tokens - s.t_origin) * s.param_row_bytes;
+    s.params_inside = last_span + 4 * s.param_words <= param_bytes;
   }
   return s;
 }
 
 // One step's parameter span: `words` words, lane w + 32k from lane_src + 128k. The array's last
-// word may hold only a half (fp16, odd total): cp.async copies what is there and zero-fills the rest.
+// word may hold only a half (fp16, odd total): cp.async copies what is there and zero-fills the rest
+// (`inside`: the span ends before the array does, whole words).
 __device__ __forceinline__ void copy_param_words(uint32_t* dst, const uint8_t* lane_src, const uint8_t* end,
-                                                 const uint8_t* any_valid, int words, int lane) {
+                                                 const uint8_t* any_valid, int words, int lane, bool inside) {
+  if (inside) {
+#pragma unroll 1
+    for (int w = lane; w < words; w += 32, lane_src += 128) cp_async4(smem_address(dst + w), lane_src, true);
+    return;
+  }
 #pragma unroll 1
   for (int w = lane; w < words; w += 32, lane_src += 128) {
     const int64_t left = end - lane_src;
@@ -154,12 +167,16 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
     const int row0 = lane / kChunks, ch = lane % kChunks;
     const uint8_t* src = s.lane_src + t0 * s.stride_t;
     const uint32_t dst = smem_address(codes + row0 * kStride + ch * 4);
+    if (n_lo == 0 && n == kStepTokens) {  // a whole step: no row masks
 #pragma unroll
-    for (int k = 0; k < kPasses; ++k) {
-      const int row = row0 + k * kRowsPerPass;
-      const bool ok = row >= n_lo && row < n;  // masked rows copy nothing from a valid address
-      cp_async16(dst + 4 * k * kRowsPerPass * kStride, ok ? src : s.rows, ok);
-      src += s.pass_bytes;
+      for (int k = 0; k < kPasses; ++k, src += s.pass_bytes) cp_async16(dst + 4 * k * kRowsPerPass * kStride, src, true);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPasses; ++k, src += s.pass_bytes) {
+        const int row = row0 + k * kRowsPerPass;
+        const bool ok = row >= n_lo && row < n;  // masked rows copy nothing from a valid address
+        cp_async16(dst + 4 * k * kRowsPerPass * kStride, ok ? src : s.rows, ok);
+      }
     }
   } else if (s.copy_words == 4) {  // FBGEMM rows whose params and codes tile 16-byte chunks
     copy_rows_in_units<4, kRowWords, kStride, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic);
@@ -168,15 +185,17 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
   }
   if (s.scale_lane) {  // whole spans: rows past n copy their neighbours' parameters, never used
     const int64_t advance = kChannel ? t0 / s.channel_tokens * s.channel_bytes : (t0 - s.t_origin) * s.param_row_bytes;
-    copy_param_words(params, s.scale_lane + advance, s.scale_end, s.scales, s.param_words, lane);
+    copy_param_words(params, s.scale_lane + advance, s.scale_end, s.scales, s.param_words, lane, s.params_inside);
     if (s.asymmetric)
-      copy_param_words(params + s.param_words, s.zero_lane + advance, s.zero_end, s.zeros, s.param_words, lane);
+      copy_param_words(params + s.param_words, s.zero_lane + advance, s.zero_end, s.zeros, s.param_words, lane,
+                       s.params_inside);
   }
 }
 
 // Scale and zero point of group `grp` of the lane's rows 16 mt + g (h = 0) and + 8 (h = 1) of every
 // m-tile of a stage (0 for rows past the step, whose stage words are stale). One set of branches on
-// the (warp-uniform) parameter mode per call, not per row.
+// the (warp-uniform) parameter mode per call, not per row. kGroups > 0: groups per row known at
+// compile time, planar parameters fp16 (the specialised kernels; tc_group_shape).
 struct RowParams {
   float scale, zero;
 };
@@ -184,7 +203,7 @@ __device__ __forceinline__ float param_at(const uint32_t* words, int index, bool
   return fp32 ? __uint_as_float(words[index])
               : __half2float(__ushort_as_half(reinterpret_cast<const uint16_t*>(words)[index]));
 }
-template <int kMTiles>
+template <int kMTiles, int kStepTokens, int kGroups = 0>
 __device__ __forceinline__ void tile_params(const TcSource& s, const uint32_t* params, int g, int grp, int n,
                                             RowParams (&out)[kMTiles][2]) {
   if (s.mode == ParamMode::kTensor || s.mode == ParamMode::kNone) {  // kNone: scale-free FP8 (1, 0)
@@ -202,22 +221,24 @@ __device__ __forceinline__ void tile_params(const TcSource& s, const uint32_t* p
                       __half2float(__ushort_as_half(static_cast<uint16_t>(w >> 16)))};
       }
   } else {
+    const int groups = kGroups > 0 ? kGroups : s.groups;
+    const bool fp32 = kGroups > 0 ? false : s.fp32_params;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int index = s.param_offset + (16 * mt + g + 8 * h) * s.groups + grp;
-        out[mt][h] = {param_at(params, index, s.fp32_params),
-                      s.asymmetric ? param_at(params + s.param_words, index, s.fp32_params) : 0.0f};
+        const int index = s.param_offset + (16 * mt + g + 8 * h) * groups + grp;
+        out[mt][h] = {param_at(params, index, fp32), s.asymmetric ? param_at(params + s.param_words, index, fp32) : 0.0f};
       }
   }
+  if (n < kStepTokens)  // the last step of a range: rows past it hold stale words
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const bool live = 16 * mt + g + 8 * h < n;
-      out[mt][h] = {live ? out[mt][h].scale : 0.0f, live ? out[mt][h].zero : 0.0f};
-    }
+      for (int h = 0; h < 2; ++h) {
+        const bool live = 16 * mt + g + 8 * h < n;
+        out[mt][h] = {live ? out[mt][h].scale : 0.0f, live ? out[mt][h].zero : 0.0f};
+      }
 }
 
 // Which of the lane's 4 consecutive elements d + kQPerm[k] sits at k position {2c, 2c+1, 2c+8, 2c+9}[k]

@@ -130,6 +130,9 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   constexpr bool kChanK = kKSlicesPerGroup < 0;
   constexpr bool kKQuant = Tr::K::kQuantized && !kChanK, kVQuant = Tr::V::kQuantized;  // kKQuant: scales after QK
   constexpr int kST = Tr::kStepTokens, kS = Tr::kStages;
+  // Scale groups per row when the shape fixes them (0: read from p)
+  constexpr int kKGroups = kKSlicesPerGroup > 0 ? Tr::kSlices / kKSlicesPerGroup : 0;
+  constexpr int kVGroups = kVPairsPerGroup > 0 ? Tr::kSlices / 2 / kVPairsPerGroup : 0;
   extern __shared__ uint4 tc_smem[];
   TcPrologue<D>& pro = *reinterpret_cast<TcPrologue<D>*>(tc_smem);
   uint32_t* stages = reinterpret_cast<uint32_t*>(tc_smem) + sizeof(TcPrologue<D>) / 4;
@@ -258,7 +261,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
           const float qs0 = ks.asymmetric ? pro.q_sum[grp][2 * c] : 0.0f;
           const float qs1 = ks.asymmetric ? pro.q_sum[grp][2 * c + 1] : 0.0f;
           RowParams kp[Tr::kMTiles][2];
-          tile_params(ks, st + lay.k_params, g, grp, n, kp);
+          tile_params<Tr::kMTiles, kST, kKGroups>(ks, st + lay.k_params, g, grp, n, kp);
 #pragma unroll
           for (int mt = 0; mt < Tr::kMTiles; ++mt) {
             const RowParams p0 = kp[mt][0], p1 = kp[mt][1];
@@ -327,7 +330,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
         if ((i & ((1 << v_shift) - 1)) == 0) {
           const int grp = i >> v_shift;
           RowParams vp[Tr::kMTiles][2];
-          tile_params(vs, st + lay.v_params, g, grp, n, vp);
+          tile_params<Tr::kMTiles, kST, kVGroups>(vs, st + lay.v_params, g, grp, n, vp);
           if (n_lo > 0)  // keys below the region: their (stale) V parameters must not reach P'
 #pragma unroll
             for (int mt = 0; mt < Tr::kMTiles; ++mt)
@@ -446,7 +449,9 @@ inline TcGroupShape tc_group_shape(const DecodeParams& p) {
   if (p.k.mode == ParamMode::kChannel) return TcGroupShape::kChannelK;
   if (tc_codes(p.k_format) != tc_codes(p.v_format)) return TcGroupShape::kAny;
   auto row = [&](const KvOperand& op) { return op.group <= 0 || op.group == p.head_dim; };
-  if (!is_quantized(p.k_format) || (row(p.k) && row(p.v))) return TcGroupShape::kRow;
+  if (!is_quantized(p.k_format)) return TcGroupShape::kRow;
+  if (p.k.fp32_params || p.v.fp32_params) return TcGroupShape::kAny;  // the specialised ones read fp16 parameters
+  if (row(p.k) && row(p.v)) return TcGroupShape::kRow;
   if (p.k.group == 32 && p.v.group == 32) return TcGroupShape::kG32;
   return TcGroupShape::kAny;
 }
