@@ -137,7 +137,7 @@ __device__ __forceinline__ void copy_param_words(uint32_t* dst, const uint8_t* l
 }
 
 // Rows [t0, t0 + n) in copies of kUnit words: inline parameters to `params`, codes to `codes`.
-template <int kUnit, int kRowWords, int kStride, int kStepTokens>
+template <int kUnit, int kRowWords, typename Rows, int kStepTokens>
 __device__ __forceinline__ void copy_rows_in_units(uint32_t* codes, uint32_t* params, const TcSource& s, int64_t t0,
                                                    int n_lo, int n, int lane, uint32_t units_magic) {
   const int units = (s.inline_words + kRowWords) / kUnit;
@@ -145,18 +145,18 @@ __device__ __forceinline__ void copy_rows_in_units(uint32_t* codes, uint32_t* pa
     const int r = static_cast<int>((static_cast<uint64_t>(i) * units_magic) >> 24);  // i / units
     const int w = (i - r * units) * kUnit;
     const bool ok = r >= n_lo && r < n;
-    uint32_t* dst = w < s.inline_words ? params + r * s.inline_words + w : codes + r * kStride + (w - s.inline_words);
+    uint32_t* dst = w < s.inline_words ? params + r * s.inline_words + w : codes + Rows::word(r, w - s.inline_words);
     const uint8_t* src = s.rows + (ok ? (t0 + r) * s.stride_t + w * 4 : 0);
     if constexpr (kUnit == 4) cp_async16(smem_address(dst), src, ok);
     else cp_async4(smem_address(dst), src, ok);
   }
 }
 
-// One step of rows [t0 + n_lo, t0 + n) into a stage: codes into `codes` (row stride kStride words,
+// One step of rows [t0 + n_lo, t0 + n) into a stage: codes into `codes` (laid out as Rows says,
 // the other rows zero-filled so that masked keys multiply finite values), parameters into `params`
 // (kChannel: the step's token group of chan-tN parameters; a template argument, so that the other
 // kernels carry none of its arithmetic).
-template <int kRowWords, int kStride, int kStepTokens, bool kChannel = false>
+template <int kRowWords, typename Rows, int kStepTokens, bool kChannel = false>
 __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, const TcSource& s, int64_t t0, int n_lo,
                                           int n, int lane, uint32_t units_magic) {
   if (s.vec16) {  // lane takes chunk lane % kChunks of rows lane / kChunks + k * kRowsPerPass
@@ -166,22 +166,23 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
     static_assert(kChunks <= 32 && 32 % kChunks == 0, "a row's 16-byte chunks tile a warp");
     const int row0 = lane / kChunks, ch = lane % kChunks;
     const uint8_t* src = s.lane_src + t0 * s.stride_t;
-    const uint32_t dst = smem_address(codes + row0 * kStride + ch * 4);
+    const uint32_t dst = smem_address(codes);
+    auto at = [&](int k) { return dst + 4 * Rows::word(row0 + k * kRowsPerPass, 4 * ch); };
     if (n_lo == 0 && n == kStepTokens) {  // a whole step: no row masks
 #pragma unroll
-      for (int k = 0; k < kPasses; ++k, src += s.pass_bytes) cp_async16(dst + 4 * k * kRowsPerPass * kStride, src, true);
+      for (int k = 0; k < kPasses; ++k, src += s.pass_bytes) cp_async16(at(k), src, true);
     } else {
 #pragma unroll
       for (int k = 0; k < kPasses; ++k, src += s.pass_bytes) {
         const int row = row0 + k * kRowsPerPass;
         const bool ok = row >= n_lo && row < n;  // masked rows copy nothing from a valid address
-        cp_async16(dst + 4 * k * kRowsPerPass * kStride, ok ? src : s.rows, ok);
+        cp_async16(at(k), ok ? src : s.rows, ok);
       }
     }
   } else if (s.copy_words == 4) {  // FBGEMM rows whose params and codes tile 16-byte chunks
-    copy_rows_in_units<4, kRowWords, kStride, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic);
+    copy_rows_in_units<4, kRowWords, Rows, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic);
   } else {  // other FBGEMM rows, unaligned rows
-    copy_rows_in_units<1, kRowWords, kStride, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic);
+    copy_rows_in_units<1, kRowWords, Rows, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic);
   }
   if (s.scale_lane) {  // whole spans: rows past n copy their neighbours' parameters, never used
     const int64_t advance = kChannel ? t0 / s.channel_tokens * s.channel_bytes : (t0 - s.t_origin) * s.param_row_bytes;
@@ -279,19 +280,20 @@ __device__ __forceinline__ uint32_t nibble_pair_high(uint32_t x, bool sym) {  //
 }
 
 // A fragment of k-slice j for keys `row` and row + 8 of a stage's K codes.
-template <KvFormat F, int kStride>
+template <KvFormat F, typename Rows>
 __device__ __forceinline__ void k_fragment(const uint32_t* kc, int row, int j, int c, bool sym, uint32_t (&a)[4]) {
+  constexpr int kStride = Rows::kStride;
   if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp16) {
     const uint2 r0 = *reinterpret_cast<const uint2*>(kc + row * kStride + 8 * j + 2 * c);
     const uint2 r1 = *reinterpret_cast<const uint2*>(kc + (row + 8) * kStride + 8 * j + 2 * c);
     a[0] = r0.x, a[1] = r1.x, a[2] = r0.y, a[3] = r1.y;
   } else if constexpr (TcOperand<F>::kFp8) {
-    const uint32_t w0 = kc[row * kStride + 4 * j + c], w1 = kc[(row + 8) * kStride + 4 * j + c];
+    const uint32_t w0 = kc[Rows::word(row, 4 * j + c)], w1 = kc[Rows::word(row + 8, 4 * j + c)];
     a[0] = fp8_pair<F>(w0, false), a[1] = fp8_pair<F>(w1, false);
     a[2] = fp8_pair<F>(w0, true), a[3] = fp8_pair<F>(w1, true);
   } else if constexpr (F == KvFormat::kInt8) {
     const uint32_t flip = sym ? 0x80808080u : 0u;
-    const uint32_t w0 = kc[row * kStride + 4 * j + c] ^ flip, w1 = kc[(row + 8) * kStride + 4 * j + c] ^ flip;
+    const uint32_t w0 = kc[Rows::word(row, 4 * j + c)] ^ flip, w1 = kc[Rows::word(row + 8, 4 * j + c)] ^ flip;
     a[0] = int8_pair(__byte_perm(w0, 0x64646464u, 0x4140), sym);
     a[1] = int8_pair(__byte_perm(w1, 0x64646464u, 0x4140), sym);
     a[2] = int8_pair(__byte_perm(w0, 0x64646464u, 0x4342), sym);
@@ -327,9 +329,10 @@ __device__ __forceinline__ void channel_dequant(uint32_t (&a)[4], const uint32_t
 
 // A fragments of PV m-tiles 2i (`lo`) and 2i + 1 (`hi`) for the k-step whose lane keys are
 // key0 = 16 mt + 2c, key0 + 1, key0 + 8, key0 + 9.
-template <KvFormat F, int kStride>
+template <KvFormat F, typename Rows>
 __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i, int g, bool sym, uint32_t (&lo)[4],
                                             uint32_t (&hi)[4]) {
+  constexpr int kStride = Rows::kStride;
   const int rows[4] = {key0, key0 + 1, key0 + 8, key0 + 9};
   if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp16) {
     uint2 w[4];
@@ -343,7 +346,7 @@ __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i,
   } else if constexpr (TcOperand<F>::kFp8) {
     uint32_t w[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) w[k] = vc[rows[k] * kStride + 8 * i + g];
+    for (int k = 0; k < 4; ++k) w[k] = vc[Rows::word(rows[k], 8 * i + g)];
     const uint32_t ab01 = __byte_perm(w[0], w[1], 0x5140), ab23 = __byte_perm(w[0], w[1], 0x7362);
     const uint32_t cd01 = __byte_perm(w[2], w[3], 0x5140), cd23 = __byte_perm(w[2], w[3], 0x7362);
     lo[0] = fp8_pair<F>(ab01, false), lo[1] = fp8_pair<F>(ab01, true);
@@ -354,7 +357,7 @@ __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i,
     const uint32_t flip = sym ? 0x80808080u : 0u;
     uint32_t w[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) w[k] = vc[rows[k] * kStride + 8 * i + g] ^ flip;
+    for (int k = 0; k < 4; ++k) w[k] = vc[Rows::word(rows[k], 8 * i + g)] ^ flip;
     // Interleave two keys' bytes, [a.e, b.e, a.e+1, b.e+1], then each pair into 1024.0's mantissas.
     const uint32_t ab01 = __byte_perm(w[0], w[1], 0x5140), ab23 = __byte_perm(w[0], w[1], 0x7362);
     const uint32_t cd01 = __byte_perm(w[2], w[3], 0x5140), cd23 = __byte_perm(w[2], w[3], 0x7362);

@@ -217,8 +217,8 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
       uint32_t* st = ring + (s % kS) * lay.stage_words;
       const int64_t t0 = step_start(s);
       const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
-      copy_step<Tr::kKRowWords, Tr::kKStride, kST, kChanK>(st, st + lay.k_params, ks, t0, n_lo, n, lane, k_magic);
-      copy_step<Tr::kVRowWords, Tr::kVStride, kST>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0, n_lo, n, lane,
+      copy_step<Tr::kKRowWords, typename Tr::KRows, kST, kChanK>(st, st + lay.k_params, ks, t0, n_lo, n, lane, k_magic);
+      copy_step<Tr::kVRowWords, typename Tr::VRows, kST>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0, n_lo, n, lane,
                                                    v_magic);
     }
     cp_async_commit();  // empty groups keep the count uniform
@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
 #pragma unroll
       for (int mt = 0; mt < Tr::kMTiles; ++mt) {
         uint32_t a[4];
-        k_fragment<FK, Tr::kKStride>(kc, 16 * mt + g, j, c, !ks.asymmetric, a);
+        k_fragment<FK, typename Tr::KRows>(kc, 16 * mt + g, j, c, !ks.asymmetric, a);
         if constexpr (kChanK) channel_dequant<FK>(a, st + lay.k_params, ks.param_words, j, c, ks.asymmetric);
         mma_16816<Tr::K::kBf16Mma>(acc[mt][j % 2], a, qf[j][0], qf[j][1]);
       }
@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
 #pragma unroll
       for (int mt = 0; mt < Tr::kMTiles; ++mt) {
         uint32_t lo[4], hi[4];
-        v_fragments<FV, Tr::kVStride>(vc, 16 * mt + 2 * c, i, g, !vs.asymmetric, lo, hi);
+        v_fragments<FV, typename Tr::VRows>(vc, 16 * mt + 2 * c, i, g, !vs.asymmetric, lo, hi);
         mma_16816<Tr::V::kBf16Mma>(o[2 * i], lo, pb[mt][0], pb[mt][1]);
         mma_16816<Tr::V::kBf16Mma>(o[2 * i + 1], hi, pb[mt][0], pb[mt][1]);
       }

@@ -43,6 +43,18 @@ struct TcOperand {
 // the parameters are, which is a run-time property of the operand (TcSource).
 constexpr KvFormat tc_codes(KvFormat f) { return f == KvFormat::kInt4Fbgemm ? KvFormat::kInt4 : f; }
 
+// One operand's rows in a stage. Fragment reads take 8 rows at once (K: keys g, V: keys 2c, 2c + 1,
+// 2c + 8, 2c + 9): padding each row (4 words, 8 for bf16 K) puts every read in 32 different banks;
+// so does an XOR swizzle of 8-bit rows of 32 words or more (word w of row r at w ^ 4 (r % 8): the
+// same 16-byte chunks, permuted), which saves the padding's 11% -- a third CTA per SM for int8 and
+// FP8 at D = 128.
+template <int kRowWords, int kBits, int kPad>
+struct TcRows {
+  static constexpr bool kSwizzle = kBits == 8 && kRowWords % 32 == 0;
+  static constexpr int kStride = kSwizzle ? kRowWords : kRowWords + kPad;
+  static KVQ_HD int word(int row, int w) { return row * kStride + (kSwizzle ? w ^ ((row & 7) << 2) : w); }
+};
+
 template <KvFormat FK, KvFormat FV, int D>
 struct TcTraits {
   using K = TcOperand<FK>;
@@ -54,10 +66,9 @@ struct TcTraits {
   static constexpr int kSlices = D / 16;          // QK k-slices = PV m-tiles
   static constexpr int kKRowWords = D * K::kBits / 32;  // codes of one row
   static constexpr int kVRowWords = D * V::kBits / 32;
-  // Row strides in shared memory (words). K fragments read rows g = 0..7 at once, V fragments rows
-  // 2c = 0, 2, 4, 6: these paddings put each of those reads in 32 different banks.
-  static constexpr int kKStride = kKRowWords + (K::kBits == 16 ? 8 : 4);
-  static constexpr int kVStride = kVRowWords + 4;
+  using KRows = TcRows<kKRowWords, K::kBits, K::kBits == 16 ? 8 : 4>;
+  using VRows = TcRows<kVRowWords, V::kBits, 4>;
+  static constexpr int kKStride = KRows::kStride, kVStride = VRows::kStride;
   // Measured on the H100 (experiments/tune_decode_tc.sh): 32 keys per step for int8 and int4 (16
   // when an operand is bf16, whose rows are 4x larger); a warp consumes a step far slower than
   // memory delivers the next, so two stages suffice for the quantized formats, and the shared
