@@ -35,8 +35,7 @@ __global__ void merge_splits_kernel(const DecodeParams p) {
   const int64_t bh = blockIdx.x;
   const float lse = merged_lse(p, bh, p.splits);
   for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x)
-    p.out[bh * p.head_dim + d] =
-        fp32_to_bf16_bits(merged_o(p, bh, p.splits, lse, d, [&](int s) { return merge_weight(p, bh, s, lse); }));
+    p.out[bh * p.head_dim + d] = fp32_to_bf16_bits(merged_o(p, bh, p.splits, lse, d));
   if (threadIdx.x == 0) p.lse[bh] = lse;
 }
 

@@ -19,30 +19,22 @@ __device__ __forceinline__ float exp_natural(float x) { return exp2f(x * 1.44269
 __device__ __forceinline__ float merged_lse(const DecodeParams& p, int64_t bh, int splits) {
   const int64_t stride = p.batch * p.q_heads;
   float mx = -INFINITY;
-#pragma unroll 4
   for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(p.partial_lse + s * stride + bh));
   if (mx == -INFINITY) return -INFINITY;
   float sum = 0.0f;
-#pragma unroll 4
   for (int s = 0; s < splits; ++s) sum += exp_natural(__ldcg(p.partial_lse + s * stride + bh) - mx);
   return mx + logf(sum);
 }
 
-// The weight of slot s in row bh's output.
-__device__ __forceinline__ float merge_weight(const DecodeParams& p, int64_t bh, int s, float lse) {
-  return exp_natural(__ldcg(p.partial_lse + s * (p.batch * p.q_heads) + bh) - lse);
-}
-
-// Element d of row bh's output, in split order; weight(s) is merge_weight(p, bh, s, lse), computed
-// or looked up.
-template <typename Weight>
-__device__ __forceinline__ float merged_o(const DecodeParams& p, int64_t bh, int splits, float lse, int d,
-                                          Weight weight) {
+// Element d of row bh's output, in split order.
+__device__ __forceinline__ float merged_o(const DecodeParams& p, int64_t bh, int splits, float lse, int d) {
   if (lse == -INFINITY) return 0.0f;
   const int64_t stride = p.batch * p.q_heads;
   float o = 0.0f;
-#pragma unroll 4
-  for (int s = 0; s < splits; ++s) o = __fmaf_rn(weight(s), __ldcg(p.partial_o + (s * stride + bh) * p.head_dim + d), o);
+  for (int s = 0; s < splits; ++s) {
+    const float w = exp_natural(__ldcg(p.partial_lse + s * stride + bh) - lse);
+    o = __fmaf_rn(w, __ldcg(p.partial_o + (s * stride + bh) * p.head_dim + d), o);
+  }
   return o;
 }
 

@@ -459,24 +459,14 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   __syncthreads();
   if (!pro.last_cta) return;
   __threadfence();
-  // Spread over the CTA: each head's LSE, then every (head, slot) weight, then the outputs.
-  const int slots = p.total_splits;
-  const int64_t left_in_group = group_size - hb * Tr::kHeads;
-  const int heads = static_cast<int>(left_in_group < Tr::kHeads ? left_in_group : Tr::kHeads);
-  const int64_t bh0 = b * p.q_heads + hk * group_size + hb * Tr::kHeads;  // the block's first head
-  float* m_lse = reinterpret_cast<float*>(stages);  // [head]; the rings are free again
-  float* m_weight = m_lse + Tr::kHeads;              // [head][slot]
-  if (threadIdx.x < heads) m_lse[threadIdx.x] = merged_lse(p, bh0 + threadIdx.x, slots);
-  __syncthreads();
-  for (int k = threadIdx.x; k < heads * slots; k += Tr::kThreads)
-    m_weight[k] = merge_weight(p, bh0 + k / slots, k % slots, m_lse[k / slots]);
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < heads * D; idx += Tr::kThreads) {
+  for (int idx = threadIdx.x; idx < Tr::kHeads * D; idx += Tr::kThreads) {
     const int i = idx / D, d = idx % D;
-    const float* w = m_weight + i * slots;
-    const float o = merged_o(p, bh0 + i, slots, m_lse[i], d, [&](int s) { return w[s]; });
-    p.out[(bh0 + i) * D + d] = fp32_to_bf16_bits(o);
-    if (d == 0) p.lse[bh0 + i] = m_lse[i];
+    const int64_t in_group = hb * Tr::kHeads + i;
+    if (in_group >= group_size) continue;
+    const int64_t bh = b * p.q_heads + hk * group_size + in_group;
+    const float lse = merged_lse(p, bh, p.total_splits);
+    p.out[bh * D + d] = fp32_to_bf16_bits(merged_o(p, bh, p.total_splits, lse, d));
+    if (d == 0) p.lse[bh] = lse;
   }
   if (threadIdx.x == 0) *counter = 0;
 }
