@@ -40,13 +40,6 @@ DecodeParams DecodeRun::plan(const DecodeVariant& variant, int sm_count, int for
   if (static_cast<int64_t>(partial_lse_.size()) < partial_lse_floats(p))
     partial_lse_ = DeviceBuffer<float>(partial_lse_floats(p));
   p.partial_o = partial_o_.data(), p.partial_lse = partial_lse_.data();
-  if (p.family == DecodeFamily::kTensorCore) {  // merged by the last CTA, no merge kernel
-    if (static_cast<int64_t>(split_counters_.size()) < split_counter_count(p)) {
-      split_counters_ = DeviceBuffer<uint32_t>(split_counter_count(p));
-      split_counters_.fill_bytes(0);
-    }
-    p.split_counters = split_counters_.data();
-  }
   return p;
 }
 

@@ -38,7 +38,6 @@ class DecodeRun {
   DeviceBuffer<uint16_t> q_, out_;
   DeviceBuffer<int32_t> seq_lens_;
   DeviceBuffer<float> slopes_, lse_, partial_o_, partial_lse_;
-  DeviceBuffer<uint32_t> split_counters_;  // zero between calls (the tensor-core kernel's in-place merge)
 };
 
 }  // namespace kvq

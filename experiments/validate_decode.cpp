@@ -416,19 +416,6 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
     g.add({v.name, fmt::format("{} reruns", reruns), c.storage.name(), "int4", "BNSH", shape_string(c, planned),
            differing ? fmt::format("{} reruns differ from the first", differing) : "bitwise identical",
            static_cast<int64_t>(first.size()) * reruns, differing == 0});
-    // The in-place merge (split counters) against the merge kernel: the same bits.
-    const DecodeParams in_place = run.plan(v, g.sm_count, 3);
-    if (in_place.split_counters) {
-      run.run(in_place);
-      const std::vector<float> merged = run.output(), merged_lse = run.lse();
-      DecodeParams kernel_merge = in_place;
-      kernel_merge.split_counters = nullptr;
-      run.run(kernel_merge);
-      const bool same = run.output() == merged && run.lse() == merged_lse;
-      g.add({v.name, "in-place merge", c.storage.name(), "int4", "BNSH", shape_string(c, in_place),
-             same ? "bitwise identical to the merge kernel" : "differs from the merge kernel",
-             static_cast<int64_t>(merged.size()), same});
-    }
   }
   return g.results;
 }

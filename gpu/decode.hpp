@@ -107,11 +107,6 @@ struct DecodeParams {
   int heads_per_cta = 0;  // query heads sharing one CTA's K/V reads: 1, 2, 4 or 8
   float* partial_o = nullptr;    // [splits, B, Hq, D] when splits > 1
   float* partial_lse = nullptr;  // [splits, B, Hq]
-  int total_splits = 0;          // partial slots over every region (set by decode_regions)
-  // [split_counter_count], all zero between calls; optional. When set, the tensor-core kernel's
-  // last CTA of a (b, KV head, head block) to finish merges the slots itself -- no merge kernel --
-  // and rezeroes its counter.
-  uint32_t* split_counters = nullptr;
 };
 
 // The operand of a quantized tensor in the layouts gpu/quantize.hpp writes: planar codes BNSH
@@ -154,8 +149,6 @@ int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens)
 std::vector<DecodeParams> decode_regions(const DecodeParams& p);
 int total_splits(const DecodeParams& p);
 
-// Counters DecodeParams::split_counters needs for p's launches (B * Hkv * head blocks of a CTA).
-int64_t split_counter_count(const DecodeParams& p);
 // Floats of partial_o and partial_lse needed for p's launches.
 int64_t partial_o_floats(const DecodeParams& p);
 int64_t partial_lse_floats(const DecodeParams& p);

@@ -24,7 +24,6 @@
 #include <cstdint>
 
 #include "gpu/cuda_check.hpp"
-#include "gpu/decode_merge.cuh"
 #include "gpu/decode.hpp"
 #include "quant/codec.hpp"
 
@@ -200,6 +199,8 @@ __device__ __forceinline__ float slope_of(const float (&a)[N], int i) {
   for (int j = 1; j < N; ++j) r = j == i ? a[j] : r;
   return r;
 }
+
+__device__ __forceinline__ float exp_natural(float x) { return exp2f(x * kLog2e); }
 
 template <KvFormat F, int D, int HB>
 __global__ void __launch_bounds__(kDecodeThreads, HB >= 8 ? 3 : 4) decode_kernel(const DecodeParams p) {

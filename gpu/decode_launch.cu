@@ -8,7 +8,6 @@
 #include <mutex>
 
 #include "gpu/decode_kernel.cuh"
-#include "gpu/decode_merge.cuh"
 #include "gpu/decode_tc_kernel.cuh"
 #include "quant/errors.hpp"
 #include "quant/fbgemm_layout.hpp"
@@ -30,12 +29,26 @@ extern template TcEntry tc_entry_for_v<KvFormat::kFp8E4m3>(KvFormat);
 extern template TcEntry tc_entry_for_v<KvFormat::kFp8E5m2>(KvFormat);
 
 // One CTA per (b, query head), one thread per d: O = sum_s exp(LSE_s - LSE) O_s over the splits
-// that saw keys, in split order (decode_merge.cuh).
+// that saw keys, in split order (DESIGN.md's merge; reference/attention.cpp merge_partials).
 __global__ void merge_splits_kernel(const DecodeParams p) {
   const int64_t bh = blockIdx.x;
-  const float lse = merged_lse(p, bh, p.splits);
-  for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x)
-    p.out[bh * p.head_dim + d] = fp32_to_bf16_bits(merged_o(p, bh, p.splits, lse, d));
+  const int64_t stride = p.batch * p.q_heads;
+  float mx = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, p.partial_lse[s * stride + bh]);
+  float lse = -INFINITY, sum = 0.0f;
+  if (mx != -INFINITY) {
+    for (int s = 0; s < p.splits; ++s) sum += exp_natural(p.partial_lse[s * stride + bh] - mx);
+    lse = mx + logf(sum);
+  }
+  for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
+    float o = 0.0f;
+    if (mx != -INFINITY)
+      for (int s = 0; s < p.splits; ++s) {
+        const float w = exp_natural(p.partial_lse[s * stride + bh] - lse);
+        o = __fmaf_rn(w, p.partial_o[(s * stride + bh) * p.head_dim + d], o);
+      }
+    p.out[bh * p.head_dim + d] = fp32_to_bf16_bits(o);
+  }
   if (threadIdx.x == 0) p.lse[bh] = lse;
 }
 
@@ -350,7 +363,7 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
 
 std::vector<DecodeParams> decode_regions(const DecodeParams& p) {
   DecodeParams all = p;
-  all.region = KeyRegion::kAll, all.split_base = 0, all.total_splits = p.splits;
+  all.region = KeyRegion::kAll, all.split_base = 0;
   if (!p.k_window.present() && !p.v_window.present()) return {all};
   std::vector<KeyRegion> regions = {KeyRegion::kBothQuantized};
   if (p.k_window.present()) regions.push_back(KeyRegion::kKRaw);
@@ -372,7 +385,7 @@ std::vector<DecodeParams> decode_regions(const DecodeParams& p) {
     base += q.splits;
     out.push_back(q);
   }
-  for (DecodeParams& q : out) q.region_count = static_cast<int>(out.size()), q.total_splits = base;
+  for (DecodeParams& q : out) q.region_count = static_cast<int>(out.size());
   return out;
 }
 
@@ -380,11 +393,6 @@ int total_splits(const DecodeParams& p) {
   int total = 0;
   for (const DecodeParams& r : decode_regions(p)) total += r.splits;
   return total;
-}
-
-int64_t split_counter_count(const DecodeParams& p) {
-  const int64_t group = p.q_heads / std::max<int64_t>(p.kv_heads, 1), hpc = std::max(p.heads_per_cta, 1);
-  return p.batch * p.kv_heads * ((group + hpc - 1) / hpc);
 }
 
 int64_t partial_o_floats(const DecodeParams& p) {
@@ -418,7 +426,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     case KvFormat::kFp8E5m2: break;  // rejected above
   }
   KVQ_CHECK_LAUNCH();
-  if (splits > 1 && !(p.family == DecodeFamily::kTensorCore && p.split_counters)) {  // else merged in place
+  if (splits > 1) {
     DecodeParams merge = p;
     merge.splits = splits;
     const int threads = std::min(p.head_dim, 128);

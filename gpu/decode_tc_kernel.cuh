@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "gpu/cuda_check.hpp"
-#include "gpu/decode_merge.cuh"
 #include "gpu/decode_tc_fragments.cuh"
 #include "quant/float_formats.hpp"
 #include "quant/hadamard.hpp"
@@ -283,19 +282,12 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
 #pragma unroll
     for (int mt = 0; mt < Tr::kMTiles; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sc[mt][e] = (kKQuant ? total[mt][e] : acc[mt][0][e] + acc[mt][1][e]) * factor[e % 2];
-    if (p.alibi_slopes)
-#pragma unroll
-      for (int mt = 0; mt < Tr::kMTiles; ++mt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          sc[mt][e] -= slope[e % 2] * static_cast<float>(len - 1 - (t0 + 16 * mt + g + (e < 2 ? 0 : 8)));
-    if (n < kST)  // the range's last step: rows past it are no keys
-#pragma unroll
-      for (int mt = 0; mt < Tr::kMTiles; ++mt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (16 * mt + g + (e < 2 ? 0 : 8) >= n) sc[mt][e] = -INFINITY;
+      for (int e = 0; e < 4; ++e) {
+        const int r = 16 * mt + g + (e < 2 ? 0 : 8);
+        const float dot = kKQuant ? total[mt][e] : acc[mt][0][e] + acc[mt][1][e];
+        sc[mt][e] = r < n ? dot * factor[e % 2] : -INFINITY;
+        if (p.alibi_slopes) sc[mt][e] -= slope[e % 2] * static_cast<float>(len - 1 - (t0 + r));  // -inf stays
+      }
     if (n_lo > 0)
 #pragma unroll
       for (int mt = 0; mt < Tr::kMTiles; ++mt)
@@ -430,7 +422,6 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   }
   __syncthreads();
 
-  const bool direct = p.splits == 1 && p.region_count == 1;  // no partials: O written here
   for (int idx = threadIdx.x; idx < Tr::kHeads * D; idx += Tr::kThreads) {
     const int i = idx / D, d = idx % D;
     const int64_t in_group = hb * Tr::kHeads + i;
@@ -439,7 +430,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     float out = 0.0f;
 #pragma unroll
     for (int w = 0; w < Tr::kWarps; ++w) out = __fmaf_rn(w_weight[i * Tr::kWarps + w], w_o[(w * Tr::kHeads + i) * D + d], out);
-    if (direct) {
+    if (p.splits == 1 && p.region_count == 1) {
       p.out[(b * p.q_heads + h) * D + d] = fp32_to_bf16_bits(out);
       if (d == 0) p.lse[b * p.q_heads + h] = head_lse[i];
     } else {
@@ -448,27 +439,6 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
       if (d == 0) p.partial_lse[(slot * p.batch + b) * p.q_heads + h] = head_lse[i];
     }
   }
-  if (direct || !p.split_counters) return;  // else the merge kernel follows
-
-  // In-place merge: the CTA that finishes its (b, KV head, head block) last merges every slot, as
-  // the merge kernel would (decode_merge.cuh), and rezeroes the counter for the next call.
-  __threadfence();  // this CTA's partials are visible device-wide before it counts itself done
-  __syncthreads();
-  uint32_t* counter = p.split_counters + (b * p.kv_heads + hk) * head_blocks + hb;
-  if (threadIdx.x == 0) pro.last_cta = atomicAdd(counter, 1u) == static_cast<uint32_t>(p.total_splits - 1);
-  __syncthreads();
-  if (!pro.last_cta) return;
-  __threadfence();
-  for (int idx = threadIdx.x; idx < Tr::kHeads * D; idx += Tr::kThreads) {
-    const int i = idx / D, d = idx % D;
-    const int64_t in_group = hb * Tr::kHeads + i;
-    if (in_group >= group_size) continue;
-    const int64_t bh = b * p.q_heads + hk * group_size + in_group;
-    const float lse = merged_lse(p, bh, p.total_splits);
-    p.out[bh * D + d] = fp32_to_bf16_bits(merged_o(p, bh, p.total_splits, lse, d));
-    if (d == 0) p.lse[bh] = lse;
-  }
-  if (threadIdx.x == 0) *counter = 0;
 }
 
 // The scale-group shapes with kernels of their own (decode_tc_kernel's template arguments). Only

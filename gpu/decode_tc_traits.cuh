@@ -134,8 +134,7 @@ struct TcPrologue {
   uint16_t q[8][D];
   float factor[8], slope[8];
   float q_sum[D / 16][8];
-  int last_cta;  // the in-place merge: this CTA finished its (b, KV head, head block) last
-  float pad[7];  // keeps the stages that follow 16-byte aligned
+  float pad[8];  // keeps the stages that follow 16-byte aligned
 };
 
 template <KvFormat FK, KvFormat FV, int D>
