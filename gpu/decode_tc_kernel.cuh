@@ -282,12 +282,19 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
 #pragma unroll
     for (int mt = 0; mt < Tr::kMTiles; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = 16 * mt + g + (e < 2 ? 0 : 8);
-        const float dot = kKQuant ? total[mt][e] : acc[mt][0][e] + acc[mt][1][e];
-        sc[mt][e] = r < n ? dot * factor[e % 2] : -INFINITY;
-        if (p.alibi_slopes) sc[mt][e] -= slope[e % 2] * static_cast<float>(len - 1 - (t0 + r));  // -inf stays
-      }
+      for (int e = 0; e < 4; ++e) sc[mt][e] = (kKQuant ? total[mt][e] : acc[mt][0][e] + acc[mt][1][e]) * factor[e % 2];
+    if (p.alibi_slopes)
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTiles; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          sc[mt][e] -= slope[e % 2] * static_cast<float>(len - 1 - (t0 + 16 * mt + g + (e < 2 ? 0 : 8)));
+    if (n < kST)  // the range's last step: rows past it are no keys
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTiles; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (16 * mt + g + (e < 2 ? 0 : 8) >= n) sc[mt][e] = -INFINITY;
     if (n_lo > 0)
 #pragma unroll
       for (int mt = 0; mt < Tr::kMTiles; ++mt)
