@@ -105,7 +105,8 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       const uint16_t op = kBf16Q ? bits[e] : fp32_to_fp16_bits(x[e] * pow2(exponent));
-      pro.q[i][E * lane + e] = op;
+      const int pos = E * lane + e;  // stored in the fragment's order: a lane's 4 operands in one 8-byte word
+      pro.q[i][(pos & ~3) | q_perm<Tr::K::kFormat>(pos & 3)] = op;
       sum += kBf16Q ? bf16_bits_to_fp32(op) : fp16_bits_to_fp32(op);
     }
     const int lanes_per_group = D / k_groups / E;  // groups hold whole lanes (G >= 16 >= E)
@@ -170,14 +171,14 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   tc_prologue<Tr, D>(pro, p, b, hk, hb, group_size, k_groups);
   __syncthreads();
 
-  // This lane's Q operands (head g) and its two heads of the QK result (2c, 2c + 1).
-  uint32_t qf[Tr::kSlices][2];
+  // This lane's Q operands (head g) of k-slice j. Kept in registers by the one-group-per-row kernels;
+  // the others, short of registers (their scale groups), read them from shared memory each step.
+  constexpr bool kQInRegisters = kKSlicesPerGroup == Tr::kSlices;
+  auto q_operands = [&](int j) { return *reinterpret_cast<const uint2*>(pro.q[g] + 16 * j + 4 * c); };
+  uint2 qf[Tr::kSlices];
+  if constexpr (kQInRegisters)
 #pragma unroll
-  for (int j = 0; j < Tr::kSlices; ++j) {
-    const uint16_t* q = pro.q[g] + 16 * j + 4 * c;
-    qf[j][0] = q[q_perm<FK>(0)] | static_cast<uint32_t>(q[q_perm<FK>(1)]) << 16;
-    qf[j][1] = q[q_perm<FK>(2)] | static_cast<uint32_t>(q[q_perm<FK>(3)]) << 16;
-  }
+    for (int j = 0; j < Tr::kSlices; ++j) qf[j] = q_operands(j);
   const float factor[2] = {pro.factor[2 * c], pro.factor[2 * c + 1]};
   const float slope[2] = {pro.slope[2 * c], pro.slope[2 * c + 1]};
 
@@ -241,11 +242,17 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
 
     // ---- QK: scores of keys (16 mt + g, + 8) x heads (2c, 2c + 1), log2 domain. The m-tiles and
     // two accumulators per m-tile (even / odd k-slices) are independent MMA chains.
-    float acc[Tr::kMTiles][2][4], total[Tr::kMTiles][4];
+    // Groups of at most 2 k-slices take one chain per m-tile: registers, not latency, limit them.
+    constexpr int kChains = kKSlicesPerGroup == 1 || kKSlicesPerGroup == 2 ? 1 : 2;
+    float acc[Tr::kMTiles][kChains][4], total[Tr::kMTiles][4];
 #pragma unroll
     for (int mt = 0; mt < Tr::kMTiles; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][0][e] = acc[mt][1][e] = total[mt][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) {
+        total[mt][e] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kChains; ++k) acc[mt][k][e] = 0.0f;
+      }
 #pragma unroll
     for (int j = 0; j < Tr::kSlices; ++j) {
 #pragma unroll
@@ -253,7 +260,8 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
         uint32_t a[4];
         k_fragment<FK, typename Tr::KRows>(kc, 16 * mt + g, j, c, !ks.asymmetric, a);
         if constexpr (kChanK) channel_dequant<FK>(a, st + lay.k_params, ks.param_words, j, c, ks.asymmetric);
-        mma_16816<Tr::K::kBf16Mma>(acc[mt][j % 2], a, qf[j][0], qf[j][1]);
+        const uint2 qj = kQInRegisters ? qf[j] : q_operands(j);
+        mma_16816<Tr::K::kBf16Mma>(acc[mt][j % kChains], a, qj.x, qj.y);
       }
       if constexpr (kKQuant) {
         if (((j + 1) & ((1 << k_shift) - 1)) == 0) {  // the group's product is complete: scale it
@@ -266,14 +274,17 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
           for (int mt = 0; mt < Tr::kMTiles; ++mt) {
             const RowParams p0 = kp[mt][0], p1 = kp[mt][1];
             float* t = total[mt];
-            const float* a0 = acc[mt][0];
-            const float* a1 = acc[mt][1];
-            t[0] = __fmaf_rn(a0[0] + a1[0], p0.scale, __fmaf_rn(p0.zero, qs0, t[0]));
-            t[1] = __fmaf_rn(a0[1] + a1[1], p0.scale, __fmaf_rn(p0.zero, qs1, t[1]));
-            t[2] = __fmaf_rn(a0[2] + a1[2], p1.scale, __fmaf_rn(p1.zero, qs0, t[2]));
-            t[3] = __fmaf_rn(a0[3] + a1[3], p1.scale, __fmaf_rn(p1.zero, qs1, t[3]));
+            float a[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][0][e] = acc[mt][1][e] = 0.0f;
+            for (int e = 0; e < 4; ++e) a[e] = kChains == 1 ? acc[mt][0][e] : acc[mt][0][e] + acc[mt][kChains - 1][e];
+            t[0] = __fmaf_rn(a[0], p0.scale, __fmaf_rn(p0.zero, qs0, t[0]));
+            t[1] = __fmaf_rn(a[1], p0.scale, __fmaf_rn(p0.zero, qs1, t[1]));
+            t[2] = __fmaf_rn(a[2], p1.scale, __fmaf_rn(p1.zero, qs0, t[2]));
+            t[3] = __fmaf_rn(a[3], p1.scale, __fmaf_rn(p1.zero, qs1, t[3]));
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+#pragma unroll
+              for (int k = 0; k < kChains; ++k) acc[mt][k][e] = 0.0f;
           }
         }
       }
@@ -282,7 +293,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
 #pragma unroll
     for (int mt = 0; mt < Tr::kMTiles; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sc[mt][e] = (kKQuant ? total[mt][e] : acc[mt][0][e] + acc[mt][1][e]) * factor[e % 2];
+      for (int e = 0; e < 4; ++e) sc[mt][e] = (kKQuant ? total[mt][e] : acc[mt][0][e] + acc[mt][kChains - 1][e]) * factor[e % 2];
     if (p.alibi_slopes)
 #pragma unroll
       for (int mt = 0; mt < Tr::kMTiles; ++mt)

@@ -36,6 +36,7 @@ namespace kvq::detail {
 // One operand's storage: bits per element, whether codes need scales, the MMA type it is read in.
 template <KvFormat F>
 struct TcOperand {
+  static constexpr KvFormat kFormat = F;
   static constexpr bool kFp8 = F == KvFormat::kFp8E4m3 || F == KvFormat::kFp8E5m2;
   static constexpr int kBits = F == KvFormat::kInt8 || kFp8 ? 8 : (F == KvFormat::kInt4 || F == KvFormat::kInt4Fbgemm) ? 4 : 16;
   static constexpr bool kQuantized = kBits < 16;
