@@ -30,12 +30,7 @@ extern template TcEntry tc_entry_for_v<KvFormat::kFp8E5m2>(KvFormat);
 
 // One CTA per (b, query head), one thread per d: O = sum_s exp(LSE_s - LSE) O_s over the splits
 // that saw keys, in split order (DESIGN.md's merge; reference/attention.cpp merge_partials).
-// Launched as a programmatic dependent of the decode kernel (launch_decode): it may start while
-// that kernel drains and waits here until its partials are written and visible.
 __global__ void merge_splits_kernel(const DecodeParams p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
   const int64_t bh = blockIdx.x;
   const int64_t stride = p.batch * p.q_heads;
   float mx = -INFINITY;
@@ -434,17 +429,9 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (splits > 1) {
     DecodeParams merge = p;
     merge.splits = splits;
-    // Programmatic dependent launch: the merge kernel's launch overlaps the decode kernel's tail
-    // (decode-tc signals it at its start; griddepcontrol.wait in the merge kernel keeps the order).
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(p.batch * p.q_heads));
-    config.blockDim = dim3(static_cast<unsigned>(std::min(p.head_dim, 128)));
-    config.stream = stream;
-    cudaLaunchAttribute overlap = {};
-    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &overlap, config.numAttrs = 1;
-    KVQ_CUDA_CHECK(cudaLaunchKernelEx(&config, detail::merge_splits_kernel, merge));
+    const int threads = std::min(p.head_dim, 128);
+    detail::merge_splits_kernel<<<static_cast<unsigned>(p.batch * p.q_heads), threads, 0, stream>>>(merge);
+    KVQ_CHECK_LAUNCH();
   }
 }
 

@@ -134,9 +134,6 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   // Scale groups per row when the shape fixes them (0: read from p)
   constexpr int kKGroups = kKSlicesPerGroup > 0 ? Tr::kSlices / kKSlicesPerGroup : 0;
   constexpr int kVGroups = kVPairsPerGroup > 0 ? Tr::kSlices / 2 / kVPairsPerGroup : 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);  // the merge kernel may launch (it waits for us)
-#endif
   extern __shared__ uint4 tc_smem[];
   TcPrologue<D>& pro = *reinterpret_cast<TcPrologue<D>*>(tc_smem);
   uint32_t* stages = reinterpret_cast<uint32_t*>(tc_smem) + sizeof(TcPrologue<D>) / 4;
@@ -171,6 +168,41 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   // Groups are powers of two (they divide D and hold whole k-slices): shifts, not divisions, in the loops.
   const int k_shift = kKSlicesPerGroup > 0 ? ilog2(kKSlicesPerGroup) : __ffs(Tr::kSlices / k_groups) - 1;
   const int v_shift = kVPairsPerGroup > 0 ? ilog2(kVPairsPerGroup) : __ffs(Tr::kSlices / 2 / v_groups) - 1;
+  tc_prologue<Tr, D>(pro, p, b, hk, hb, group_size, k_groups);
+  __syncthreads();
+
+  // This lane's Q operands (head g) of k-slice j. Kept in registers by the one-group-per-row kernels;
+  // the others, short of registers (their scale groups), read them from shared memory each step.
+  constexpr bool kQInRegisters = kKSlicesPerGroup == Tr::kSlices;
+  auto q_operands = [&](int j) { return *reinterpret_cast<const uint2*>(pro.q[g] + 16 * j + 4 * c); };
+  uint2 qf[Tr::kSlices];
+  if constexpr (kQInRegisters)
+#pragma unroll
+    for (int j = 0; j < Tr::kSlices; ++j) qf[j] = q_operands(j);
+  const float factor[2] = {pro.factor[2 * c], pro.factor[2 * c + 1]};
+  const float slope[2] = {pro.slope[2 * c], pro.slope[2 * c + 1]};
+
+  // 2^Ev: the V scale of the split's first key brings P' = p * s * 2^Ev near 1.
+  float v_fold = 1.0f;
+  if (kVQuant && t_begin < t_end) {
+    RowParams first{vs.tensor_scale, 0.0f};
+    if (vs.mode == ParamMode::kInlineRow)
+      first.scale = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.rows + t_begin * vs.stride_t))));
+    else if (vs.mode != ParamMode::kTensor && vs.mode != ParamMode::kNone)
+      first.scale = vs.fp32_params ? __ldg(reinterpret_cast<const float*>(vs.scales) + vs.first_param + t_begin * vs.groups)
+                                   : __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.scales) +
+                                                                        vs.first_param + t_begin * vs.groups)));
+    if (first.scale > 0.0f) v_fold = pow2(fp16_operand_exponent(first.scale) - 14);  // 2^-floor(log2 s)
+  }
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[Tr::kSlices][4];
+  float z_acc[Tr::kSlices / 2][2];
+#pragma unroll
+  for (int j = 0; j < Tr::kSlices; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < Tr::kSlices / 2; ++i) z_acc[i][0] = z_acc[i][1] = 0.0f;
+
   // Steps of this warp: w, w + 4, ... of the split's keys.
   const int64_t keys = t_end > t_begin ? t_end - t_begin : 0;
   const int64_t all_steps = (keys + kST - 1) / kST;
@@ -192,46 +224,8 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     }
     cp_async_commit();  // empty groups keep the count uniform
   };
-  // The first stages and the V scale load before the prologue: their latency overlaps its Q load.
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s) issue(s, s == 0 && warp == 0 ? first_masked : 0);
-
-  // The V scale of the split's first key (used after the prologue: 2^Ev below).
-  float first_v_scale = 0.0f;
-  if (kVQuant && t_begin < t_end) {
-    first_v_scale = vs.tensor_scale;
-    if (vs.mode == ParamMode::kInlineRow)
-      first_v_scale = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.rows + t_begin * vs.stride_t))));
-    else if (vs.mode != ParamMode::kTensor && vs.mode != ParamMode::kNone)
-      first_v_scale = vs.fp32_params ? __ldg(reinterpret_cast<const float*>(vs.scales) + vs.first_param + t_begin * vs.groups)
-                                     : __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.scales) +
-                                                                          vs.first_param + t_begin * vs.groups)));
-  }
-
-  tc_prologue<Tr, D>(pro, p, b, hk, hb, group_size, k_groups);
-  __syncthreads();
-
-  // 2^Ev: the V scale of the split's first key brings P' = p * s * 2^Ev near 1.
-  const float v_fold = first_v_scale > 0.0f ? pow2(fp16_operand_exponent(first_v_scale) - 14) : 1.0f;  // 2^-floor(log2 s)
-
-  // This lane's Q operands (head g) of k-slice j. Kept in registers by the one-group-per-row kernels;
-  // the others, short of registers (their scale groups), read them from shared memory each step.
-  constexpr bool kQInRegisters = kKSlicesPerGroup == Tr::kSlices;
-  auto q_operands = [&](int j) { return *reinterpret_cast<const uint2*>(pro.q[g] + 16 * j + 4 * c); };
-  uint2 qf[Tr::kSlices];
-  if constexpr (kQInRegisters)
-#pragma unroll
-    for (int j = 0; j < Tr::kSlices; ++j) qf[j] = q_operands(j);
-  const float factor[2] = {pro.factor[2 * c], pro.factor[2 * c + 1]};
-  const float slope[2] = {pro.slope[2 * c], pro.slope[2 * c + 1]};
-
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float o[Tr::kSlices][4];
-  float z_acc[Tr::kSlices / 2][2];
-#pragma unroll
-  for (int j = 0; j < Tr::kSlices; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < Tr::kSlices / 2; ++i) z_acc[i][0] = z_acc[i][1] = 0.0f;
 
   for (int s = 0; s < my_steps; ++s) {
     cp_async_wait<kS - 2>();
