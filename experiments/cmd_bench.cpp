@@ -29,7 +29,7 @@ struct BenchArgs {
 };
 
 const char* kColumns =
-    "shape,B,HQ,HKV,T,D,kernel,k_scheme,v_scheme,splits,heads_per_cta,median_us,p10_us,p90_us,reps,calls_per_graph,"
+    "shape,B,HQ,HKV,T,D,kernel,k_scheme,v_scheme,layout,splits,heads_per_cta,median_us,p10_us,p90_us,reps,calls_per_graph,"
     "input_sets,bytes,GBps,pct_of_read,read_GBps,copy_GBps,vs_cudnn,gpu,driver,cuda,commit";
 
 struct Row {
@@ -89,7 +89,9 @@ int run_bench(const BenchArgs& a) {
   std::ofstream csv(a.csv);
   if (!csv) throw InputError(fmt::format("cannot write '{}'", a.csv));
   csv << kColumns << "\n";
-  auto emit = [&](const Row& r, const std::string& k_scheme, const std::string& v_scheme) {
+  // layout: "fbgemm-rows" for FBGEMM's inline-row int4 cache (kvq's ":fbgemm" storages and FBGEMM's
+  // kernel), else empty (planar codes, raw bf16, FlashInfer's pages of the same bytes).
+  auto emit = [&](const Row& r, const std::string& k_scheme, const std::string& v_scheme, bool fbgemm_rows) {
     const double gbps = static_cast<double>(r.bytes) / (r.t.median_us * 1e3);
     const auto cudnn = peers.find({r.shape, r.B, r.T, "cudnn"});
     const std::string ratio =
@@ -98,8 +100,9 @@ int run_bench(const BenchArgs& a) {
                r.shape, r.B, r.HQ, r.HKV, r.T, r.kernel, r.storage, r.splits, r.heads_per_cta, r.t.median_us,
                r.t.p10_us, r.t.p90_us, gbps, 100 * gbps / read_gbps, ratio);
     std::fflush(stdout);
-    csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{},{},{},{},{:.1f},{:.2f},{:.1f},{:.1f},{},{},{},{},{}\n",
-                       r.shape, r.B, r.HQ, r.HKV, r.T, r.D, r.kernel, k_scheme, v_scheme, r.splits, r.heads_per_cta,
+    csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{},{},{},{},{:.1f},{:.2f},{:.1f},{:.1f},{},{},{},{},{}\n",
+                       r.shape, r.B, r.HQ, r.HKV, r.T, r.D, r.kernel, k_scheme, v_scheme, fbgemm_rows ? "fbgemm-rows" : "",
+                       r.splits, r.heads_per_cta,
                        r.t.median_us, r.t.p10_us, r.t.p90_us, r.t.reps, a.calls_per_graph, r.sets, r.bytes, gbps,
                        100 * gbps / read_gbps, read_gbps, copy_gbps, ratio, csv_quoted(dev.name),
                        info["driver"].get<std::string>(), dev.runtime_string(), kvq_commit());
@@ -124,7 +127,7 @@ int run_bench(const BenchArgs& a) {
       row.bytes = static_cast<int64_t>(peer_number(r, "bytes"));
       if (!peers_table->at(r, peers_table->column("splits")).empty())  // FBGEMM: its best split count
         row.splits = static_cast<int>(peer_number(r, "splits"));
-      emit(row, k_scheme, v_scheme);
+      emit(row, k_scheme, v_scheme, std::string(peer.layout) == ":fbgemm");
       best[{sh.group, sh.batch, sh.tokens}][peer.kernel] = row.t.median_us;
       peers_seen.insert(peer.kernel);
     }
@@ -141,7 +144,8 @@ int run_bench(const BenchArgs& a) {
         row.splits = timed.planned.splits, row.heads_per_cta = timed.planned.heads_per_cta, row.sets = caches.sets();
         row.t = timed.time;
         row.bytes = timed.bytes;
-        emit(row, st.k ? to_string(*st.k) : to_string(st.k_format), st.v ? to_string(*st.v) : to_string(st.v_format));
+        emit(row, st.k ? to_string(*st.k) : to_string(st.k_format), st.v ? to_string(*st.v) : to_string(st.v_format),
+             st.k_format == KvFormat::kInt4Fbgemm);
         double& b = best[{sh.group, sh.batch, sh.tokens}][st.name];
         b = b == 0 ? row.t.median_us : std::min(b, row.t.median_us);
       }

@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass
 
 # kvq bench's CSV columns, in order; tests/python/test_bench_peers.py checks them against cmd_bench.cpp.
-COLUMNS = ("shape,B,HQ,HKV,T,D,kernel,k_scheme,v_scheme,splits,heads_per_cta,median_us,p10_us,p90_us,reps,"
+COLUMNS = ("shape,B,HQ,HKV,T,D,kernel,k_scheme,v_scheme,layout,splits,heads_per_cta,median_us,p10_us,p90_us,reps,"
            "calls_per_graph,input_sets,bytes,GBps,pct_of_read,read_GBps,copy_GBps,vs_cudnn,gpu,driver,cuda,"
            "commit").split(",")
 
@@ -155,13 +155,15 @@ class Machine:
 
 
 def make_row(shape, kernel, scheme, us, *, splits, calls_per_graph, sets, nbytes, machine, cudnn_us=None):
-    """One CSV row in kvq bench's schema from the per-call times `us`."""
+    """One CSV row in kvq bench's schema from the per-call times `us` (layout "fbgemm-rows" for FBGEMM's
+    inline-row cache, as kvq's ":fbgemm" storages)."""
     if not us:
         raise ValueError(f"{shape.name} B={shape.B} {kernel}: no timings")
     med = statistics.median(us)
     gbps = nbytes / (med * 1e3)
     row = {"shape": shape.name, "B": shape.B, "HQ": shape.HQ, "HKV": shape.HKV, "T": shape.T, "D": shape.D,
-           "kernel": kernel, "k_scheme": scheme, "v_scheme": scheme, "splits": splits if splits else "",
+           "kernel": kernel, "k_scheme": scheme, "v_scheme": scheme,
+           "layout": "fbgemm-rows" if kernel.startswith("fbgemm") else "", "splits": splits if splits else "",
            "heads_per_cta": "", "median_us": f"{med:.3f}", "p10_us": f"{percentile(us, 0.1):.3f}",
            "p90_us": f"{percentile(us, 0.9):.3f}", "reps": len(us), "calls_per_graph": calls_per_graph,
            "input_sets": sets, "bytes": nbytes, "GBps": f"{gbps:.1f}",

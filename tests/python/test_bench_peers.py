@@ -94,9 +94,10 @@ def test_row_has_every_column_and_derived_numbers():
     assert row["median_us"] == "12.000" and row["p10_us"] == "10.400" and row["p90_us"] == "65.200"
     assert row["GBps"] == "2000.0" and row["pct_of_read"] == "100.00" and row["vs_cudnn"] == "0.500"
     assert (row["splits"], row["k_scheme"], row["v_scheme"], row["reps"]) == (16, "int4-head-asym", "int4-head-asym", 5)
+    assert row["layout"] == "fbgemm-rows"
     bf16 = pr.make_row(SEED000_B32, "cudnn", "bf16", [4.0, 6.0], splits=None, calls_per_graph=8, sets=2, nbytes=10_000,
                        machine=MACHINE)
-    assert bf16["splits"] == "" and bf16["vs_cudnn"] == "" and bf16["median_us"] == "5.000"
+    assert bf16["splits"] == "" and bf16["vs_cudnn"] == "" and bf16["median_us"] == "5.000" and bf16["layout"] == ""
     with pytest.raises(ValueError, match="no timings"):
         pr.make_row(SEED000_B32, "cudnn", "bf16", [], splits=None, calls_per_graph=8, sets=1, nbytes=1, machine=MACHINE)
 
