@@ -130,6 +130,17 @@ TEST_CASE("the decode benchmark reads K/V pairs, raw operands and FP8") {
   CHECK_THROWS_AS(parse_bench_storages("int4-head/nonsense"), SchemeError);
 }
 
+TEST_CASE("kvq bench's --shapes is a regular expression over shape labels") {
+  CHECK(bench_shapes("seed000").size() == 5);
+  const std::vector<DecodeShape> one = bench_shapes("seed000/B128/");
+  REQUIRE(one.size() == 1);
+  CHECK((one[0].batch == 128 && one[0].tokens == 8192 && one[0].label() == "seed000/B128/T8192"));
+  CHECK(bench_shapes("llama8b/B1/T1024$").size() == 1);
+  CHECK(bench_shapes("/T32768").size() == 2);  // llama8b B = 1 and 8
+  CHECK_THROWS_AS(bench_shapes("seed000/B3/"), InputError);
+  CHECK_THROWS_AS(bench_shapes("(seed"), InputError);
+}
+
 TEST_CASE("the CUDA-core family reads K and V in one integer or raw format") {
   DecodeParams p;
   p.batch = 1, p.q_heads = 8, p.kv_heads = 1, p.tokens = 64, p.head_dim = 128;
