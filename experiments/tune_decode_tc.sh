@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tile experiments for the tensor-core decode kernels: builds kvq once per configuration of the
-# tile knobs (gpu/decode_tc_traits.cuh: KVQ_TC_STEP_TOKENS, KVQ_TC_STAGES, KVQ_TC_MIN_CTAS, KVQ_TC_SWIZZLE), records
+# tile knobs (gpu/decode_tc_traits.cuh: KVQ_TC_STEP_TOKENS, KVQ_TC_STAGES, KVQ_TC_MIN_CTAS), records
 # each kernel's registers and spills, and times every configuration with `kvq bench` in one run.
 #
 #   OUT=results/tune KVQ_TC_CONFIGS="default KVQ_TC_STAGES=2 KVQ_TC_STAGES=2,KVQ_TC_STEP_TOKENS=64" \

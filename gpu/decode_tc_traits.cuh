@@ -27,9 +27,6 @@
 #ifndef KVQ_TC_MIN_CTAS
 #define KVQ_TC_MIN_CTAS 0  // resident CTAs per SM to budget registers for
 #endif
-#ifndef KVQ_TC_SWIZZLE
-#define KVQ_TC_SWIZZLE 0  // 1: swizzled 8-bit rows (TcRows)
-#endif
 
 namespace kvq::detail {
 
@@ -48,16 +45,13 @@ struct TcOperand {
 constexpr KvFormat tc_codes(KvFormat f) { return f == KvFormat::kInt4Fbgemm ? KvFormat::kInt4 : f; }
 
 // One operand's rows in a stage. Fragment reads take 8 rows at once (K: keys g, V: keys 2c, 2c + 1,
-// 2c + 8, 2c + 9): padding each row (4 words, 8 for bf16 K) puts every read in 32 different banks;
-// so does an XOR swizzle of 8-bit rows of 32 words or more (word w of row r at w ^ 4 (r % 8): the
-// same 16-byte chunks, permuted), which saves the padding's 11%: int8 and FP8 at D = 128 then fit a
-// third CTA per SM. Off by default: measured slower on the H100 (int8-head seed000 B=128: 119 us
-// with three CTAs per SM, 110 us padded with two).
-template <int kRowWords, int kBits, int kPad>
+// 2c + 8, 2c + 9): padding each row (4 words, 8 for bf16 K) puts every read in 32 different banks.
+// (An XOR swizzle of 8-bit rows instead saves the padding and fits a third int8 CTA per SM; measured
+// slower on the H100: int8-head seed000 B=128 119 us vs 110 us.)
+template <int kRowWords, int kPad>
 struct TcRows {
-  static constexpr bool kSwizzle = KVQ_TC_SWIZZLE && kBits == 8 && kRowWords % 32 == 0;
-  static constexpr int kStride = kSwizzle ? kRowWords : kRowWords + kPad;
-  static KVQ_HD int word(int row, int w) { return row * kStride + (kSwizzle ? w ^ ((row & 7) << 2) : w); }
+  static constexpr int kStride = kRowWords + kPad;
+  static KVQ_HD int word(int row, int w) { return row * kStride + w; }
 };
 
 template <KvFormat FK, KvFormat FV, int D>
@@ -71,8 +65,8 @@ struct TcTraits {
   static constexpr int kSlices = D / 16;          // QK k-slices = PV m-tiles
   static constexpr int kKRowWords = D * K::kBits / 32;  // codes of one row
   static constexpr int kVRowWords = D * V::kBits / 32;
-  using KRows = TcRows<kKRowWords, K::kBits, K::kBits == 16 ? 8 : 4>;
-  using VRows = TcRows<kVRowWords, V::kBits, 4>;
+  using KRows = TcRows<kKRowWords, K::kBits == 16 ? 8 : 4>;
+  using VRows = TcRows<kVRowWords, 4>;
   static constexpr int kKStride = KRows::kStride, kVStride = VRows::kStride;
   // Measured on the H100 (experiments/tune_decode_tc.sh): 32 keys per step for int8 and int4 (16
   // when an operand is bf16, whose rows are 4x larger); a warp consumes a step far slower than
