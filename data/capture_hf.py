@@ -37,7 +37,7 @@ def _capturing_attention(module, query, key, value, attention_mask, **kwargs):
 
 AttentionInterface.register(_CAPTURE_NAME, _capturing_attention)
 
-# ---- quantize-on-append (experiments/kvq_eval.py) --------------------------------------------
+# ---- quantize-on-append (experiments/eval/kvq_eval.py) --------------------------------------------
 # A second attention function keeps each layer's K and V in a kvq cache storage (kvq.cache_storage:
 # quantized as tokens are appended) and attends over what that storage holds. The model's own
 # cache still grows as usual; only the new tokens' K/V are taken from it. Attention runs in fp32

@@ -130,7 +130,7 @@ class KvCache:
 
     def append(self, layer, pos, k, v):
         """Stores position pos's k, v [Hkv, D]; returns the keys and values attention reads, [Hkv, pos + 1, D].
-        A quantized cache (experiments/kvq_eval.py) returns its stored values instead."""
+        A quantized cache (experiments/eval/kvq_eval.py) returns its stored values instead."""
         self.k[layer, :, pos], self.v[layer, :, pos] = k, v
         return self.k[layer, :, :pos + 1], self.v[layer, :, :pos + 1]
 

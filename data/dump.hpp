@@ -1,4 +1,4 @@
-// HDF5 dumps of K/V (schema v1, data/README.md): a validating reader that reads one layer (or one
+// HDF5 dumps of K/V (schema v1, docs/data.md): a validating reader that reads one layer (or one
 // batch range of a layer, by hyperslab) at a time, and a writer. Every problem with a file is a
 // DumpError naming the file and the dataset, with expected vs got; HDF5's own error stack is
 // never printed.
@@ -20,7 +20,7 @@ struct DumpError : InputError {
 };
 
 // The file itself is damaged: HDF5 cannot read it (a checksum mismatch, truncation, a broken
-// structure), or reading it crashed or hung the process that checked it (experiments/dump_check.hpp).
+// structure), or reading it crashed or hung the process that checked it (experiments/common/dump_check.hpp).
 // The command line exits with code 4 for these, 3 for other bad input.
 struct CorruptFileError : DumpError {
   using DumpError::DumpError;

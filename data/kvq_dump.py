@@ -1,4 +1,4 @@
-"""Reading and writing kvq dumps (HDF5 schema v1, see data/README.md) with h5py and numpy.
+"""Reading and writing kvq dumps (HDF5 schema v1, see docs/data.md) with h5py and numpy.
 
 bfloat16 has no HDF5 or numpy type: kvq declares it as an HDF5 float type with bfloat16's layout
 (sign bit 15, 8 exponent bits at 7 with bias 127, 7 mantissa bits). h5py reads such a dataset as

@@ -16,7 +16,7 @@
 #include "quant/float_formats.hpp"
 #include "quant/host_device.hpp"
 
-// Tuning knobs for experiments (experiments/tune_decode_tc.sh builds the kernels with others);
+// Tuning knobs for experiments (experiments/bench/tune_decode_tc.sh builds the kernels with others);
 // 0 keeps the default of TcTraits.
 #ifndef KVQ_TC_STEP_TOKENS
 #define KVQ_TC_STEP_TOKENS 0  // keys per warp step (a multiple of 16, at most 64)
@@ -68,7 +68,7 @@ struct TcTraits {
   using KRows = TcRows<kKRowWords, K::kBits == 16 ? 8 : 4>;
   using VRows = TcRows<kVRowWords, 4>;
   static constexpr int kKStride = KRows::kStride, kVStride = VRows::kStride;
-  // Measured on the H100 (experiments/tune_decode_tc.sh): 32 keys per step for int8 and int4 (16
+  // Measured on the H100 (experiments/bench/tune_decode_tc.sh): 32 keys per step for int8 and int4 (16
   // when an operand is bf16, whose rows are 4x larger); a warp consumes a step far slower than
   // memory delivers the next, so two stages suffice for the quantized formats, and the shared
   // memory saved buys a third CTA per SM at 168 registers (fewer registers spill).

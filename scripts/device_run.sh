@@ -121,12 +121,12 @@ else
 fi
 [[ -n $peers_path ]] && peers_env+=("PYTHONPATH=$peers_path")
 step "peers: cuDNN, FlashAttention-2, FBGEMM INT4 (bench_peers.py)" peers.log \
-  env "${peers_env[@]}" python3 experiments/bench_peers.py --out "$OUT/peers.csv" --shapes "${KVQ_SHAPES:-.}" \
+  env "${peers_env[@]}" python3 experiments/bench/bench_peers.py --out "$OUT/peers.csv" --shapes "${KVQ_SHAPES:-.}" \
   --peers '^(cudnn|flash2|fbgemm)'
 # FlashInfer in a process of its own: with its modules loaded, FBGEMM's kernel stopped with an
 # illegal instruction (H100, fbgemm-gpu-genai 1.6.0, flashinfer 0.6.18). Its rows join peers.csv.
 step "peers: FlashInfer FP8/bf16 (bench_peers.py)" peers_flashinfer.log \
-  env "${peers_env[@]}" python3 experiments/bench_peers.py --out "$logs/peers_flashinfer.csv" \
+  env "${peers_env[@]}" python3 experiments/bench/bench_peers.py --out "$logs/peers_flashinfer.csv" \
   --shapes "${KVQ_SHAPES:-.}" --peers '^flashinfer'
 [[ -s $logs/peers_flashinfer.csv && -s $OUT/peers.csv ]] && tail -n +2 "$logs/peers_flashinfer.csv" >> "$OUT/peers.csv"
 bench_args=(--shapes "${KVQ_SHAPES:-.}" --variant "${KVQ_DECODE_VARIANTS:-.}")

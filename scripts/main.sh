@@ -22,7 +22,7 @@ if (($# == 0)); then
   # arrive, beside the sweep's attention error for the same pairs (the kvq module is in build/python).
   echo
   eval_out=${KVQ_EVAL_RESULTS:-results/eval}
-  PYTHONPATH="${KVQ_BUILD_DIR:-build}/python" .venv/bin/python experiments/kvq_eval.py --out "$eval_out" \
+  PYTHONPATH="${KVQ_BUILD_DIR:-build}/python" .venv/bin/python experiments/eval/kvq_eval.py --out "$eval_out" \
     --sweep "$out/sweep.csv"
   echo "Rank the pairs by end-to-end KL: ${KVQ_BUILD_DIR:-build}/experiments/kvq recommend $eval_out/eval.csv --max-kld 0.001"
 fi

@@ -10,7 +10,7 @@
 #include <set>
 
 #include "data/synthetic.hpp"
-#include "experiments/dump_decode_cases.hpp"
+#include "experiments/gate/dump_decode_cases.hpp"
 #include "reference/attention.hpp"
 
 using namespace kvq;

@@ -7,9 +7,9 @@
 #include <fstream>
 
 #include "data/synthetic.hpp"
-#include "experiments/csv_table.hpp"
-#include "experiments/recommend.hpp"
-#include "experiments/results_writer.hpp"
+#include "experiments/common/csv_table.hpp"
+#include "experiments/sweep/recommend.hpp"
+#include "experiments/sweep/results_writer.hpp"
 #include "test_util.hpp"
 
 using namespace kvq;

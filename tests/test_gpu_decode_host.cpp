@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "experiments/bench_shapes.hpp"
-#include "experiments/validate_decode.hpp"
+#include "experiments/bench/bench_shapes.hpp"
+#include "experiments/gate/validate_decode.hpp"
 #include "quant/groups.hpp"
 #include "reference/attention.hpp"
 #include "test_util.hpp"

@@ -9,7 +9,7 @@
 #include <map>
 #include <random>
 
-#include "experiments/validate_quantize.hpp"
+#include "experiments/gate/validate_quantize.hpp"
 #include "gpu/quantize_stats16.hpp"
 #include "gpu/quantize_wide_plan.hpp"
 #include "quant/quantize.hpp"

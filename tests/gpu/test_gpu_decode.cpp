@@ -2,7 +2,7 @@
 // forced splits, hostile shapes, reruns) and a long-sequence split-K run.
 #include <doctest/doctest.h>
 
-#include "experiments/validate_decode.hpp"
+#include "experiments/gate/validate_decode.hpp"
 
 using namespace kvq;
 

@@ -1,7 +1,7 @@
 // GPU quantize variants against the CPU codec (the quick gate), the runtime layer, and timing.
 #include <doctest/doctest.h>
 
-#include "experiments/validate_quantize.hpp"
+#include "experiments/gate/validate_quantize.hpp"
 #include "gpu/float_formats_check.hpp"
 #include "gpu/timing.hpp"
 #include "quant/quantize.hpp"

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <random>
 
-#include "experiments/validate_quantize.hpp"
+#include "experiments/gate/validate_quantize.hpp"
 #include "quant/quantize.hpp"
 
 using namespace kvq;

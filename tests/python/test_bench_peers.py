@@ -1,4 +1,4 @@
-"""What bench_peers.py decides without a GPU (experiments/peer_rows.py): the CSV schema kvq bench
+"""What bench_peers.py decides without a GPU (experiments/bench/peer_rows.py): the CSV schema kvq bench
 reads, byte counts, which shapes FBGEMM's kernel takes, split counts, rotating input sets."""
 import os
 import re
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
+sys.path.insert(0, os.path.join(ROOT, "experiments", "bench"))
 import peer_rows as pr  # noqa: E402
 
 MACHINE = pr.Machine("Test GPU", "1.2.3", "13.0", "abc123", read_gbps=2000.0, copy_gbps=1500.0)
@@ -23,16 +23,16 @@ def cpp_string(path, name):
 
 
 def test_columns_are_kvq_benchs_schema():
-    assert pr.COLUMNS == cpp_string("experiments/cmd_bench.cpp", "kColumns").split(",")
+    assert pr.COLUMNS == cpp_string("experiments/cli/cmd_bench.cpp", "kColumns").split(",")
 
 
 def test_fbgemm_peers_name_storages_kvq_bench_times():
-    storages = cpp_string("experiments/bench_shapes.hpp", "kBenchStorages").split(",")
+    storages = cpp_string("experiments/bench/bench_shapes.hpp", "kBenchStorages").split(",")
     for peer in pr.FBGEMM_PEERS:
         assert f"{peer.scheme(128)}:fbgemm" in storages
     for peer in pr.FLASHINFER_PEERS:  # the kvq storage holding FlashInfer's bytes is benched beside it
         assert peer.scheme in storages
-    cmd_bench = open(os.path.join(ROOT, "experiments/cmd_bench.cpp")).read()
+    cmd_bench = open(os.path.join(ROOT, "experiments/cli/cmd_bench.cpp")).read()
     kernels = re.findall(r'\{"([a-z0-9-]+)", "(?::fbgemm)?", (?:true|false)\}', cmd_bench)
     everyone = set(pr.BF16_PEERS) | {p.name for p in pr.FBGEMM_PEERS} | {p.name for p in pr.FLASHINFER_PEERS}
     assert set(kernels) == everyone  # kvq bench shows every peer

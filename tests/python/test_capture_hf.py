@@ -84,7 +84,7 @@ def test_bf16_model_stored_exactly_as_bfloat16(tiny_model_dir, tmp_path):
 # ---- kvq eval through the attention hook (needs the kvq module too) -------------------------------
 def eval_module():
     kvq = pytest.importorskip("kvq", reason="the kvq Python module (pip install . or PYTHONPATH=build/python)")
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "eval"))
     import kvq_eval
     return kvq, kvq_eval
 

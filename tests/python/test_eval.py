@@ -1,4 +1,4 @@
-"""kvq eval (experiments/kvq_eval.py) and the quantize-on-append cache (kvq.AppendQuantizer): an
+"""kvq eval (experiments/eval/kvq_eval.py) and the quantize-on-append cache (kvq.AppendQuantizer): an
 unquantized cache reproduces the reference exactly, perplexity and KL match hand computations,
 quantizing on append gives the codes of quantizing the whole cache, and the results feed
 `kvq recommend`. Runs on the bundled stories260K and on a random llama2.c model of another shape."""
@@ -15,7 +15,7 @@ import pytest
 import kvq
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
+sys.path.insert(0, os.path.join(ROOT, "experiments", "eval"))
 import kvq_eval  # noqa: E402
 
 TOKENIZER = os.path.join(ROOT, "data", "models", "stories260K", "tok512.bin")

@@ -1,0 +1,19 @@
+#include "experiments/common/decode_shapes.hpp"
+
+#include <fmt/format.h>
+
+namespace kvq {
+
+std::string DecodeShape::label() const { return fmt::format("{}/B{}/T{}", group, batch, tokens); }
+
+std::vector<DecodeShape> design_decode_shapes() {
+  std::vector<DecodeShape> shapes;
+  for (int64_t b : {32, 64, 128, 256, 512}) shapes.push_back({"seed000", b, 8, 1, 8192, 128});
+  shapes.push_back({"seed002", 1, 32, 8, 1024, 128});
+  for (int64_t b : {1, 8, 64})
+    for (int64_t t : {1024, 8192, 32768})
+      if (!(b == 64 && t == 32768)) shapes.push_back({"llama8b", b, 32, 8, t, 128});
+  return shapes;
+}
+
+}  // namespace kvq

@@ -1,0 +1,349 @@
+#!/usr/bin/env python3
+"""kvq eval: what a quantized KV cache does to the whole model.
+
+Runs a model over a text token by token, once with its KV cache as computed (the reference) and
+once per (K scheme, V scheme) pair with every layer's K and V quantized as each token is appended
+(kvq.AppendQuantizer; chan-t<N> quantizes a group of N tokens when it fills and keeps them in full
+precision until then, as KIVI does). Against the reference it reports the mean and max
+KL(P_ref || P_q) of the next-token distributions, top-1 agreement, perplexity and its change, beside
+the attention-level error `kvq sweep` reports (rel-L2 of the attention output against the fp64
+reference, the whole cache quantized at once) for the same pair on the same cache: how well the
+cheap proxy predicts the end result.
+
+    .venv/bin/python experiments/eval/kvq_eval.py          # the bundled stories260K on data/texts/tinystory.txt
+    python experiments/eval/kvq_eval.py --model meta-llama/Llama-3.2-1B --text story.txt --max-tokens 1024 \\
+        --k int4-chan-t32-asym,int8-head --v int4-token-asym,int8-head      # Hugging Face: torch + transformers
+
+Writes OUT/eval.csv (one row per pair), OUT/eval.json (the run) and OUT/eval.png. Cache storages
+besides kvq schemes: none (as computed), fp32, fp16, bf16. Per-tensor schemes are refused (their
+scale needs the finished cache). Needs the kvq module: `pip install .`, or PYTHONPATH=build/python.
+"""
+import argparse
+import csv
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "data"))
+sys.path.insert(0, os.path.join(ROOT, "notebooks"))
+try:
+    import kvq
+except ImportError as e:
+    sys.exit(f"kvq eval: cannot import the kvq Python module ({e}): pip install . (or, after bash scripts/setup.sh, "
+             "PYTHONPATH=build/python)")
+import capture_llama2c  # noqa: E402
+
+MODELS = os.path.join(ROOT, "data", "models", "stories260K")
+BUNDLED_MODEL, BUNDLED_TOKENIZER = os.path.join(MODELS, "stories260K.bin"), os.path.join(MODELS, "tok512.bin")
+BUNDLED_TEXT = os.path.join(ROOT, "data", "texts", "tinystory.txt")
+STORAGES = ("none", "fp32", "fp16", "bf16")
+
+
+class StorageCache(capture_llama2c.KvCache):
+    """The llama2.c forward pass's cache with every layer's K and V kept by a kvq cache storage."""
+
+    def __init__(self, model, capacity, k_name, v_name):
+        super().__init__(model, capacity)
+        self.storages = [(kvq.cache_storage(k_name, f"layer {i} K"), kvq.cache_storage(v_name, f"layer {i} V"))
+                         for i in range(model.n_layers)]
+
+    def append(self, layer, pos, k, v):
+        for storage, cache, x in zip(self.storages[layer], (self.k, self.v), (k, v)):
+            start, stored = storage.append(x[None, :, None, :])
+            cache[layer, :, start:pos + 1] = stored[0]
+        return self.k[layer, :, :pos + 1], self.v[layer, :, :pos + 1]
+
+
+class Llama2cRunner:
+    """A llama2.c checkpoint through capture_llama2c's numpy forward pass (fp64 arithmetic)."""
+
+    def __init__(self, model_path, tokenizer_path):
+        self.model = capture_llama2c.Checkpoint(model_path)
+        self.tokenizer = capture_llama2c.Tokenizer(tokenizer_path, self.model.vocab_size)
+        self.source = f"llama2.c:{os.path.splitext(os.path.basename(model_path))[0]}"
+        self.kv_heads, self.head_dim, self.context = self.model.n_kv_heads, self.model.head_dim, self.model.seq_len
+        self.cache_bits = 32  # the checkpoint's float32 ('none' keeps the fp64 values the forward pass computes)
+
+    def tokenize(self, text):
+        return self.tokenizer.encode(text)
+
+    def run(self, tokens, k_name, v_name, record=False):
+        """Next-token logits [T, vocab]; with record, every layer's q, k, v [1, H, T, D] and softmax scale."""
+        m = self.model
+        cache = StorageCache(m, len(tokens), k_name, v_name)
+        queries = np.zeros((m.n_layers, m.n_heads, len(tokens), m.head_dim)) if record else None
+        logits = np.stack([capture_llama2c.forward(m, t, pos, cache, queries) for pos, t in enumerate(tokens)])
+        layers = None
+        if record:
+            layers = [{"q": queries[i][None], "k": cache.k[i][None], "v": cache.v[i][None], "softmax_scale": 0.0}
+                      for i in range(m.n_layers)]
+        return logits, layers
+
+
+class HfRunner:
+    """A Hugging Face causal LM through capture_hf's attention hook (torch, transformers)."""
+
+    def __init__(self, name, device, torch_dtype):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        import capture_hf
+        self.capture_hf = capture_hf
+        self.tokenizer = AutoTokenizer.from_pretrained(name)
+        self.model = AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype).to(device).eval()
+        c = self.model.config
+        self.source = f"hf:{name} ({self.model.dtype})"
+        self.kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.context = getattr(c, "max_position_embeddings", None)
+        self.cache_bits = torch.finfo(self.model.dtype).bits
+
+    def tokenize(self, text):
+        return list(self.tokenizer(text).input_ids)
+
+    def run(self, tokens, k_name, v_name, record=False):
+        def storages(layer):
+            return kvq.cache_storage(k_name, f"layer {layer} K"), kvq.cache_storage(v_name, f"layer {layer} V")
+
+        logits, state = self.capture_hf.run_stored(self.model, tokens, storages, record)
+        layers = None
+        if record:
+            import torch
+            layers = [{"q": torch.cat(state.queries[i], dim=2).numpy(), "k": k.values[:, :, :k.tokens].cpu().numpy(),
+                       "v": v.values[:, :, :v.tokens].cpu().numpy(), "softmax_scale": state.scaling.get(i) or 0.0}
+                      for i, (k, v) in sorted(state.layers.items())]
+        return logits, layers
+
+
+# ---- metrics -------------------------------------------------------------------------------------
+def log_softmax(logits):
+    z = logits - logits.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def perplexity(logits, tokens):
+    """exp of the mean negative log-likelihood of tokens[1:], each under the distribution the
+    model gave at the position before it."""
+    if len(tokens) < 2:
+        raise ValueError(f"perplexity needs at least 2 tokens, got {len(tokens)}")
+    lp = log_softmax(np.asarray(logits[:-1], dtype=np.float64))
+    return float(np.exp(-lp[np.arange(len(tokens) - 1), np.asarray(tokens[1:])].mean()))
+
+
+def compare_logits(ref, test, tokens):
+    """KL(P_ref || P_test) per position (mean, max; nats), top-1 agreement and perplexities."""
+    lp_ref, lp = log_softmax(ref), log_softmax(test)
+    kl = np.sum(np.exp(lp_ref) * (lp_ref - lp), axis=-1)
+    ppl_ref, ppl = perplexity(ref, tokens), perplexity(test, tokens)
+    return {"kld_mean": float(kl.mean()), "kld_max": float(kl.max()),
+            "top1_agreement": float(np.mean(ref.argmax(axis=-1) == test.argmax(axis=-1))),
+            "ppl_ref": ppl_ref, "ppl": ppl, "ppl_delta": ppl - ppl_ref}
+
+
+def stored_whole(x, name):
+    """The whole cache x [B, H, T, D] (float32) as a storage holds it, quantized in one call (as kvq sweep does),
+    in x's basis (+had: rotated back)."""
+    if name == "none":
+        return x
+    if name in STORAGES:
+        return kvq.round_to_format(x, name)
+    r = kvq.quantize(x, name)
+    return kvq.hadamard_rotate_back(r.dequantized) if r.scheme.hadamard else r.dequantized
+
+
+def attention_error(layers, k_name, v_name):
+    """kvq sweep's attention-level error on the reference run's cache: every position's query over
+    the float32 cache, original vs stored; rel-L2 over heads, mean over layers of the per-layer mean
+    and max over layers of the per-layer max."""
+    means, maxes = [], []
+    for layer in layers:
+        q, k, v = (layer[n].astype(np.float32) for n in ("q", "k", "v"))
+        scale = layer["softmax_scale"]
+        o_ref, _ = kvq.attention(q, k, v, softmax_scale=scale)
+        o, _ = kvq.attention(q, stored_whole(k, k_name), stored_whole(v, v_name), softmax_scale=scale)
+        e = kvq.output_error(o, o_ref)
+        means.append(e.rel_l2_mean)
+        maxes.append(e.rel_l2_max)
+    return {"out_rel_l2_mean": float(np.mean(means)), "out_rel_l2_max": float(np.max(maxes))}
+
+
+def storage_bits(name, shape, cache_bits):
+    """Bits per element of a storage for a [B, H, T, D] cache, scales and zero points included."""
+    if name == "none":
+        return float(cache_bits)
+    if name in STORAGES:
+        return float(kvq.FloatStorage.BITS[name])
+    return kvq.bits_per_element(name, shape)
+
+
+# ---- pairs -------------------------------------------------------------------------------------
+def check_storage(name, head_dim):
+    if name in STORAGES:
+        return
+    scheme = kvq.parse_scheme(name)
+    scheme.fits(head_dim)
+    if scheme.granularity == "tensor":
+        kvq.AppendQuantizer(scheme)  # raises the refusal with its reason
+
+
+def eval_pairs(k_list, v_list, head_dim):
+    """The pairs to run: the crossed lists, or by default the reference's own storage (an exactness
+    check), bf16 and fp16, and kvq sweep's default pairs without per-tensor scales."""
+    if k_list or v_list:
+        pairs = [(k, v) for k in (k_list or v_list).split(",") for v in (v_list or k_list).split(",")]
+    else:
+        pairs = [("none", "none"), ("bf16", "bf16"), ("fp16", "fp16")]
+        # Per-tensor scales need the whole cache.
+        pairs += [(k.name, v.name) for k, v in kvq.default_pairs(head_dim)
+                  if all(s.granularity != "tensor" or s.scale_free for s in (k, v))]
+    for k, v in pairs:
+        check_storage(k, head_dim)
+        check_storage(v, head_dim)
+    return pairs
+
+
+# ---- output ------------------------------------------------------------------------------------
+COLUMNS = ["source", "tokens", "k_scheme", "v_scheme", "k_bits_per_element", "v_bits_per_element",
+           "kv_bits_per_element", "k_bytes_per_token_head", "v_bytes_per_token_head", "kld_mean", "kld_max",
+           "top1_agreement", "ppl_ref", "ppl", "ppl_delta", "out_rel_l2_mean", "out_rel_l2_max",
+           "sweep_out_rel_l2_mean", "seconds"]
+
+
+def sweep_errors(path):
+    """(K scheme, V scheme) -> out_rel_l2_mean averaged over the layers of a kvq sweep CSV."""
+    per_pair = {}
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = {"k_scheme", "v_scheme", "out_rel_l2_mean"} - set(reader.fieldnames or [])
+        if missing:
+            raise ValueError(f"{path}: no column {', '.join(sorted(missing))} (expected kvq sweep results)")
+        for row in reader:
+            if row["out_rel_l2_mean"]:
+                per_pair.setdefault((row["k_scheme"], row["v_scheme"]), []).append(float(row["out_rel_l2_mean"]))
+    if not per_pair:
+        raise ValueError(f"{path}: no out_rel_l2_mean values (not kvq sweep results with attention metrics)")
+    return {pair: float(np.mean(values)) for pair, values in per_pair.items()}
+
+
+def print_table(rows, out=sys.stdout):
+    with_sweep = any(r["sweep_out_rel_l2_mean"] != "" for r in rows)
+    print(f"{'K scheme':<23} {'V scheme':<20} {'bits':>6} {'KLD mean':>10} {'KLD max':>10} {'top-1':>7} {'ppl':>8} "
+          f"{'d ppl':>9} {'attn rel-L2':>11}" + (f" {'sweep rel-L2':>12}" if with_sweep else ""), file=out)
+    for r in rows:
+        sweep = r["sweep_out_rel_l2_mean"]
+        print(f"{r['k_scheme']:<23} {r['v_scheme']:<20} {r['kv_bits_per_element']:>6.2f} {r['kld_mean']:>10.3e} "
+              f"{r['kld_max']:>10.3e} {r['top1_agreement']:>7.3f} {r['ppl']:>8.3f} {r['ppl_delta']:>+9.4f} "
+              f"{r['out_rel_l2_mean']:>11.3e}" + (f" {sweep:>12.3e}" if sweep != "" else " " * 13 if with_sweep else ""),
+              file=out)
+
+
+def write_csv(rows, path):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: (f"{r[c]:.9g}" if isinstance(r[c], float) else r[c]) for c in COLUMNS})
+
+
+def git_commit():
+    if os.environ.get("KVQ_COMMIT"):
+        return os.environ["KVQ_COMMIT"]
+    try:
+        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def evaluate(runner, tokens, pairs, log=print, sweep=None):
+    """Runs the reference and every pair; returns one row per pair. sweep: kvq sweep's attention
+    error per pair (sweep_errors), put beside the pair's row where it has one."""
+    shape = (1, runner.kv_heads, len(tokens), runner.head_dim)
+    start = time.perf_counter()
+    ref_logits, layers = runner.run(tokens, "none", "none", record=True)
+    log(f"reference run: {len(tokens)} tokens in {time.perf_counter() - start:.1f} s")
+    rows = []
+    for k_name, v_name in pairs:
+        start = time.perf_counter()
+        logits, _ = runner.run(tokens, k_name, v_name)
+        kb, vb = storage_bits(k_name, shape, runner.cache_bits), storage_bits(v_name, shape, runner.cache_bits)
+        row = {"source": runner.source, "tokens": len(tokens), "k_scheme": k_name, "v_scheme": v_name,
+               "k_bits_per_element": kb, "v_bits_per_element": vb, "kv_bits_per_element": (kb + vb) / 2,
+               "k_bytes_per_token_head": kb * runner.head_dim / 8, "v_bytes_per_token_head": vb * runner.head_dim / 8,
+               **compare_logits(ref_logits, logits, tokens), **attention_error(layers, k_name, v_name),
+               "sweep_out_rel_l2_mean": (sweep or {}).get((k_name, v_name), "")}
+        row["seconds"] = time.perf_counter() - start
+        rows.append(row)
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=BUNDLED_MODEL,
+                    help="llama2.c checkpoint (.bin file) or Hugging Face model name / directory (default: stories260K)")
+    ap.add_argument("--tokenizer", help="llama2.c tokenizer (.bin); default tok512.bin beside the bundled model")
+    ap.add_argument("--text", default=BUNDLED_TEXT, help="UTF-8 text to run the model on (default: %(default)s)")
+    ap.add_argument("--max-tokens", type=int, help="truncate the tokenized text (default: the model's context)")
+    ap.add_argument("--k", default="", help="K schemes or storages, comma-separated (crossed with --v)")
+    ap.add_argument("--v", default="", help="V schemes or storages, comma-separated")
+    ap.add_argument("--sweep", help="kvq sweep results (sweep.csv) of the same model: their attention error per pair "
+                                    "(mean over layers) goes beside the end-to-end numbers")
+    ap.add_argument("--out", default="results/eval", help="output folder (default: %(default)s)")
+    ap.add_argument("--no-plot", action="store_true", help="skip eval.png")
+    ap.add_argument("--device", default=None, help="Hugging Face models: torch device (default: cuda if available)")
+    ap.add_argument("--torch-dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    args = ap.parse_args(argv)
+
+    if not os.path.isfile(args.text):
+        ap.error(f"--text {args.text}: no such file")
+    with open(args.text, encoding="utf-8") as f:
+        text = f.read().strip()
+    if os.path.isfile(args.model) and args.model.endswith(".bin"):
+        tokenizer = args.tokenizer or os.path.join(os.path.dirname(args.model), "tok512.bin")
+        if not os.path.isfile(tokenizer):
+            ap.error(f"--tokenizer {tokenizer}: no such file (a llama2.c model needs its tokenizer .bin)")
+        runner = Llama2cRunner(args.model, tokenizer)
+    else:
+        import torch
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        runner = HfRunner(args.model, device, args.torch_dtype)
+    tokens = runner.tokenize(text)
+    limits = [n for n in (args.max_tokens, runner.context) if n]
+    tokens = tokens[:min(limits)] if limits else tokens
+    if len(tokens) < 2:
+        ap.error(f"{args.text}: {len(tokens)} token(s); perplexity needs at least 2")
+    try:
+        pairs = eval_pairs(args.k, args.v, runner.head_dim)
+        sweep = sweep_errors(args.sweep) if args.sweep else None
+    except (kvq.InputError, OSError, ValueError) as e:
+        print(f"kvq eval: error: {e}", file=sys.stderr)
+        return 2
+
+    started = time.perf_counter()
+    rows = evaluate(runner, tokens, pairs, sweep=sweep)
+    os.makedirs(args.out, exist_ok=True)
+    write_csv(rows, os.path.join(args.out, "eval.csv"))
+    meta = {"command": "eval", "kvq_version": kvq.__version__, "kvq_commit": git_commit(), "source": runner.source,
+            "model": args.model, "text": args.text, "tokens": len(tokens), "pairs": len(rows), "csv": "eval.csv",
+            "seconds": time.perf_counter() - started, "hostname": platform.node(), "machine": platform.processor(),
+            "time_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    print(f"\n{runner.source}, {len(tokens)} tokens of {os.path.relpath(args.text)}: next-token distributions with the "
+          "KV cache quantized on append vs the unquantized model (KLD in nats), and the attention-level error\n")
+    print_table(rows)
+    if not args.no_plot:
+        import kvq_plots
+        meta["plot"] = os.path.basename(kvq_plots.plot_eval(rows, args.out, title=f"{runner.source}, {len(tokens)} tokens"))
+    with open(os.path.join(args.out, "eval.json"), "w") as f:
+        json.dump([meta], f, indent=2)
+    print(f"\nwrote {args.out}/eval.csv, eval.json{', eval.png' if not args.no_plot else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,423 @@
+#include "experiments/gate/validate_decode.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <optional>
+#include <random>
+
+#include "data/dump.hpp"
+#include "experiments/gate/decode_run.hpp"
+#include "experiments/gate/dump_decode_cases.hpp"
+#include "quant/fbgemm_layout.hpp"
+#include "quant/hadamard.hpp"
+#include "quant/quantize.hpp"
+#include "reference/attention.hpp"
+
+namespace kvq {
+namespace {
+
+// How K and V are stored for a case: each raw bf16/fp16 (BNSH or BSNH) or quantized by the CPU codec.
+struct Storage {
+  KvFormat k_format = KvFormat::kBf16, v_format = KvFormat::kBf16;
+  std::optional<Scheme> k, v;  // the quantized operands
+  bool bsnh = false;           // raw operands only
+
+  std::string name() const {
+    if (!k && !v && k_format == v_format) return fmt::format("{} {}", to_string(k_format), bsnh ? "BSNH" : "BNSH");
+    auto one = [](const std::optional<Scheme>& s, KvFormat f) { return s ? to_string(*s) : std::string(to_string(f)); };
+    return fmt::format("K {} / V {}{}", one(k, k_format), one(v, v_format),
+                       k_format == KvFormat::kInt4Fbgemm ? " FBGEMM" : "");
+  }
+  std::string formats() const {
+    return k_format == v_format ? to_string(k_format) : fmt::format("{}/{}", to_string(k_format), to_string(v_format));
+  }
+};
+
+struct Case {
+  std::string name;
+  DecodeShape shape;
+  std::vector<int32_t> seq_lens;  // empty: all T
+  bool alibi = false;
+  Storage storage;
+  int splits = 0;  // forced (split-K variants); 0: the heuristic
+};
+
+std::vector<float> random_normal(size_t n, uint32_t seed, int64_t head_dim, float outlier = 12.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = normal(rng) * ((i % head_dim) % 23 == 5 ? outlier : 1.0f);
+  return v;
+}
+
+int64_t seq_len(const Case& c, int64_t b) { return c.seq_lens.empty() ? c.shape.tokens : c.seq_lens[b]; }
+
+// One of K or V on the device, and the values the reference sees (dequantized, padding zeroed).
+struct DeviceOperand {
+  DeviceBuffer<uint8_t> codes, scales, zeros, window_values;
+  KvOperand op;
+  KvWindow window;  // +wW: the raw tokens (bf16, NaN outside the window)
+  std::vector<float> reference_values;  // BNSH
+};
+
+// Padding rows (t >= seq_len) get garbage codes and NaN parameters on the device (raw: NaN
+// values): the kernel must never read them into the output. So do a +wW scheme's window rows in
+// the codes, and every row outside the window in its raw values.
+DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optional<Scheme>& scheme, KvFormat format) {
+  const DecodeShape& s = c.shape;
+  const KvShape kv{s.batch, s.kv_heads, s.tokens, s.head_dim};
+  auto padding = [&](int64_t b, int64_t t) { return t >= seq_len(c, b); };
+  DeviceOperand out;
+  if (!scheme) {
+    const bool fp16 = format == KvFormat::kFp16;
+    for (float& e : x) e = fp16 ? round_to_fp16(e) : round_to_bf16(e);
+    std::vector<uint8_t> bytes(2 * x.size());
+    for (int64_t b = 0; b < kv.batch; ++b)
+      for (int64_t h = 0; h < kv.heads; ++h)
+        for (int64_t t = 0; t < kv.tokens; ++t)
+          for (int64_t d = 0; d < kv.head_dim; ++d) {
+            const int64_t logical = ((b * kv.heads + h) * kv.tokens + t) * kv.head_dim + d;
+            const int64_t stored = c.storage.bsnh ? ((b * kv.tokens + t) * kv.heads + h) * kv.head_dim + d : logical;
+            const uint16_t bits = padding(b, t) ? uint16_t{0x7fc1}
+                                  : fp16             ? fp32_to_fp16_bits(x[logical])
+                                                     : fp32_to_bf16_bits(x[logical]);
+            bytes[2 * stored] = bits & 0xff, bytes[2 * stored + 1] = bits >> 8;
+            if (padding(b, t)) x[logical] = 0.0f;
+          }
+    out.codes = DeviceBuffer<uint8_t>(bytes);
+    out.op = raw_operand(out.codes.data(), kv.heads, kv.tokens, s.head_dim, c.storage.bsnh);
+    out.reference_values = std::move(x);
+    return out;
+  }
+  if (scheme->has_window())  // the window keeps the input: bf16 values, as a model's cache holds them
+    for (float& e : x) e = round_to_bf16(e);
+  const QuantizedKv q = quantize(KvView::bnsh(x.data(), kv), *scheme, "K/V", c.seq_lens.empty() ? nullptr : c.seq_lens.data());
+  std::vector<float> deq = dequantize(q);
+  const bool fbgemm = format == KvFormat::kInt4Fbgemm;
+  GpuQuantized bytes = device_bytes(q, fbgemm ? CodeLayout::kFbgemm : CodeLayout::kPlanar);
+  const int64_t row = fbgemm ? fbgemm_row_bytes(*scheme, s.head_dim) : code_bytes_per_row(*scheme, s.head_dim);
+  const int pbytes = scheme->scale_dtype == ScaleDtype::kFp16 ? 2 : 4;
+  const bool per_row_params = scheme->granularity == Granularity::kHead || scheme->granularity == Granularity::kGroup;
+  for (int64_t b = 0; b < kv.batch; ++b)
+    for (int64_t h = 0; h < kv.heads; ++h)
+      for (int64_t t = q.quantized_tokens.empty() ? seq_len(c, b) : q.quantized_tokens[b]; t < kv.tokens; ++t) {
+        const int64_t r = fbgemm ? (b * kv.tokens + t) * kv.heads + h : (b * kv.heads + h) * kv.tokens + t;
+        for (int64_t i = 0; i < row; ++i) bytes.codes[r * row + i] = static_cast<uint8_t>(0x7e ^ (i * 37));
+        if (per_row_params && !fbgemm) {  // NaN scales (FBGEMM rows hold theirs, poisoned above) and zero points (the bytes 0x7e... are NaN in fp16 and fp32)
+          const int64_t per = num_groups(*scheme, kv) / kv.rows();
+          for (int64_t g = r * per; g < (r + 1) * per; ++g)
+            for (int i = 0; i < pbytes; ++i) {
+              bytes.scales[g * pbytes + i] = 0x7e;
+              if (!bytes.zeros.empty()) bytes.zeros[g * pbytes + i] = 0x7e;
+            }
+        }
+        if (t >= seq_len(c, b))
+          for (int64_t d = 0; d < kv.head_dim; ++d) deq[((b * kv.heads + h) * kv.tokens + t) * kv.head_dim + d] = 0.0f;
+      }
+  if (scheme->has_window()) {
+    std::vector<uint16_t> raw(static_cast<size_t>(kv.numel()), uint16_t{0x7fc1});
+    for (int64_t b = 0; b < kv.batch; ++b)
+      for (int64_t h = 0; h < kv.heads; ++h)
+        for (int64_t t = q.quantized_tokens[b]; t < seq_len(c, b); ++t)
+          for (int64_t d = 0; d < kv.head_dim; ++d) {
+            const int64_t i = ((b * kv.heads + h) * kv.tokens + t) * kv.head_dim + d;
+            raw[i] = fp32_to_bf16_bits(q.window_values[i]);
+          }
+    std::vector<uint8_t> bytes(2 * raw.size());
+    std::memcpy(bytes.data(), raw.data(), bytes.size());
+    out.window_values = DeviceBuffer<uint8_t>(bytes);
+    out.window = scheme_window(*scheme, raw_operand(out.window_values.data(), kv.heads, kv.tokens, s.head_dim, false),
+                               KvFormat::kBf16);
+  }
+  out.codes = DeviceBuffer<uint8_t>(bytes.codes);
+  out.scales = DeviceBuffer<uint8_t>(bytes.scales);
+  out.zeros = DeviceBuffer<uint8_t>(bytes.zeros);
+  out.op = quantized_operand(*scheme, kv.batch, kv.heads, kv.tokens, s.head_dim, fbgemm, out.codes.data(),
+                             out.scales.data(), out.zeros.size() ? out.zeros.data() : nullptr);
+  out.reference_values = std::move(deq);
+  return out;
+}
+
+double bf16_noise(double r) {  // FlashAttention's atol: rounding noise of the output dtype at r
+  const double x = round_to_bf16(static_cast<float>(round_to_bf16(static_cast<float>(r + 0.3)) - 0.3));
+  return std::fabs(x - r);
+}
+
+std::string shape_string(const Case& c, const DecodeParams& planned) {
+  std::string lens;
+  if (!c.seq_lens.empty()) {
+    lens = " lens";
+    for (size_t i = 0; i < c.seq_lens.size() && i < 6; ++i) lens += fmt::format("{}{}", i ? "," : " ", c.seq_lens[i]);
+    if (c.seq_lens.size() > 6) lens += ",...";
+  }
+  return fmt::format("B={} Hq={} Hkv={} T={} D={}{}{} splits={} heads/CTA={}", c.shape.batch, c.shape.q_heads,
+                     c.shape.kv_heads, c.shape.tokens, c.shape.head_dim, lens, c.alibi ? " alibi" : "",
+                     planned.splits, planned.heads_per_cta);
+}
+
+struct Gate {
+  const DecodeVariant& v;
+  int sm_count;
+  const std::function<void(const CaseResult&)>& report;
+  std::vector<CaseResult> results;
+
+  void add(CaseResult r) {
+    results.push_back(r);
+    report(results.back());
+  }
+
+  void skip(const std::string& name, const Storage& st, const std::string& why) {
+    CaseResult r{v.name, name, st.name(), st.formats(), st.bsnh ? "BSNH" : "BNSH", "", "skipped: " + why, 0, true};
+    r.skipped = true;
+    add(r);
+  }
+
+  // Runs one case; `k`, `v`, `q` default to random values. Returns the kernel's output.
+  std::vector<float> run(const Case& c, std::vector<float> k = {}, std::vector<float> vv = {}, std::vector<float> q = {},
+                         double softmax_scale = 0.0) {
+    const DecodeShape& s = c.shape;
+    const int64_t kv_n = s.batch * s.kv_heads * s.tokens * s.head_dim;
+    if (k.empty()) k = random_normal(kv_n, 11, s.head_dim), vv = random_normal(kv_n, 12, s.head_dim, 3.0f);
+    if (q.empty()) q = random_normal(s.batch * s.q_heads * s.head_dim, 13, s.head_dim, 1.0f);
+    for (float& x : q) x = round_to_bf16(x);
+    // +had K: the codes are in the rotated basis; the kernel rotates Q alike (the codec's fp32
+    // transform), so the reference attends with the rotated Q.
+    std::vector<float> q_ref = q;
+    if (c.storage.k && c.storage.k->hadamard)
+      for (int64_t r = 0; r < s.batch * s.q_heads; ++r) hadamard_rotate(q_ref.data() + r * s.head_dim, s.head_dim);
+    CaseResult r{v.name, c.name, c.storage.name(), c.storage.formats(), c.storage.bsnh ? "BSNH" : "BNSH", "",
+                 "", s.batch * s.q_heads * s.head_dim, false};
+    try {
+      DeviceOperand dk = make_operand(c, std::move(k), c.storage.k, c.storage.k_format);
+      DeviceOperand dv = make_operand(c, std::move(vv), c.storage.v, c.storage.v_format);
+      DecodeRun run(s, q, c.seq_lens, c.alibi, softmax_scale);
+      run.set_cache(c.storage.k_format, dk.op, c.storage.v_format, dv.op);
+      run.set_windows(dk.window, dv.window);
+      const DecodeParams planned = run.plan(v, sm_count, c.splits);
+      r.shape = shape_string(c, planned);
+      if (const std::string why = v.unsupported_reason(planned); !why.empty()) {
+        r.ok = r.skipped = true, r.values = 0, r.detail = "skipped: " + why;
+        add(r);
+        return {};
+      }
+      run.run(planned);
+      const std::vector<float> out = run.output(), lse = run.lse();
+
+      AttentionProblem p;
+      p.batch = s.batch, p.q_heads = s.q_heads, p.kv_heads = s.kv_heads, p.q_len = 1, p.head_dim = s.head_dim;
+      p.q = q_ref.data();
+      const KvShape kv{s.batch, s.kv_heads, s.tokens, s.head_dim};
+      p.k = KvView::bnsh(dk.reference_values.data(), kv), p.v = KvView::bnsh(dv.reference_values.data(), kv);
+      p.seq_lens = c.seq_lens.empty() ? nullptr : c.seq_lens.data();
+      p.softmax_scale = planned.softmax_scale;
+      p.alibi = c.alibi;
+      const AttentionOutput ref = attention(p), mimic = attention(p, PrecisionProfile::parse(decode_precision_profile(planned)));
+      const ToleranceCheck t = check_tolerance(out, lse, ref.o, ref.lse, mimic.o, mimic.lse);
+      r.ok = t.ok, r.detail = t.detail;
+      add(r);
+      return out;
+    } catch (const std::exception& e) {  // a launch or input error fails the case, and the gate goes on
+      r.detail = std::string("error: ") + e.what();
+      add(r);
+      return {};
+    }
+  }
+};
+
+Storage raw(KvFormat f, bool bsnh = false) { return {f, f, std::nullopt, std::nullopt, bsnh}; }
+// K and V by name: a scheme, or "bf16" / "fp16" for a raw operand.
+Storage quantized(const char* k, const char* v, bool fbgemm = false) {
+  Storage st;
+  st.k = parse_storage_operand(k, fbgemm, st.k_format);
+  st.v = parse_storage_operand(v, fbgemm, st.v_format);
+  return st;
+}
+
+// Why no decode kernel reads storage `st` at `head_dim` (a dump's D may be anything), or "" when one
+// does; a variant's own limits are checked on the planned launch (Gate::run).
+std::string storage_unsupported_reason(const Storage& st, int64_t head_dim) {
+  const int d = static_cast<int>(head_dim);
+  if (!decode_head_dim_supported(d)) return fmt::format("head_dim {} (decode kernels take 8, 64, 128 or 256)", d);
+  const bool fbgemm = st.k_format == KvFormat::kInt4Fbgemm;
+  for (const std::optional<Scheme>& scheme : {st.k, st.v}) {
+    if (!scheme) continue;
+    const Scheme& s = *scheme;
+    std::string why = decode_unsupported_reason(s, d, fbgemm);
+    if (why.empty()) {
+      try {
+        check_scheme_fits(s, d);
+      } catch (const SchemeError& e) {
+        why = e.what();
+      }
+    }
+    if (!why.empty()) return why;
+  }
+  return "";
+}
+
+}  // namespace
+
+ToleranceCheck check_tolerance(const std::vector<float>& out, const std::vector<float>& lse,
+                               const std::vector<double>& ref_o, const std::vector<double>& ref_lse,
+                               const std::vector<double>& mimic_o, const std::vector<double>& mimic_lse) {
+  ToleranceCheck t;
+  const size_t n = ref_o.size(), rows = ref_lse.size(), d = rows ? n / rows : 0;
+  std::string problem;
+  for (size_t i = 0; i < n; ++i) {
+    const double e = std::fabs(out[i] - ref_o[i]), em = std::fabs(mimic_o[i] - ref_o[i]);
+    if (!std::isfinite(out[i]) && problem.empty()) problem = fmt::format("O[{}] = {}", i, out[i]);
+    t.max_err = std::max(t.max_err, e), t.mimic_max = std::max(t.mimic_max, em);
+    t.mean_err += e / static_cast<double>(n), t.mimic_mean += em / static_cast<double>(n);
+    t.floor = std::max(t.floor, 2 * bf16_noise(ref_o[i]));
+  }
+  double lse_mimic = 0, lse_scale = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    if (std::isinf(ref_lse[r])) {  // empty key set: exactly O = 0, LSE = -inf
+      bool zero = lse[r] == -std::numeric_limits<float>::infinity();
+      for (size_t j = 0; j < d; ++j) zero = zero && out[r * d + j] == 0.0f;
+      if (!zero && problem.empty()) problem = fmt::format("row {} has no keys but O != 0 or LSE = {}", r, lse[r]);
+      continue;
+    }
+    t.lse_max_err = std::max(t.lse_max_err, std::fabs(lse[r] - ref_lse[r]));
+    if (!std::isfinite(lse[r]) && problem.empty()) problem = fmt::format("LSE[{}] = {}", r, lse[r]);
+    lse_mimic = std::max(lse_mimic, std::fabs(mimic_lse[r] - ref_lse[r]));
+    lse_scale = std::max(lse_scale, std::fabs(ref_lse[r]));
+  }
+  // LSE is fp32: its floor is 8 ulps at its magnitude (exp2/log approximations differ from libm's).
+  t.lse_allowed = 2 * lse_mimic + 8 * std::ldexp(std::max(lse_scale, 1.0), -23);
+  const double allowed_max = 2 * t.mimic_max + t.floor, allowed_mean = 2 * t.mimic_mean + t.floor;
+  t.ok = problem.empty() && t.max_err <= allowed_max && t.mean_err <= allowed_mean && t.lse_max_err <= t.lse_allowed;
+  t.detail = fmt::format("max |O-ref| {:.3g} <= {:.3g}, mean {:.3g} <= {:.3g} (mimic {:.3g}/{:.3g}, floor {:.3g}); "
+                         "max |LSE-ref| {:.3g} <= {:.3g}{}",
+                         t.max_err, allowed_max, t.mean_err, allowed_mean, t.mimic_max, t.mimic_mean, t.floor,
+                         t.lse_max_err, t.lse_allowed, problem.empty() ? "" : "; " + problem);
+  return t;
+}
+
+std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const ValidateOptions& opt,
+                                                const std::function<void(const CaseResult&)>& report) {
+  Gate g{v, device_info().sm_count, report, {}};
+  const int64_t T = opt.quick ? 70 : 300;
+  const DecodeShape gqa{"", 3, 8, 2, T, 128};
+  const std::vector<int32_t> lens = {static_cast<int32_t>(T), 0, static_cast<int32_t>(T / 2 + 27)};
+  // Every storage kind, varlen with an empty sequence, NaN / garbage in the padding.
+  const std::vector<Storage> storages = {
+      raw(KvFormat::kBf16), raw(KvFormat::kFp16), raw(KvFormat::kBf16, true),
+      quantized("int8-tensor", "int8-tensor"), quantized("int8-token", "int8-token"),
+      quantized("int8-head", "int8-head"), quantized("int8-head-asym", "int8-head-asym"),
+      quantized("int8-g32", "int8-g32"), quantized("int8-g64-asym", "int8-g64-asym"),
+      quantized("int8-head-fp32", "int8-token"), quantized("int4-head", "int4-head"),
+      quantized("int4-head-asym", "int4-head-asym"), quantized("int4-g32-asym", "int4-g32-asym"),
+      quantized("int4-g64", "int4-g64"), quantized("int4-g8-asym", "int4-head-asym"),
+      quantized("int4-tensor", "int4-token-asym"), quantized("int4-g32-asym-fp32", "int4-g32-asym-fp32"),
+      quantized("int4-head-asym", "int4-head-asym", true), quantized("int4-g32-asym", "int4-g32-asym", true),
+      quantized("int4-g16-asym", "int4-g64-asym", true),
+      // FP8: every granularity, both formats, scale-free
+      quantized("fp8-e4m3-head", "fp8-e4m3-head"), quantized("fp8-e4m3-tensor", "fp8-e4m3-token"),
+      quantized("fp8-e5m2-g32", "fp8-e5m2-g64-fp32"), quantized("fp8-e4m3", "fp8-e5m2"),
+      // K and V in different formats (tensor cores only)
+      quantized("int4-g32-asym", "int8-head"), quantized("int8-head-asym", "int4-head"), quantized("bf16", "int4-g32-asym"),
+      quantized("int8-token-asym", "bf16"), quantized("fp8-e4m3-head", "int4-g32-asym"), quantized("fp16", "fp8-e5m2-head"),
+      quantized("int4-head-asym", "fp16"), quantized("int4-g32-asym", "fp8-e4m3-tensor"),
+      // +wW: both windows, one of them, W = 0 and W >= T, K and V windows of different lengths
+      quantized("int4-token-asym+w16", "int4-token-asym+w16"), quantized("int4-g32-asym+w64", "int8-head+w64"),
+      quantized("int8-head+w100", "int4-g32-asym"), quantized("bf16", "fp8-e4m3-head+w40"),
+      quantized("int4-head-asym+w0", "int4-head-asym+w1000"), quantized("int4-g32-asym+w32", "int4-g32-asym+w80"),
+      // chan-tN K (KIVI), with and without windows; token groups tensor cores cannot read
+      quantized("int4-chan-t32-asym", "int4-g32-asym"), quantized("int8-chan-t64", "int8-head"),
+      quantized("int4-chan-t32-asym+w64", "int4-g32-asym+w64"), quantized("int8-chan-t32-asym+w50", "int4-head-asym"),
+      quantized("int4-chan-t16-asym", "int4-g32-asym"),
+      // +had K (Q rotated in the kernel); V +had and +had with a window: not read (skipped, with the reason)
+      quantized("int4-g32-asym+had", "int4-g32-asym"), quantized("int8-head-asym+had", "int4-head-asym"),
+      quantized("int4-chan-t32-asym+had", "int4-g32-asym"), quantized("int4-g32-asym", "int4-g32-asym+had"),
+      quantized("int4-g32-asym+had+w32", "int4-g32-asym")};
+  for (const Storage& st : storages) g.run({"varlen GQA", gqa, lens, false, st});
+  // Head dims, head-group sizes (MHA, MQA, groups that are not a power of two, groups over 8), ALiBi.
+  for (const auto& [k, vs] : {std::pair{"bf16", "bf16"}, std::pair{"int8-head", "int8-head"},
+                               std::pair{"int4-g32-asym", "int4-g32-asym"}, std::pair{"fp8-e4m3-head", "fp8-e4m3-head"},
+                               std::pair{"int4-head-asym", "int8-g32-asym"},
+                               std::pair{"int4-chan-t32-asym+w128", "int4-g32-asym+w128"}}) {
+    const Storage st = std::string(k) == "bf16" ? raw(KvFormat::kBf16) : quantized(k, vs);
+    for (int d : {64, 256}) g.run({"head_dim", {"", 2, 4, 2, T, d}, {}, false, st});
+    g.run({"MHA", {"", 2, 4, 4, T, 128}, {}, false, st});
+    g.run({"MQA", {"", 2, 8, 1, T, 128}, {}, false, st});
+    g.run({"group of 6, ALiBi", {"", 2, 12, 2, T, 128}, {static_cast<int32_t>(T - 1), 5}, true, st});
+    g.run({"group of 16", {"", 1, 16, 1, T, 64}, {}, false, st});
+  }
+  g.run({"ALiBi, windows", {"", 2, 12, 2, T, 128}, {static_cast<int32_t>(T - 1), 5}, true,
+         quantized("int4-g32-asym+w48", "int8-head+w20")});
+  // Split-K: forced split counts agree with the single pass (both within the rule).
+  if (v.split_k)
+    for (int splits : {1, 2, 3, 7, 64, kMaxSplits}) {
+      const Case c{fmt::format("forced {} splits", splits), {"", 2, 8, 2, 1000, 128}, {1000, 333}, false,
+                   quantized("int8-head", "int8-head"), splits};
+      g.run(c);
+      g.run({fmt::format("forced {} splits, windows", splits), {"", 2, 8, 2, 1000, 128}, {1000, 333}, false,
+             quantized("int4-g32-asym+w200", "int8-head+w37"), splits});
+    }
+  // Hostile shapes: one key, keys not a tile multiple, no keys at all, no batch.
+  for (const Case& c : {Case{"one key", {"", 1, 4, 1, 1, 128}, {}, false, raw(KvFormat::kBf16)},
+                        Case{"33 keys", {"", 2, 4, 2, 33, 128}, {}, false, quantized("int4-g32-asym", "int4-g32-asym")},
+                        // odd T: per-row fp16 parameters of most rows start mid-word, the last ends the array
+                        Case{"odd T", {"", 3, 8, 2, 37, 128}, {37, 20, 1}, false, quantized("int8-head-asym", "int8-token-asym")},
+                        Case{"odd T, groups", {"", 2, 8, 1, 45, 64}, {45, 13}, false, quantized("int4-g16-asym", "int4-g32")},
+                        Case{"no keys", {"", 2, 4, 2, 16, 128}, {0, 0}, false, quantized("int8-head", "int8-head")},
+                        // both windows over every key: one launch (the raw region), O written directly
+                        Case{"windows over every key", {"", 2, 8, 2, 64, 128}, {}, false,
+                             quantized("int4-g32-asym+w128", "int8-head+w100")},
+                        Case{"T = 0", {"", 1, 4, 2, 0, 128}, {}, false, raw(KvFormat::kBf16)},
+                        Case{"B = 0", {"", 0, 4, 2, 16, 128}, {}, false, raw(KvFormat::kBf16)}})
+    g.run(c);
+  // A real dump (--dump; the bundled capture by default) as it is: every layer, every batch entry
+  // with its own seq_len, the layer's heads, D, ALiBi flag and softmax scale, and its own decode
+  // queries (experiments/gate/dump_decode_cases.hpp). What the variant cannot run is reported skipped.
+  if (!opt.bundled_dump.empty() && !opt.quick) {
+    const DumpInfo info = open_dump(opt.bundled_dump);
+    const std::string file = std::filesystem::path(opt.bundled_dump).filename().string();
+    for (size_t i = 0; i < info.layers.size(); ++i) {
+      const KvLayer layer = read_layer(info, i);
+      check_finite_queries(info, i, layer);
+      const std::vector<DumpDecodeCase> cases = dump_decode_cases(layer, file);
+      for (const Storage& st : {raw(KvFormat::kBf16), quantized("int8-head", "int8-head"),
+                                quantized("int4-head-asym", "int4-head-asym")}) {
+        const std::string why = cases.empty() ? "the layer has no decode queries (q)"
+                                              : storage_unsupported_reason(st, layer.kv_shape.head_dim);
+        if (!why.empty()) {
+          g.skip(fmt::format("dump {} layer {}", file, layer.layer), st, why);
+          continue;
+        }
+        for (const DumpDecodeCase& dc : cases)
+          g.run({"dump " + dc.label, dc.shape, dc.seq_lens, dc.alibi, st}, dc.k, dc.v, dc.q, dc.softmax_scale);
+      }
+    }
+  }
+  // Reruns: bitwise identical outputs.
+  {
+    const Case c{"reruns", {"", 4, 8, 2, opt.quick ? 64 : 2048, 128}, {}, false, quantized("int4-g32-asym", "int4-g32-asym")};
+    const DecodeShape& s = c.shape;
+    const int64_t kv_n = s.batch * s.kv_heads * s.tokens * s.head_dim;
+    DeviceOperand dk = make_operand(c, random_normal(kv_n, 21, 128), c.storage.k, c.storage.k_format);
+    DeviceOperand dv = make_operand(c, random_normal(kv_n, 22, 128), c.storage.v, c.storage.v_format);
+    DecodeRun run(s, random_normal(s.batch * s.q_heads * s.head_dim, 23, 128, 1.0f), {}, false);
+    run.set_cache(c.storage.k_format, dk.op, c.storage.v_format, dv.op);
+    const DecodeParams planned = run.plan(v, g.sm_count);
+    run.run(planned);
+    const std::vector<float> first = run.output(), first_lse = run.lse();
+    const int reruns = opt.quick ? 3 : opt.reruns;
+    int differing = 0;
+    for (int i = 1; i < reruns; ++i) {
+      run.run(planned);
+      differing += run.output() != first || run.lse() != first_lse;
+    }
+    g.add({v.name, fmt::format("{} reruns", reruns), c.storage.name(), "int4", "BNSH", shape_string(c, planned),
+           differing ? fmt::format("{} reruns differ from the first", differing) : "bitwise identical",
+           static_cast<int64_t>(first.size()) * reruns, differing == 0});
+  }
+  return g.results;
+}
+
+}  // namespace kvq

@@ -1,0 +1,104 @@
+#include "experiments/sweep/recommend.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "experiments/common/csv_table.hpp"
+#include "quant/errors.hpp"
+
+namespace kvq {
+namespace {
+
+bool better(const PairResult& a, const PairResult& b) {
+  if (a.kv_bytes_per_token_head != b.kv_bytes_per_token_head) return a.kv_bytes_per_token_head < b.kv_bytes_per_token_head;
+  return a.error < b.error;
+}
+
+}  // namespace
+
+std::vector<Recommendation> recommend(const std::vector<PairResult>& results, double budget) {
+  std::map<std::pair<std::string, int>, Recommendation> per_layer;
+  std::map<std::pair<std::string, std::string>, PairResult> per_pair;  // worst error, summed bytes
+  std::map<std::pair<std::string, std::string>, std::set<std::pair<std::string, int>>> pair_layers;
+  for (const PairResult& r : results) {
+    Recommendation& rec = per_layer[{r.source, r.layer}];
+    rec.source = r.source;
+    rec.layer = r.layer;
+    if (r.error <= budget && (!rec.found || better(r, rec.best))) rec.best = r, rec.found = true;
+    PairResult& p = per_pair[{r.k_scheme, r.v_scheme}];
+    p.k_scheme = r.k_scheme, p.v_scheme = r.v_scheme;
+    p.error = std::max(p.error, r.error);
+    p.kv_bytes_per_token_head += r.kv_bytes_per_token_head;
+    pair_layers[{r.k_scheme, r.v_scheme}].insert({r.source, r.layer});
+  }
+  std::vector<Recommendation> out;
+  for (auto& [key, rec] : per_layer) out.push_back(rec);
+  Recommendation overall;
+  for (auto& [key, p] : per_pair) {
+    if (pair_layers[key].size() != per_layer.size() || p.error > budget) continue;  // must cover every layer
+    PairResult mean = p;
+    mean.kv_bytes_per_token_head /= static_cast<double>(per_layer.size());
+    if (!overall.found || better(mean, overall.best)) overall.best = mean, overall.found = true;
+  }
+  out.push_back(overall);
+  return out;
+}
+
+std::vector<PairResult> read_pair_results(const std::string& csv_path, const std::string& metric) {
+  const CsvTable t = CsvTable::read(csv_path);
+  const size_t source = t.column("source"), layer = t.column("layer"), k = t.column("k_scheme"),
+               v = t.column("v_scheme"), kb = t.column("k_bytes_per_token_head"),
+               vb = t.column("v_bytes_per_token_head"), err = t.column(metric);
+  std::vector<PairResult> out;
+  for (size_t r = 0; r < t.rows(); ++r) {
+    if (t.at(r, err).empty())
+      throw InputError(fmt::format("{}: line {}: no {} (the dump had no decode queries Q, which attention metrics need)",
+                                   csv_path, r + 2, metric));
+    out.push_back({t.at(r, source), static_cast<int>(t.number(r, layer)), t.at(r, k), t.at(r, v),
+                   t.number(r, kb) + t.number(r, vb), t.number(r, err)});
+  }
+  if (out.empty()) throw InputError(fmt::format("{}: no result rows", csv_path));
+  return out;
+}
+
+bool is_end_to_end_results(const std::string& csv_path) { return CsvTable::read(csv_path).has_column("kld_mean"); }
+
+std::vector<EndToEndResult> read_end_to_end_results(const std::string& csv_path, const std::string& metric) {
+  const CsvTable t = CsvTable::read(csv_path);
+  const size_t source = t.column("source"), k = t.column("k_scheme"), v = t.column("v_scheme"),
+               kb = t.column("k_bytes_per_token_head"), vb = t.column("v_bytes_per_token_head"),
+               mean = t.column("kld_mean"), max = t.column("kld_max"), top1 = t.column("top1_agreement"),
+               ppl = t.column("ppl_delta"), err = t.column(metric);
+  std::vector<EndToEndResult> out;
+  for (size_t r = 0; r < t.rows(); ++r)
+    out.push_back({t.at(r, source), t.at(r, k), t.at(r, v), t.number(r, kb) + t.number(r, vb), t.number(r, mean),
+                   t.number(r, max), t.number(r, top1), t.number(r, ppl), t.number(r, err)});
+  if (out.empty()) throw InputError(fmt::format("{}: no result rows", csv_path));
+  return out;
+}
+
+std::vector<EndToEndRanking> rank_end_to_end(const std::vector<EndToEndResult>& results, double budget) {
+  std::vector<EndToEndRanking> rankings;
+  for (const EndToEndResult& r : results) {
+    auto it = std::find_if(rankings.begin(), rankings.end(), [&](const EndToEndRanking& g) { return g.source == r.source; });
+    if (it == rankings.end()) it = rankings.insert(rankings.end(), EndToEndRanking{r.source, {}, -1});
+    it->ranked.push_back(r);
+  }
+  for (EndToEndRanking& g : rankings) {
+    std::stable_sort(g.ranked.begin(), g.ranked.end(), [](const EndToEndResult& a, const EndToEndResult& b) {
+      return a.error != b.error ? a.error < b.error : a.kv_bytes_per_token_head < b.kv_bytes_per_token_head;
+    });
+    for (size_t i = 0; i < g.ranked.size(); ++i) {
+      const EndToEndResult& r = g.ranked[i];
+      if (r.error > budget) continue;
+      if (g.best < 0 || r.kv_bytes_per_token_head < g.ranked[g.best].kv_bytes_per_token_head)
+        g.best = static_cast<int>(i);  // ranked by error, so the first of equal bytes has the lower error
+    }
+  }
+  return rankings;
+}
+
+}  // namespace kvq

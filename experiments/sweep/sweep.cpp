@@ -1,0 +1,119 @@
+#include "experiments/sweep/sweep.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "quant/hadamard.hpp"
+#include "quant/quantize.hpp"
+#include "reference/attention.hpp"
+
+namespace kvq {
+
+AttentionProblem attention_problem(const KvLayer& layer, const std::vector<float>& k, const std::vector<float>& v) {
+  AttentionProblem p;
+  p.batch = layer.q_shape.batch;
+  p.q_heads = layer.q_shape.heads;
+  p.kv_heads = layer.kv_shape.heads;
+  p.q_len = layer.q_shape.tokens;
+  p.head_dim = layer.kv_shape.head_dim;
+  p.q = layer.q.data();
+  p.k = KvView::bnsh(k.data(), layer.kv_shape);
+  p.v = KvView::bnsh(v.data(), layer.kv_shape);
+  p.seq_lens = layer.seq_lens.empty() ? nullptr : layer.seq_lens.data();
+  p.softmax_scale = layer.softmax_scale;
+  p.alibi = layer.alibi;
+  return p;
+}
+
+namespace {
+
+// Dequantized tensors, one per distinct scheme, with their reconstruction error. `values` are in the
+// basis attention uses (rotated for +had); the errors are against the input, in its own basis.
+struct Reconstruction {
+  std::vector<float> values;
+  double sqnr_db, max_abs;
+};
+
+const Reconstruction& reconstruct(std::map<std::string, Reconstruction>& cache, const std::vector<float>& x,
+                                  const KvLayer& layer, const Scheme& s, const std::string& tensor_name) {
+  const std::string key = to_string(s);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const int32_t* lens = layer.seq_lens.empty() ? nullptr : layer.seq_lens.data();
+  std::vector<float> x_hat = dequantize(quantize(KvView::bnsh(x.data(), layer.kv_shape), s, tensor_name, lens));
+  std::vector<float> unrotated = x_hat;
+  if (s.hadamard) rotate_rows(unrotated, layer.kv_shape.head_dim);
+  Reconstruction r{std::move(x_hat), sqnr_db(x, unrotated), max_abs_difference(x, unrotated)};
+  return cache.emplace(key, std::move(r)).first->second;
+}
+
+}  // namespace
+
+void rotate_rows(std::vector<float>& x, int64_t head_dim) {
+  for (size_t i = 0; i + head_dim <= x.size(); i += head_dim) hadamard_rotate(x.data() + i, head_dim);
+}
+
+void rotate_rows_back(std::vector<double>& x, int64_t head_dim) {
+  for (size_t i = 0; i + head_dim <= x.size(); i += head_dim) hadamard_rotate_back(x.data() + i, head_dim);
+}
+
+std::vector<SweepRow> sweep_layer(const KvLayer& layer, const std::vector<SchemePair>& pairs,
+                                  const SweepOptions& options) {
+  for (const SchemePair& pair : pairs) {
+    check_scheme_fits(pair.k, static_cast<int>(layer.kv_shape.head_dim));
+    check_scheme_fits(pair.v, static_cast<int>(layer.kv_shape.head_dim));
+  }
+  const std::string where = layer.source + " layer " + std::to_string(layer.layer);
+  auto name = [&](const std::string& given, const char* tensor) { return given.empty() ? where + " " + tensor : given; };
+  std::vector<double> ref_probs;
+  AttentionOutput ref;
+  if (layer.has_queries()) {  // NaN queries would give NaN metrics and exit 0
+    check_finite(KvView::bnsh(layer.q.data(), layer.q_shape), name(options.q_name, "Q"), "attention needs finite queries");
+    ref = attention(attention_problem(layer, layer.k, layer.v), {}, {}, &ref_probs);
+  }
+
+  std::vector<float> rotated_q;  // for +had K schemes
+  if (layer.has_queries() && std::any_of(pairs.begin(), pairs.end(), [](const SchemePair& p) { return p.k.hadamard; })) {
+    rotated_q = layer.q;
+    rotate_rows(rotated_q, layer.q_shape.head_dim);
+  }
+  std::map<std::string, Reconstruction> k_cache, v_cache;
+  std::vector<SweepRow> rows;
+  for (const SchemePair& pair : pairs) {
+    const Reconstruction& k = reconstruct(k_cache, layer.k, layer, pair.k, name(options.k_name, "K"));
+    const Reconstruction& v = reconstruct(v_cache, layer.v, layer, pair.v, name(options.v_name, "V"));
+    SweepRow row;
+    row.source = layer.source;
+    row.layer = layer.layer;
+    row.schemes = pair;
+    row.k_sqnr_db = k.sqnr_db;
+    row.k_max_abs = k.max_abs;
+    row.v_sqnr_db = v.sqnr_db;
+    row.v_max_abs = v.max_abs;
+    const int32_t* lens = layer.seq_lens.empty() ? nullptr : layer.seq_lens.data();
+    row.k_bytes_per_token_head = bytes_per_token_per_head(pair.k, layer.kv_shape, lens);
+    row.v_bytes_per_token_head = bytes_per_token_per_head(pair.v, layer.kv_shape, lens);
+    row.kv_bits_per_element =
+        (bits_per_element(pair.k, layer.kv_shape, lens) + bits_per_element(pair.v, layer.kv_shape, lens)) / 2;
+    row.k_group_elems = elements_per_group(pair.k, layer.kv_shape);
+    row.v_group_elems = elements_per_group(pair.v, layer.kv_shape);
+    if (layer.has_queries()) {
+      std::vector<double> probs;
+      AttentionProblem problem = attention_problem(layer, k.values, v.values);
+      if (pair.k.hadamard) problem.q = rotated_q.data();  // Q·K is then unchanged in exact arithmetic
+      AttentionOutput out = attention(problem, {}, {}, &probs);
+      if (pair.v.hadamard) rotate_rows_back(out.o, layer.kv_shape.head_dim);  // O = H (P · H V)
+      row.has_attention = true;
+      row.heads = head_errors(out.o, ref.o, layer.q_shape.tokens * layer.q_shape.head_dim);
+      row.output = summarize(row.heads);
+      row.q_heads = layer.q_shape.heads;
+      if (layer.kv_shape.tokens > 0)
+        row.probabilities = probability_error(probs, ref_probs, layer.kv_shape.tokens, options.top_k);
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace kvq

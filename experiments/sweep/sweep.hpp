@@ -1,0 +1,59 @@
+// The accuracy sweep: for each layer x (K scheme, V scheme), reconstruction error of K and V and,
+// when the layer has decode queries, the attention error against the fp64 reference on the
+// original K/V. Memory per token comes with every row.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/kv_layer.hpp"
+#include "quant/scheme_pairs.hpp"
+#include "reference/attention.hpp"
+#include "reference/metrics.hpp"
+
+namespace kvq {
+
+// The layer's decode queries against K/V `k` and `v` (the layer's own, or a dequantized copy),
+// with the layer's softmax scale, ALiBi flag and sequence lengths.
+AttentionProblem attention_problem(const KvLayer& layer, const std::vector<float>& k, const std::vector<float>& v);
+
+// +had in the sweep: every D-row of `x` rotated by the codec's fp32 transform (K, Q); and O rotated
+// back in fp64 (a +had V: O = H (P · H V), H symmetric and orthogonal).
+void rotate_rows(std::vector<float>& x, int64_t head_dim);
+void rotate_rows_back(std::vector<double>& x, int64_t head_dim);
+
+// GPU decode time of a scheme pair, measured at a reference decode shape (not the dump's).
+struct DecodeLatency {
+  std::string variant, shape;
+  double us = 0, gbps = 0;
+};
+
+struct SweepRow {
+  std::string source;
+  int layer = 0;
+  SchemePair schemes;
+  double k_sqnr_db = 0, k_max_abs = 0, v_sqnr_db = 0, v_max_abs = 0;
+  bool has_attention = false;  // false when the layer has no queries
+  OutputError output;
+  std::vector<HeadError> heads;  // per (b, query head), in that order
+  int64_t q_heads = 0;           // to index heads
+  ProbabilityError probabilities;
+  double k_bytes_per_token_head = 0, v_bytes_per_token_head = 0;
+  double kv_bits_per_element = 0;  // K and V together
+  int64_t k_group_elems = 0, v_group_elems = 0;  // elements per scale group
+  std::optional<DecodeLatency> latency;          // kvq sweep with a GPU (experiments/sweep/sweep_latency.hpp)
+};
+
+struct SweepOptions {
+  int64_t top_k = 8;  // for the top-k overlap of attention probabilities
+  // Names of K, V and Q in error messages (e.g. "x.h5: /layers/3/k"); default "<source> layer <L> K".
+  std::string k_name, v_name, q_name;
+};
+
+// Throws SchemeError when a pair does not fit the layer's head_dim, InputError for non-finite K, V
+// (when a pair quantizes them) or Q.
+std::vector<SweepRow> sweep_layer(const KvLayer& layer, const std::vector<SchemePair>& pairs,
+                                  const SweepOptions& options = {});
+
+}  // namespace kvq
