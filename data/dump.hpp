@@ -50,6 +50,9 @@ struct DumpInfo {
   std::string path;
   int schema = 0;
   std::string source, created_by, rope;  // rope: post | pre | none
+  // Which channels RoPE pairs in K and Q: "half" (i, i + D/2; Hugging Face, vLLM), "adjacent" (2i, 2i + 1;
+  // llama.cpp, llama2.c); "" when the file does not say. Per-group schemes along D see the difference.
+  std::string rope_pairs;
   int64_t batch = 0, tokens = 0;         // B and T, the same in every layer
   std::vector<LayerInfo> layers;         // sorted by index
   std::vector<int32_t> seq_lens;         // [B]; all T when the file has none

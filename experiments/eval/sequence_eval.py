@@ -1,0 +1,106 @@
+"""kvq eval's whole-sequence path: a model run over a text with every layer's K/V cache in a storage,
+all positions of a layer at once (float32 matrix products) instead of token by token.
+
+It gives what quantize-on-append (kvq.AppendQuantizer) gives, because a token's stored value does
+not depend on when it is read, only whether it is quantized yet: per-token, per-head and per-group
+codes are those of quantizing the whole cache; a chan-t<N> group is quantized once its N-th token
+arrives; a +w<W> window keeps a token as computed until W newer ones follow it. So for query t,
+token j reads the whole-cache quantized value when j < quantized_prefix[t], else the value the
+model computed. tests/python/test_eval.py checks this path against the token-by-token one.
+"""
+import numpy as np
+
+import kvq
+import llama_forward as lf
+
+FLOAT_STORAGES = ("fp32", "fp16", "bf16")
+
+
+def quantized_prefix(name, T):
+    """[T]: how many of the tokens 0..t a storage holds quantized when the query at position t reads
+    the cache (the others are read as computed)."""
+    total = np.arange(1, T + 1)
+    if name == "none" or name in FLOAT_STORAGES:
+        return total
+    s = kvq.parse_scheme(name)
+    quantized = total if s.window is None else np.maximum(0, total - s.window)
+    if s.granularity == "channel":
+        quantized = quantized // s.group * s.group
+    return quantized
+
+
+def stored_values(x, name):
+    """x [H, T, D] float32 as the storage holds it once quantized, in x's basis (+had rotated back)."""
+    if name == "none":
+        return x
+    if name in FLOAT_STORAGES:
+        return kvq.round_to_format(x[None], name)[0].astype(np.float32)
+    s = kvq.parse_scheme(name)
+    base = s.name.split("+w")[0] if s.window is not None else s.name  # the window only decides when
+    r = kvq.quantize(x[None], base)
+    return (kvq.hadamard_rotate_back(r.dequantized) if s.hadamard else r.dequantized)[0].astype(np.float32)
+
+
+class CacheView:
+    """What attention reads of one layer's K or V in a storage: stored values where quantized, the
+    computed ones elsewhere."""
+
+    def __init__(self, x, name):
+        T = x.shape[1]
+        self.raw, self.stored = x, stored_values(x, name)
+        prefix = quantized_prefix(name, T)
+        self.mixed = bool(np.any(prefix < np.arange(1, T + 1)))
+        # mask[t, j]: query t reads token j quantized
+        self.mask = np.arange(T)[None, :] < prefix[:, None] if self.mixed else None
+
+
+def attend(q, k, v, scale, block=512):
+    """Causal attention of q [Hq, T, D] over CacheViews k, v [Hkv, T, D] (GQA by head groups)."""
+    Hq, T, D = q.shape
+    Hkv = k.raw.shape[0]
+    qg = q.reshape(Hkv, Hq // Hkv, T, D)
+    out = np.empty_like(qg)
+    for start in range(0, T, block):
+        stop = min(T, start + block)
+        rows = slice(start, stop)
+        s = qg[:, :, rows] @ k.stored[:, None, :stop].transpose(0, 1, 3, 2)
+        if k.mixed:
+            s = np.where(k.mask[rows, :stop], s, qg[:, :, rows] @ k.raw[:, None, :stop].transpose(0, 1, 3, 2))
+        s *= scale
+        s[..., np.triu(np.ones((stop - start, stop), bool), k=start + 1)] = -np.inf
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        if v.mixed:
+            m = v.mask[rows, :stop]
+            out[:, :, rows] = np.where(m, p, 0) @ v.stored[:, None, :stop] + np.where(m, 0, p) @ v.raw[:, None, :stop]
+        else:
+            out[:, :, rows] = p @ v.stored[:, None, :stop]
+    return out.reshape(Hq, T, D)
+
+
+def run_sequence(m, tokens, k_name, v_name, record=False):
+    """Logits [T, vocab] of the model over tokens with every layer's K in storage k_name and V in
+    v_name; with record, every layer's {"q", "k", "v"} [1, H, T, D] as computed (float32)."""
+    theta, eps, order = lf.model_rope(m)
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    tokens = np.asarray(tokens, dtype=np.int64)
+    T, hd, Hq, Hkv = len(tokens), m.head_dim, m.n_heads, m.n_kv_heads
+    angle = lf.rope_angles(np.arange(T), hd, theta)
+    c, s = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+    scale = np.float32(1.0 / np.sqrt(hd))
+    x = f32(np.asarray(m.emb)[tokens])
+    layers = [] if record else None
+    for layer in range(m.n_layers):
+        xb = lf.rmsnorm_rows(x, f32(m.rms_att[layer]), eps)
+        q = lf.rope_rows((xb @ f32(m.wq[layer]).T).reshape(T, Hq, hd), c, s, order).transpose(1, 0, 2)
+        k = lf.rope_rows((xb @ f32(m.wk[layer]).T).reshape(T, Hkv, hd), c, s, order).transpose(1, 0, 2)
+        v = (xb @ f32(m.wv[layer]).T).reshape(T, Hkv, hd).transpose(1, 0, 2)
+        q, k, v = (np.ascontiguousarray(a) for a in (q, k, v))
+        if record:
+            layers.append({"q": q[None], "k": k[None], "v": v[None], "softmax_scale": 0.0})
+        out = attend(q, CacheView(k, k_name), CacheView(v, v_name), scale)
+        x = x + out.transpose(1, 0, 2).reshape(T, Hq * hd) @ f32(m.wo[layer]).T
+        xb = lf.rmsnorm_rows(x, f32(m.rms_ffn[layer]), eps)
+        h1, h3 = xb @ f32(m.w1[layer]).T, xb @ f32(m.w3[layer]).T
+        x = x + (h1 / (1.0 + np.exp(-h1)) * h3) @ f32(m.w2[layer]).T
+    return lf.rmsnorm_rows(x, f32(m.rms_final), eps) @ f32(m.wcls).T, layers

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""The main job's answer: which K/V cache scheme pair to adopt for a model, per KL budget.
+
+    python experiments/eval/which_scheme.py results/eval/eval.csv --sweep results/sweep/sweep.csv \\
+        --max-kld 1e-3,1e-2
+
+For each budget (mean KL(P_fp || P_q) of the next-token distributions, nats, from kvq eval) it
+picks the pair with the fewest bits per element within it (ties: lower KLD), and prints its bits,
+end-to-end KLD, top-1 agreement, perplexity change and attention-level error (kvq sweep's rel-L2 of
+the attention output, mean over layers). With the sweep it also says, per layer, where the
+attention-level proxy would pick a cheaper or a dearer pair than the global one: the smallest pair
+whose rel-L2 on that layer stays within the global pick's mean rel-L2. That per-layer plan is the
+proxy's suggestion, not an end-to-end measurement (kvq eval quantizes every layer alike).
+"""
+import argparse
+import csv
+import sys
+from collections import defaultdict
+
+
+def read_csv(path, needed):
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = set(needed) - set(reader.fieldnames or [])
+        if missing:
+            raise ValueError(f"{path}: no column {', '.join(sorted(missing))}")
+        return list(reader)
+
+
+def pick(rows, budget):
+    within = [r for r in rows if float(r["kld_mean"]) <= budget and r["k_scheme"] != "none"]
+    return min(within, key=lambda r: (float(r["kv_bits_per_element"]), float(r["kld_mean"]))) if within else None
+
+
+def sweep_table(path):
+    """{(K, V): {layer: (rel-L2 mean, bits)}} over the rows with attention metrics."""
+    table = defaultdict(dict)
+    for r in read_csv(path, ("layer", "k_scheme", "v_scheme", "out_rel_l2_mean", "kv_bits_per_element")):
+        if r["out_rel_l2_mean"]:
+            table[(r["k_scheme"], r["v_scheme"])][int(r["layer"])] = (float(r["out_rel_l2_mean"]),
+                                                                      float(r["kv_bits_per_element"]))
+    return table
+
+
+def layer_plan(table, pair):
+    """Per layer: the fewest-bits pair whose rel-L2 there is <= the pair's mean rel-L2 over layers."""
+    errors = table.get(pair)
+    if not errors:
+        return None, []
+    target = sum(e for e, _ in errors.values()) / len(errors)
+    plan = []
+    for layer in sorted(errors):
+        options = [(bits[layer][1], bits[layer][0], p) for p, bits in table.items()
+                   if layer in bits and bits[layer][0] <= target]
+        bits, err, best = min(options)
+        plan.append((layer, best, bits, err, errors[layer][0]))
+    return target, plan
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("eval_csv", help="kvq eval results (eval.csv)")
+    ap.add_argument("--sweep", help="kvq sweep results (sweep.csv) of the same model's capture")
+    ap.add_argument("--max-kld", default="1e-3,1e-2", help="KL budgets in nats, comma-separated (default: %(default)s)")
+    args = ap.parse_args(argv)
+    try:
+        budgets = [float(b) for b in args.max_kld.split(",")]
+        if any(b < 0 for b in budgets):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--max-kld {args.max_kld!r}: expected non-negative numbers, comma-separated")
+    try:
+        rows = read_csv(args.eval_csv, ("source", "k_scheme", "v_scheme", "kv_bits_per_element", "kld_mean",
+                                        "top1_agreement", "ppl_delta", "out_rel_l2_mean"))
+        table = sweep_table(args.sweep) if args.sweep else {}
+    except (OSError, ValueError) as e:
+        print(f"which_scheme: error: {e}", file=sys.stderr)
+        return 2
+    if not rows:
+        print(f"which_scheme: error: {args.eval_csv}: no rows", file=sys.stderr)
+        return 2
+    print(f"Which KV cache scheme for {rows[0]['source']} ({rows[0].get('tokens', '?')} tokens evaluated)?")
+    for budget in budgets:
+        best = pick(rows, budget)
+        print(f"\nKLD budget {budget:g} nats:")
+        if best is None:
+            print("  no scheme pair stays within it")
+            continue
+        pair = (best["k_scheme"], best["v_scheme"])
+        sweep_err = table.get(pair)
+        sweep_mean = (f", sweep rel-L2 {sum(e for e, _ in sweep_err.values()) / len(sweep_err):.3e} over "
+                      f"{len(sweep_err)} layers") if sweep_err else ""
+        print(f"  K {pair[0]}, V {pair[1]}: {float(best['kv_bits_per_element']):.2f} bits per element, "
+              f"KLD {float(best['kld_mean']):.3e}, top-1 {float(best['top1_agreement']):.3f}, "
+              f"ppl {float(best['ppl_delta']):+.4f}, attention rel-L2 {float(best['out_rel_l2_mean']):.3e}{sweep_mean}")
+        target, plan = layer_plan(table, pair)
+        differ = [p for p in plan if p[1] != pair and abs(p[2] - float(best["kv_bits_per_element"])) > 1e-9]
+        if plan and not differ:
+            print(f"  per layer (attention proxy, rel-L2 <= {target:.3e}): the same pair is the smallest on every layer")
+        elif differ:
+            print(f"  per layer (attention proxy, rel-L2 <= {target:.3e}), where another pair is the smallest:")
+            for layer, p, bits, err, own in differ:
+                print(f"    layer {layer:>2}: K {p[0]}, V {p[1]} ({bits:.2f} bits, rel-L2 {err:.3e}; the global pick "
+                      f"{own:.3e})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The main job's steps on a GGUF model, with test_gguf_llama's tiny synthetic GGUF Llama in place of
+SmolLM2: the capture tool (data/capture.py: RoPE pair orders, decode queries, a dump kvq reads and
+sweeps), kvq eval on a GGUF file, and the answer (experiments/eval/which_scheme.py)."""
+import csv
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+pytest.importorskip("tokenizers")
+h5py = pytest.importorskip("h5py")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path[:0] = [HERE, os.path.join(ROOT, "data"), os.path.join(ROOT, "experiments", "eval")]
+import capture  # noqa: E402
+import test_gguf_llama as tiny_gguf  # noqa: E402
+import which_scheme  # noqa: E402
+
+TEXT = " ".join(["hello world dog cat 20"] * 12)
+
+
+def kvq_cli(*args):
+    binary = os.environ.get("KVQ_BIN", os.path.join(ROOT, "build", "experiments", "kvq"))
+    return subprocess.run([binary, *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    text = folder / "text.txt"
+    text.write_text(TEXT)
+    return tiny_gguf.write_gguf(folder / "tiny.gguf", tiny_gguf.hf_weights(3)), text, folder / "cache"
+
+
+def run_capture(model, out, *args):
+    path, text, cache = model
+    return capture.main(["--model", str(path), "--text", str(text), "--cache-dir", str(cache), "--out", str(out),
+                         *args])
+
+
+def test_capture_orders_and_queries(model, tmp_path):
+    assert run_capture(model, tmp_path / "hf.h5", "--tokens", "40", "--queries", "5") == 0
+    assert run_capture(model, tmp_path / "cpp.h5", "--tokens", "40", "--queries", "all", "--rope-order",
+                       "llamacpp") == 0
+    with h5py.File(tmp_path / "hf.h5") as hf, h5py.File(tmp_path / "cpp.h5") as cpp:
+        assert hf.attrs["rope_pairs"] == b"half" and cpp.attrs["rope_pairs"] == b"adjacent"
+        assert hf["layers/0/k"].shape == (1, tiny_gguf.HKV, 40, tiny_gguf.D)
+        assert hf["layers/1/q"].shape == (1, tiny_gguf.HQ, 5, tiny_gguf.D)
+        assert cpp["layers/1/q"].shape == (1, tiny_gguf.HQ, 40, tiny_gguf.D)
+        # llama.cpp's channel 2i + c is Hugging Face's c * D/2 + i: the same numbers, reordered
+        half = tiny_gguf.D // 2
+        perm = np.array([c * half + i for i in range(half) for c in range(2)])
+        for name in ("k", "q"):
+            a, b = hf[f"layers/1/{name}"][...], cpp[f"layers/1/{name}"][...][:, :, -hf[f"layers/1/{name}"].shape[2]:]
+            np.testing.assert_allclose(b, a[..., perm], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(cpp["layers/1/v"][...], hf["layers/1/v"][...], rtol=1e-4, atol=1e-5)
+    inspect = kvq_cli("inspect", tmp_path / "cpp.h5")
+    assert inspect.returncode == 0 and "adjacent: channels (2i, 2i + 1)" in inspect.stdout
+    sweep = kvq_cli("sweep", tmp_path / "hf.h5", "--k", "int4-g8-asym,int8-head", "--v", "int8-head",
+                    "--out", tmp_path / "sweep")
+    assert sweep.returncode == 0, sweep.stderr
+    rows = list(csv.DictReader(open(tmp_path / "sweep" / "sweep.csv")))
+    assert len(rows) == 2 * 2 and all(float(r["out_rel_l2_mean"]) > 0 for r in rows)
+
+
+def test_capture_refuses_bad_arguments(model, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        run_capture(model, tmp_path / "x.h5", "--queries", "some")
+    with pytest.raises(SystemExit):
+        run_capture(model, tmp_path / "x.h5", "--tokens", "0")
+    assert capture.main(["--model", str(tmp_path / "absent.gguf"), "--out", str(tmp_path / "x.h5")]) == 2
+    assert "absent.gguf: no such GGUF file" in capsys.readouterr().err
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_eval_runs_a_gguf_file(model, tmp_path):
+    import kvq_eval
+    path, text, cache = model
+    out = tmp_path / "eval"
+    assert kvq_eval.main(["--model", str(path), "--text", str(text), "--max-tokens", "48", "--k", "none,int8-head",
+                          "--v", "none,int4-g8-asym+w8", "--out", str(out), "--no-plot"]) == 0
+    rows = {(r["k_scheme"], r["v_scheme"]): r for r in csv.DictReader(open(out / "eval.csv"))}
+    assert float(rows[("none", "none")]["kld_mean"]) == 0.0
+    assert rows[("none", "none")]["source"] == "gguf:tiny" and rows[("none", "none")]["tokens"] == "48"
+    assert 0 < float(rows[("int8-head", "none")]["kld_mean"]) < float(rows[("int8-head", "int4-g8-asym+w8")]["kld_mean"])
+
+
+def write_rows(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_which_scheme_picks_the_smallest_pair_within_each_budget(tmp_path, capsys):
+    def e2e(k, bits, kld):
+        return {"source": "gguf:m", "tokens": 512, "k_scheme": k, "v_scheme": k, "kv_bits_per_element": bits,
+                "kld_mean": kld, "top1_agreement": 0.9, "ppl_delta": 0.1, "out_rel_l2_mean": kld * 10}
+    write_rows(tmp_path / "eval.csv", [e2e("none", 32, 0), e2e("int8-head", 8.25, 4e-4), e2e("int8-token", 8.08, 9e-4),
+                                       e2e("int4-g32-asym", 5, 6e-3), e2e("int4-head", 4.25, 0.2)])
+
+    def sweep(layer, k, bits, err):
+        return {"layer": layer, "k_scheme": k, "v_scheme": k, "out_rel_l2_mean": err, "kv_bits_per_element": bits}
+    write_rows(tmp_path / "sweep.csv", [sweep(0, "int4-g32-asym", 5, 0.1), sweep(1, "int4-g32-asym", 5, 0.3),
+                                        sweep(0, "int4-head", 4.25, 0.15), sweep(1, "int4-head", 4.25, 0.5),
+                                        sweep(0, "int8-head", 8.25, 0.01), sweep(1, "int8-head", 8.25, 0.02)])
+    assert which_scheme.main([str(tmp_path / "eval.csv"), "--sweep", str(tmp_path / "sweep.csv"),
+                              "--max-kld", "1e-3,1e-2,1e-6"]) == 0
+    out = capsys.readouterr().out
+    assert "KLD budget 0.001 nats:\n  K int8-token, V int8-token: 8.08 bits" in out
+    assert "KLD budget 0.01 nats:\n  K int4-g32-asym, V int4-g32-asym: 5.00 bits" in out
+    # the pick's mean rel-L2 is 0.2: layer 0 stays within it with the cheaper int4-head (0.15), layer 1
+    # only with the dearer int8-head (int4-g32-asym has 0.3 there)
+    assert "layer  0: K int4-head, V int4-head (4.25 bits, rel-L2 1.500e-01; the global pick 1.000e-01)" in out
+    assert "layer  1: K int8-head, V int8-head (8.25 bits, rel-L2 2.000e-02; the global pick 3.000e-01)" in out
+    assert "KLD budget 1e-06 nats:\n  no scheme pair stays within it" in out
+    assert which_scheme.main([str(tmp_path / "sweep.csv")]) == 2  # not eval results
+    assert "no column" in capsys.readouterr().err
