@@ -6,7 +6,8 @@
 # KVQ_PHASE=check (build, tests, sanitizers, validate) or bench (build, benchmarks, sweep latency)
 # splits the work over two calls of a 10-minute device limit; the default runs both.
 # Narrower runs: KVQ_SHAPES, KVQ_SCHEMES, KVQ_DECODE_VARIANTS (passed to kvq bench), KVQ_BENCH_QUANTIZE=0,
-# KVQ_NCU=0, KVQ_SANITIZE=0, KVQ_VALIDATE_VARIANTS (regex for kvq validate).
+# KVQ_NCU=0, KVQ_SANITIZE=0, KVQ_VALIDATE_VARIANTS (regex for kvq validate), KVQ_VALIDATE_DUMPS (dumps,
+# space-separated, that the decode variants are validated on as well).
 #
 #   OUT=results/device bash scripts/device_run.sh          # any CUDA machine with the build deps
 #   KVQ_COMMIT=abc123 OUT=... bash scripts/device_run.sh    # a copy of the tree without .git
@@ -73,6 +74,12 @@ fi
 
 step "kvq validate (every variant)" validate.log "$kvq" validate --report "$OUT/validate.json" \
   --variant "${KVQ_VALIDATE_VARIANTS:-.}"
+# Users' dumps (e.g. a real capture from data/capture.py): every decode variant on every layer and query.
+for dump in ${KVQ_VALIDATE_DUMPS:-}; do
+  name=$(basename "$dump" .h5)
+  step "kvq validate --dump $name (decode variants)" "validate_$name.log" "$kvq" validate --variant '^decode' \
+    --dump "$dump" --reruns 20 --report "$OUT/validate_$name.json"
+done
 fi
 if [[ $phase != check ]]; then
 if [[ ${KVQ_BENCH_QUANTIZE:-1} == 1 ]]; then

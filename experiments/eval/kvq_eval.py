@@ -35,6 +35,7 @@ import sys
 import time
 
 import numpy as np
+import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "data"))
@@ -328,7 +329,10 @@ def evaluate(runner, tokens, pairs, log=print, sweep=None):
     ref = Reference(ref_logits, tokens)
     log(f"reference run: {len(tokens)} tokens in {time.perf_counter() - start:.1f} s")
     rows = []
-    for k_name, v_name in pairs:
+    progress = tqdm.tqdm(pairs, desc="kvq eval: scheme pairs", unit="pair", file=sys.stderr,
+                         disable=True if log is not print else None)  # None: off when not a terminal
+    for k_name, v_name in progress:
+        progress.set_postfix_str(f"{k_name} / {v_name}")
         start = time.perf_counter()
         logits, _ = runner.run(tokens, k_name, v_name)
         kb, vb = storage_bits(k_name, shape, runner.cache_bits), storage_bits(v_name, shape, runner.cache_bits)

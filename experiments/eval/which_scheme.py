@@ -10,7 +10,9 @@ end-to-end KLD, top-1 agreement, perplexity change and attention-level error (kv
 the attention output, mean over layers). With the sweep it also says, per layer, where the
 attention-level proxy would pick a cheaper or a dearer pair than the global one: the smallest pair
 whose rel-L2 on that layer stays within the global pick's mean rel-L2. That per-layer plan is the
-proxy's suggestion, not an end-to-end measurement (kvq eval quantizes every layer alike).
+proxy's suggestion, not an end-to-end measurement (kvq eval quantizes every layer alike). Last, how
+well the proxy ranks the pairs: Spearman's rank correlation between each layer's rel-L2 and the
+end-to-end KLD over the pairs both measured.
 """
 import argparse
 import csv
@@ -42,19 +44,68 @@ def sweep_table(path):
     return table
 
 
-def layer_plan(table, pair):
-    """Per layer: the fewest-bits pair whose rel-L2 there is <= the pair's mean rel-L2 over layers."""
+def layer_plan(table, pair, candidates):
+    """Per layer: the fewest-bits pair among candidates whose rel-L2 there is <= the pair's mean
+    rel-L2 over layers. Returns (that mean, [(layer, pair, bits, rel-L2, the pair's own rel-L2)])."""
     errors = table.get(pair)
     if not errors:
         return None, []
     target = sum(e for e, _ in errors.values()) / len(errors)
     plan = []
     for layer in sorted(errors):
-        options = [(bits[layer][1], bits[layer][0], p) for p, bits in table.items()
-                   if layer in bits and bits[layer][0] <= target]
-        bits, err, best = min(options)
+        options = [(table[p][layer][1], table[p][layer][0], p) for p in candidates
+                   if p in table and layer in table[p] and table[p][layer][0] <= target]
+        bits, err, best = min(options, default=(errors[layer][1], errors[layer][0], pair))
         plan.append((layer, best, bits, err, errors[layer][0]))
     return target, plan
+
+
+def layer_list(layers):
+    """[1, 2, 3, 7] -> '1-3, 7'"""
+    runs, start = [], None
+    for i, layer in enumerate(layers):
+        if start is None:
+            start = layer
+        if i + 1 == len(layers) or layers[i + 1] != layer + 1:
+            runs.append(f"{start}" if start == layer else f"{start}-{layer}")
+            start = None
+    return ", ".join(runs)
+
+
+def ranks(values):
+    """Ranks 1..n, ties sharing their mean rank (for Spearman's correlation)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(x, y):
+    rx, ry = ranks(x), ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else float("nan")
+
+
+def proxy_correlation(rows, table):
+    """{layer: Spearman(rel-L2 on that layer, end-to-end KLD)} over the quantized pairs in both."""
+    kld = {(r["k_scheme"], r["v_scheme"]): float(r["kld_mean"]) for r in rows}
+    layers = sorted({layer for errors in table.values() for layer in errors})
+    out, counts = {}, set()
+    for layer in layers:
+        pairs = [p for p in kld if p in table and layer in table[p]]
+        if len(pairs) >= 3:
+            out[layer] = spearman([table[p][layer][0] for p in pairs], [kld[p] for p in pairs])
+            counts.add(len(pairs))
+    return out, max(counts, default=0)
 
 
 def main(argv=None):
@@ -93,15 +144,24 @@ def main(argv=None):
         print(f"  K {pair[0]}, V {pair[1]}: {float(best['kv_bits_per_element']):.2f} bits per element, "
               f"KLD {float(best['kld_mean']):.3e}, top-1 {float(best['top1_agreement']):.3f}, "
               f"ppl {float(best['ppl_delta']):+.4f}, attention rel-L2 {float(best['out_rel_l2_mean']):.3e}{sweep_mean}")
-        target, plan = layer_plan(table, pair)
-        differ = [p for p in plan if p[1] != pair and abs(p[2] - float(best["kv_bits_per_element"])) > 1e-9]
-        if plan and not differ:
+        candidates = {(r["k_scheme"], r["v_scheme"]) for r in rows}  # what kvq eval can run: no per-tensor
+        target, plan = layer_plan(table, pair, candidates)
+        by_pair = defaultdict(list)
+        for layer, p, bits, _, _ in plan:
+            by_pair[(p, bits)].append(layer)
+        if len(by_pair) == 1 and plan:
             print(f"  per layer (attention proxy, rel-L2 <= {target:.3e}): the same pair is the smallest on every layer")
-        elif differ:
-            print(f"  per layer (attention proxy, rel-L2 <= {target:.3e}), where another pair is the smallest:")
-            for layer, p, bits, err, own in differ:
-                print(f"    layer {layer:>2}: K {p[0]}, V {p[1]} ({bits:.2f} bits, rel-L2 {err:.3e}; the global pick "
-                      f"{own:.3e})")
+        elif plan:
+            print(f"  per layer, the attention proxy's suggestion (the fewest bits with rel-L2 <= the pick's mean, "
+                  f"{target:.3e}; bits at the sweep's cache length):")
+            for (p, bits), layers in sorted(by_pair.items(), key=lambda item: (item[0][1], item[1])):
+                print(f"    K {p[0]}, V {p[1]} ({bits:.2f} bits): layers {layer_list(layers)}")
+    rho, n_pairs = proxy_correlation(rows, table)
+    if rho:
+        worst = min(rho, key=rho.get)
+        print(f"\nHow well attention rel-L2 ranks the pairs by end-to-end KLD (Spearman over {n_pairs} pairs, per "
+              f"layer): mean {sum(rho.values()) / len(rho):.3f}, lowest {rho[worst]:.3f} (layer {worst}), highest "
+              f"{max(rho.values()):.3f}")
     return 0
 
 

@@ -115,8 +115,21 @@ def test_which_scheme_picks_the_smallest_pair_within_each_budget(tmp_path, capsy
     assert "KLD budget 0.01 nats:\n  K int4-g32-asym, V int4-g32-asym: 5.00 bits" in out
     # the pick's mean rel-L2 is 0.2: layer 0 stays within it with the cheaper int4-head (0.15), layer 1
     # only with the dearer int8-head (int4-g32-asym has 0.3 there)
-    assert "layer  0: K int4-head, V int4-head (4.25 bits, rel-L2 1.500e-01; the global pick 1.000e-01)" in out
-    assert "layer  1: K int8-head, V int8-head (8.25 bits, rel-L2 2.000e-02; the global pick 3.000e-01)" in out
+    assert "    K int4-head, V int4-head (4.25 bits): layers 0\n    K int8-head, V int8-head (8.25 bits): layers 1\n" in out
+    assert "(Spearman over 3 pairs, per layer): mean 1.000" in out
     assert "KLD budget 1e-06 nats:\n  no scheme pair stays within it" in out
     assert which_scheme.main([str(tmp_path / "sweep.csv")]) == 2  # not eval results
     assert "no column" in capsys.readouterr().err
+
+
+def test_layer_lists():
+    assert which_scheme.layer_list([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    assert which_scheme.layer_list([3]) == "3"
+
+
+def test_spearman_by_hand():
+    assert which_scheme.ranks([3.0, 1.0, 2.0, 2.0]) == [4.0, 1.0, 2.5, 2.5]
+    assert which_scheme.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert which_scheme.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ranks [1, 2, 3] vs [1, 3, 2]: 1 - 6 * (0 + 1 + 1) / (3 * 8) = 0.5
+    assert which_scheme.spearman([1, 2, 3], [5, 9, 7]) == pytest.approx(0.5)
