@@ -4,7 +4,8 @@
 # `kvq validate`, the quantize bandwidth benchmark, the decode peers (bench_peers.py) and `kvq bench`;
 # logs and CSV/JSON under $OUT; a short summary table last. Exits non-zero if any step fails.
 # KVQ_PHASE=check (build, tests, sanitizers, validate) or bench (build, benchmarks, sweep latency)
-# splits the work over two calls of a 10-minute device limit; the default runs both.
+# splits the work over two calls of a 10-minute device limit; the default runs both. The bench phase
+# ends by comparing every timing with the newest committed run on the same GPU (compare_runs.py).
 # Narrower runs: KVQ_SHAPES, KVQ_SCHEMES, KVQ_DECODE_VARIANTS (passed to kvq bench), KVQ_BENCH_QUANTIZE=0,
 # KVQ_NCU=0, KVQ_SANITIZE=0, KVQ_VALIDATE_VARIANTS (regex for kvq validate), KVQ_VALIDATE_DUMPS (dumps,
 # space-separated, that the decode variants are validated on as well).
@@ -139,6 +140,14 @@ step "peers: FlashInfer FP8/bf16 (bench_peers.py)" peers_flashinfer.log \
 bench_args=(--shapes "${KVQ_SHAPES:-.}" --variant "${KVQ_DECODE_VARIANTS:-.}")
 [[ -n ${KVQ_SCHEMES:-} ]] && bench_args+=(--schemes "$KVQ_SCHEMES")
 step "kvq bench (decode)" bench.log "$kvq" bench --peers "$OUT/peers.csv" --csv "$OUT/decode.csv" "${bench_args[@]}"
+# No silent regressions: every decode and quantize row against the newest committed run on this GPU.
+compare_with_committed() {
+  local csvs=()
+  for f in "$OUT/decode.csv" "$OUT/quantize_bandwidth.csv"; do [[ -s $f ]] && csvs+=("$f"); done
+  ((${#csvs[@]})) && python3 experiments/bench/compare_runs.py "${csvs[@]}" --results experiments/results \
+    --csv-out "$OUT/regressions.csv"
+}
+step "timings vs the newest committed run (5 %)" regressions.log compare_with_committed
 # The sweep on the bundled dump with each pair's decode latency (the trade-off plot's x axis).
 sweep_and_plot() {
   "$kvq" sweep --out "$logs/sweep" && cp "$logs/sweep/sweep.csv" "$OUT/sweep.csv" &&
@@ -169,6 +178,7 @@ fi
   done
   [[ -f $logs/bench.log ]] && grep -E "^read-only bandwidth" "$logs/bench.log" && sed -n '/fastest variant/,$p' "$logs/bench.log"
   echo
+  [[ -f $logs/regressions.log ]] && cat "$logs/regressions.log" && echo
   printf '%s\n' "${summary[@]}"
 } > "$OUT/summary.txt"
 cat "$OUT/summary.txt"

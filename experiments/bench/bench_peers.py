@@ -306,7 +306,7 @@ def main():
     ap.add_argument("--out", default="results/peers/peers.csv")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--calls-per-graph", type=int, default=8)
-    ap.add_argument("--shapes", default=".", help="regex over shape names")
+    ap.add_argument("--shapes", default=".", help="regex over shape labels, as kvq bench's: seed000, seed000/B128/T8192")
     ap.add_argument("--peers", default=".",
                     help="regex over peer names (cudnn, flash2, fbgemm-int4-g1, fbgemm-int4-g4, "
                          "flashinfer-fp8-e4m3, flashinfer-bf16)")
@@ -332,7 +332,7 @@ def main():
     wanted = lambda peer: re.search(args.peers, peer)  # noqa: E731
     fbgemm_peers = [p for p in FBGEMM_PEERS if wanted(p.name)]
     flashinfer_peers = [p for p in FLASHINFER_PEERS if wanted(p.name)]
-    shapes = [s for s in SHAPES if re.search(args.shapes, s.name)]
+    shapes = [s for s in SHAPES if re.search(args.shapes, s.label)]
     print(f"{machine.gpu}, driver {machine.driver}, torch {torch.__version__}, CUDA {machine.cuda}; "
           f"read {machine.read_gbps:.0f} GB/s, copy {machine.copy_gbps:.0f} GB/s (read + write)")
     failed = False

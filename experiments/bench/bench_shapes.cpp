@@ -22,7 +22,7 @@ std::vector<DecodeShape> bench_shapes(const std::string& regex) {
   std::vector<DecodeShape> out;
   for (const DecodeShape& s : design_decode_shapes())
     if (std::regex_search(s.label(), re)) out.push_back(s);  // group/B<b>/T<t>
-  if (out.empty()) throw InputError(fmt::format("--shapes '{}' matches none of the shapes (seed000, seed002, llama8b; a label reads seed000/B128/T8192)", regex));
+  if (out.empty()) throw InputError(fmt::format("--shapes '{}' matches none of the shapes (seed000, seed002, llama8b, smollm2; a label reads seed000/B128/T8192)", regex));
   return out;
 }
 

@@ -20,12 +20,18 @@ class Shape:
     T: int
     D: int
 
+    @property
+    def label(self):
+        """kvq bench's shape label (experiments/common/decode_shapes.cpp), which --shapes matches."""
+        return f"{self.name}/B{self.B}/T{self.T}"
+
 
 # The DESIGN.md decode shapes (experiments/common/decode_shapes.cpp), plus MHA at B=128 for the bf16 peers.
 SHAPES = ([Shape("seed000", b, 8, 1, 8192, 128) for b in (32, 64, 128, 256, 512)] +
           [Shape("seed002", 1, 32, 8, 1024, 128)] +
           [Shape("llama8b", b, 32, 8, t, 128) for b in (1, 8, 64) for t in (1024, 8192, 32768)
            if (b, t) != (64, 32768)] +
+          [Shape("smollm2", b, 9, 3, t, 64) for b in (1, 8, 64) for t in (1024, 8192)] +
           [Shape("mha_b128", 128, 32, 32, t, 128) for t in (128, 1024, 4096)])
 
 

@@ -186,7 +186,7 @@ std::vector<Command> add_bench_command(CLI::App& parent) {
   bench->add_option("--variant", a->variant, "Regex over decode variant names")->capture_default_str();
   bench->add_option("--schemes", a->schemes, "K/V storages: bf16, fp16, a scheme, or scheme:fbgemm, comma-separated")
       ->capture_default_str();
-  bench->add_option("--shapes", a->shapes, "Regex over shape labels (seed000, seed002, llama8b; seed000/B128/T8192)")->capture_default_str();
+  bench->add_option("--shapes", a->shapes, "Regex over shape labels (seed000, seed002, llama8b, smollm2; seed000/B128/T8192)")->capture_default_str();
   bench->add_option("--reps", a->reps, "Timed graph replays per case")->capture_default_str()->check(CLI::Range(30, 100000));
   bench->add_option("--splits", a->splits, "Key splits for the split-K variants (0: each variant's heuristic)")
       ->capture_default_str()

@@ -113,3 +113,12 @@ def test_flashinfer_pages_bytes_and_kernel_choice():
     assert pr.flashinfer_bytes(SEED000_B32, 2) == pr.bf16_bytes(SEED000_B32)
     assert pr.flashinfer_tensor_cores(SEED000_B32)
     assert not pr.flashinfer_tensor_cores(pr.Shape("mha", 2, 4, 4, 64, 128))
+
+
+def test_shape_labels_match_kvq_bench():
+    """--shapes is one regex for kvq bench and bench_peers.py: the labels must be the same."""
+    labels = [s.label for s in pr.SHAPES]
+    assert "seed000/B128/T8192" in labels and "smollm2/B8/T1024" in labels and "llama8b/B1/T1024" in labels
+    import re
+    assert [s.label for s in pr.SHAPES if re.search(r"llama8b/B(1|8)/T1024$", s.label)] == \
+        ["llama8b/B1/T1024", "llama8b/B8/T1024"]

@@ -133,3 +133,12 @@ def test_spearman_by_hand():
     assert which_scheme.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     # ranks [1, 2, 3] vs [1, 3, 2]: 1 - 6 * (0 + 1 + 1) / (3 * 8) = 0.5
     assert which_scheme.spearman([1, 2, 3], [5, 9, 7]) == pytest.approx(0.5)
+
+
+def test_a_bad_rope_pairs_attribute_is_refused(model, tmp_path):
+    assert run_capture(model, tmp_path / "d.h5", "--tokens", "12") == 0
+    with h5py.File(tmp_path / "d.h5", "a") as f:
+        f.attrs["rope_pairs"] = "sideways"
+    r = kvq_cli("inspect", tmp_path / "d.h5")
+    assert r.returncode == 3
+    assert "d.h5: / attribute rope_pairs: expected half or adjacent, got 'sideways'" in r.stderr

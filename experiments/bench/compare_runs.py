@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""No silent regressions: compares a device run's decode and quantize timings with the newest
+committed run of every row on the same GPU model, and lists each row more than --threshold slower or
+faster, with both commits.
+
+    python3 experiments/bench/compare_runs.py results/device/decode.csv results/device/quantize_bandwidth.csv \\
+        --results experiments/results [--threshold 0.05] [--csv FILE]
+
+A row is one timed case: decode (kvq bench / bench_peers.py schema) by shape, B, HQ, HKV, T, D,
+kernel, K and V scheme, layout and split count; quantize (kvq bench-quantize) by B, HKV, T, D, input
+dtype, scheme, layout and variant. Where a decode row's split count came from a heuristic that
+changed (one row for the case in each run), the rows are still compared and the change is named.
+The committed runs are every CSV of those schemas under --results whose gpu column names the same
+GPU; of several, the newest (by the git commit time of the file, or of the row's commit) holds a
+row's baseline. Rows that a file holds twice under one key (old files without a layout column held
+planar and FBGEMM-row storages of a scheme alike) are ambiguous and not compared.
+"""
+import argparse
+import csv
+import glob
+import os
+import subprocess
+import sys
+
+DECODE_KEY = ("shape", "B", "HQ", "HKV", "T", "D", "kernel", "k_scheme", "v_scheme", "layout")
+QUANTIZE_KEY = ("B", "HKV", "T", "D", "input_dtype", "scheme", "layout", "variant")
+
+
+def schema(header):
+    """'decode', 'quantize' or None, from a CSV header."""
+    if {"kernel", "k_scheme", "v_scheme", "median_us", "gpu"} <= set(header):
+        return "decode"
+    if {"variant", "scheme", "input_dtype", "median_us", "gpu"} <= set(header):
+        return "quantize"
+    return None
+
+
+def read_rows(path):
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        kind = schema(reader.fieldnames or [])
+        return kind, (list(reader) if kind else [])
+
+
+def row_key(kind, row):
+    fields = DECODE_KEY if kind == "decode" else QUANTIZE_KEY
+    return (kind,) + tuple(row.get(f, "") or "" for f in fields)
+
+
+def git_time(root, *args):
+    try:
+        out = subprocess.run(["git", "-C", root, "log", "-1", "--format=%ct", *args], capture_output=True, text=True,
+                             timeout=30)
+        return int(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def run_time(path, rows, root):
+    """When a committed run was made: its file's last commit, else its rows' commit, else 0."""
+    t = git_time(root, "--", os.path.relpath(path, root))
+    if t is None and rows and rows[0].get("commit"):
+        t = git_time(root, rows[0]["commit"])
+    return t or 0
+
+
+def index(rows, kind):
+    """{key: [rows]} with the split count kept per row."""
+    out = {}
+    for r in rows:
+        out.setdefault(row_key(kind, r), []).append(r)
+    return out
+
+
+def baselines(results, gpu, exclude, root):
+    """{key: (row, file)}: for every key, the row of the newest committed run on this GPU."""
+    runs = []
+    for path in glob.glob(os.path.join(results, "**", "*.csv"), recursive=True):
+        if os.path.abspath(path) in exclude:
+            continue
+        kind, rows = read_rows(path)
+        rows = [r for r in rows if r.get("gpu") == gpu and r.get("median_us")]
+        if rows:
+            runs.append((run_time(path, rows, root), path, kind, rows))
+    best = {}
+    for _, path, kind, rows in sorted(runs):  # oldest first: newer runs overwrite
+        for key, group in index(rows, kind).items():
+            by_splits = {}
+            for r in group:
+                by_splits.setdefault(r.get("splits", ""), []).append(r)
+            if any(len(g) > 1 for g in by_splits.values()):
+                best[key] = ("ambiguous", path)
+                continue
+            best[key] = (group, path)
+    return best
+
+
+def compare(new_rows, kind, base, threshold):
+    """[(ratio, key, new row, old row, note)] for rows beyond the threshold; and counts."""
+    flagged, compared, ambiguous, missing = [], 0, 0, 0
+    for key, group in index(new_rows, kind).items():
+        entry = base.get(key)
+        if entry is None:
+            missing += len(group)
+            continue
+        old_group, path = entry
+        if old_group == "ambiguous":
+            ambiguous += len(group)
+            continue
+        old_by_splits = {r.get("splits", ""): r for r in old_group}
+        for row in group:
+            old, note = old_by_splits.get(row.get("splits", "")), ""
+            if old is None and len(group) == 1 and len(old_group) == 1:
+                old = old_group[0]
+                note = f"splits {old.get('splits')} -> {row.get('splits')}"
+            if old is None:
+                missing += 1
+                continue
+            compared += 1
+            ratio = float(row["median_us"]) / float(old["median_us"])
+            if abs(ratio - 1) > threshold:
+                flagged.append((ratio, key, row, old, note, path))
+    return flagged, compared, ambiguous, missing
+
+
+def label(key, row):
+    kind = key[0]
+    if kind == "decode":
+        storage = row["k_scheme"] if row["k_scheme"] == row["v_scheme"] else f"{row['k_scheme']}/{row['v_scheme']}"
+        layout = f" [{row['layout']}]" if row.get("layout") and row["layout"] != "planar" else ""
+        splits = f" splits={row['splits']}" if row.get("splits") not in (None, "", "0") else ""
+        return f"decode {row['kernel']} {storage}{layout} {row['shape']}/B{row['B']}/T{row['T']}{splits}"
+    return f"quantize {row['variant']} {row['scheme']} {row['layout']} {row['input_dtype']} B{row['B']} Hkv{row['HKV']}"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv", nargs="+", help="the new run's decode.csv / quantize_bandwidth.csv")
+    ap.add_argument("--results", default="experiments/results", help="committed runs (default: %(default)s)")
+    ap.add_argument("--threshold", type=float, default=0.05, help="relative change to report (default: %(default)s)")
+    ap.add_argument("--csv-out", help="write every flagged row here")
+    args = ap.parse_args(argv)
+    try:  # the repository holding the committed runs, whose history orders them
+        top = subprocess.run(["git", "-C", args.results, "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=30)
+        root = top.stdout.strip() if top.returncode == 0 else args.results
+    except (OSError, subprocess.TimeoutExpired):
+        root = args.results
+    exclude = {os.path.abspath(p) for p in args.csv}
+    lines, flagged_all = [], []
+    for path in args.csv:
+        if not os.path.isfile(path):
+            print(f"compare_runs: error: {path}: no such file", file=sys.stderr)
+            return 2
+        kind, rows = read_rows(path)
+        if kind is None:
+            print(f"compare_runs: error: {path}: not a kvq bench or bench-quantize CSV", file=sys.stderr)
+            return 2
+        rows = [r for r in rows if r.get("median_us")]
+        if not rows:
+            lines.append(f"{path}: no timed rows")
+            continue
+        gpu = rows[0]["gpu"]
+        base = baselines(args.results, gpu, exclude, root)
+        flagged, compared, ambiguous, missing = compare(rows, kind, base, args.threshold)
+        flagged_all += flagged
+        slower = sorted((f for f in flagged if f[0] > 1), key=lambda f: -f[0])
+        faster = sorted((f for f in flagged if f[0] < 1), key=lambda f: f[0])
+        lines.append(f"{kind} rows vs the newest committed run on {gpu}: {compared} compared, {len(slower)} more than "
+                     f"{args.threshold:.0%} slower, {len(faster)} more than {args.threshold:.0%} faster "
+                     f"({missing} without a committed row, {ambiguous} ambiguous there)")
+        for title, group in (("slower", slower), ("faster", faster)):
+            for ratio, key, row, old, note, old_path in group:
+                lines.append(f"  [{title.upper()}] {label(key, row)}: {float(old['median_us']):.1f} -> "
+                             f"{float(row['median_us']):.1f} us ({ratio - 1:+.1%}; {old.get('commit', '?')} "
+                             f"{os.path.relpath(old_path, args.results)} -> {row.get('commit', '?')})"
+                             + (f" [{note}]" if note else ""))
+    print("\n".join(lines))
+    if args.csv_out:
+        with open(args.csv_out, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["kind", "case", "old_us", "new_us", "ratio", "old_commit", "new_commit", "old_file", "note"])
+            for ratio, key, row, old, note, old_path in flagged_all:
+                w.writerow([key[0], label(key, row), old["median_us"], row["median_us"], f"{ratio:.4f}",
+                            old.get("commit", ""), row.get("commit", ""), os.path.relpath(old_path, args.results), note])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

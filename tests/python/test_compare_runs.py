@@ -1,0 +1,89 @@
+"""experiments/bench/compare_runs.py: the device script's regression check against committed runs."""
+import csv
+import os
+import subprocess
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "experiments", "bench"))
+import compare_runs  # noqa: E402
+
+DECODE = ["shape", "B", "HQ", "HKV", "T", "D", "kernel", "k_scheme", "v_scheme", "layout", "splits", "median_us", "gpu",
+          "commit"]
+GPU = "NVIDIA H100 80GB HBM3"
+
+
+def decode_row(kernel, scheme, us, commit, splits=4, b=32, layout="planar", gpu=GPU):
+    return dict(zip(DECODE, ["seed000", b, 8, 1, 8192, 128, kernel, scheme, scheme, layout, splits, us, gpu, commit]))
+
+
+def write(path, rows, header=DECODE):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def git(repo, *args, date="2026-01-01T00:00:00"):
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t", "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})
+
+
+def test_flags_rows_against_the_newest_committed_run(tmp_path, capsys):
+    repo = tmp_path / "repo"
+    results = repo / "results"
+    git(tmp_path, "init", "-q", str(repo))
+    # the older run (its directory name sorts last, so only git's order can put it first)
+    write(results / "gpu" / "zz-old" / "decode.csv", [decode_row("decode-tc", "int8-head", 100.0, "aaa"),
+                                                      decode_row("decode-tc", "int4-head-asym", 50.0, "aaa")])
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "old")
+    write(results / "gpu" / "aa-new" / "decode.csv", [decode_row("decode-tc", "int8-head", 80.0, "bbb"),
+                                                      decode_row("cudnn", "bf16", 60.0, "bbb", splits=0),
+                                                      decode_row("decode-tc", "int8-head", 10.0, "bbb", gpu="A100")])
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "new", date="2026-02-01T00:00:00")
+    new = tmp_path / "run" / "decode.csv"
+    write(new, [decode_row("decode-tc", "int8-head", 90.0, "ccc"),           # vs 80 (newest), not 100: +12.5 %
+                decode_row("decode-tc", "int4-head-asym", 51.0, "ccc"),      # vs 50: +2 %, within 5 %
+                decode_row("cudnn", "bf16", 50.0, "ccc", splits=0),          # vs 60: -16.7 %
+                decode_row("decode-tc", "bf16", 70.0, "ccc", splits=3)])     # no committed row
+    assert compare_runs.main([str(new), "--results", str(results), "--csv-out", str(tmp_path / "flagged.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "3 compared, 1 more than 5% slower, 1 more than 5% faster (1 without a committed row, 0 ambiguous" in out
+    assert "[SLOWER] decode decode-tc int8-head seed000/B32/T8192 splits=4: 80.0 -> 90.0 us (+12.5%; bbb gpu/aa-new" in out
+    assert "[FASTER] decode cudnn bf16 seed000/B32/T8192: 60.0 -> 50.0 us (-16.7%; bbb" in out
+    flagged = list(csv.DictReader(open(tmp_path / "flagged.csv")))
+    assert [(r["old_commit"], r["new_commit"]) for r in flagged] == [("bbb", "ccc"), ("bbb", "ccc")]
+
+
+def test_a_changed_split_heuristic_is_compared_and_named(tmp_path, capsys):
+    results = tmp_path / "results"
+    write(results / "gpu" / "run" / "decode.csv", [decode_row("decode-tc", "int8-head", 100.0, "aaa", splits=8)])
+    new = tmp_path / "decode.csv"
+    write(new, [decode_row("decode-tc", "int8-head", 120.0, "bbb", splits=6)])
+    compare_runs.main([str(new), "--results", str(results)])
+    out = capsys.readouterr().out
+    assert "100.0 -> 120.0 us (+20.0%" in out and "[splits 8 -> 6]" in out
+
+
+def test_rows_a_file_holds_twice_are_ambiguous(tmp_path, capsys):
+    header = [c for c in DECODE if c != "layout"]  # an old file: FBGEMM rows and planar look alike
+    rows = [{k: v for k, v in decode_row("decode-tc", "int4-head-asym", us, "aaa").items() if k != "layout"}
+            for us in (50.0, 70.0)]
+    write(tmp_path / "results" / "old" / "decode.csv", rows, header)
+    new = tmp_path / "decode.csv"
+    write(new, [{k: v for k, v in decode_row("decode-tc", "int4-head-asym", 90.0, "b").items() if k != "layout"}],
+          header)
+    compare_runs.main([str(new), "--results", str(tmp_path / "results")])
+    assert "0 compared, 0 more than 5% slower, 0 more than 5% faster (0 without a committed row, 1 ambiguous" in \
+        capsys.readouterr().out
+
+
+def test_bad_inputs(tmp_path, capsys):
+    assert compare_runs.main([str(tmp_path / "absent.csv")]) == 2
+    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
+    assert compare_runs.main([str(tmp_path / "x.csv")]) == 2
+    assert "not a kvq bench or bench-quantize CSV" in capsys.readouterr().err
