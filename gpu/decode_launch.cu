@@ -30,23 +30,37 @@ extern template TcEntry tc_entry_for_v<KvFormat::kFp8E5m2>(KvFormat);
 
 // One CTA per (b, query head), one thread per d: O = sum_s exp(LSE_s - LSE) O_s over the splits
 // that saw keys, in split order (DESIGN.md's merge; reference/attention.cpp merge_partials).
+// At small batches this kernel is a chain of dependent loads, so the split LSEs are loaded by all
+// threads at once into shared memory and the weights computed once, not per split and output; the
+// arithmetic and its order are unchanged (the same bits).
 __global__ void merge_splits_kernel(const DecodeParams p) {
+  extern __shared__ float split_lse[];  // [splits]: LSE_s, then the weights exp(LSE_s - LSE)
+  __shared__ float merged_lse;
   const int64_t bh = blockIdx.x;
   const int64_t stride = p.batch * p.q_heads;
-  float mx = -INFINITY;
-  for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, p.partial_lse[s * stride + bh]);
-  float lse = -INFINITY, sum = 0.0f;
-  if (mx != -INFINITY) {
-    for (int s = 0; s < p.splits; ++s) sum += exp_natural(p.partial_lse[s * stride + bh] - mx);
-    lse = mx + logf(sum);
+  for (int s = threadIdx.x; s < p.splits; s += blockDim.x) split_lse[s] = p.partial_lse[s * stride + bh];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float mx = -INFINITY;
+    for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, split_lse[s]);
+    float lse = -INFINITY, sum = 0.0f;
+    if (mx != -INFINITY) {
+      for (int s = 0; s < p.splits; ++s) sum += exp_natural(split_lse[s] - mx);
+      lse = mx + logf(sum);
+    }
+    merged_lse = lse;
   }
+  __syncthreads();
+  const float lse = merged_lse;
+  for (int s = threadIdx.x; s < p.splits; s += blockDim.x) split_lse[s] = exp_natural(split_lse[s] - lse);
+  __syncthreads();
   for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
     float o = 0.0f;
-    if (mx != -INFINITY)
-      for (int s = 0; s < p.splits; ++s) {
-        const float w = exp_natural(p.partial_lse[s * stride + bh] - lse);
-        o = __fmaf_rn(w, p.partial_o[(s * stride + bh) * p.head_dim + d], o);
-      }
+    if (lse != -INFINITY) {
+      const float* po = p.partial_o + bh * p.head_dim + d;
+#pragma unroll 8
+      for (int s = 0; s < p.splits; ++s) o = __fmaf_rn(split_lse[s], po[s * stride * p.head_dim], o);
+    }
     p.out[bh * p.head_dim + d] = fp32_to_bf16_bits(o);
   }
   if (threadIdx.x == 0) p.lse[bh] = lse;
@@ -170,6 +184,8 @@ std::string cuda_core_unsupported_reason(const DecodeParams& p) {
 }
 
 std::string decode_unsupported_reason(const Scheme& s, int head_dim, bool fbgemm_rows) {
+  if (s.block_format())
+    return fmt::format("{}: no decode kernel reads llama.cpp's or the FP4 block formats yet (CPU codec only)", to_string(s));
   if (!decode_head_dim_supported(head_dim))
     return fmt::format("head_dim {} (decode kernels take 8, 64, 128 or 256)", head_dim);
   if (s.granularity == Granularity::kGroup && s.group % kDecodeChunk != 0)
@@ -430,7 +446,8 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     DecodeParams merge = p;
     merge.splits = splits;
     const int threads = std::min(p.head_dim, 128);
-    detail::merge_splits_kernel<<<static_cast<unsigned>(p.batch * p.q_heads), threads, 0, stream>>>(merge);
+    detail::merge_splits_kernel<<<static_cast<unsigned>(p.batch * p.q_heads), threads,
+                                  static_cast<size_t>(splits) * sizeof(float), stream>>>(merge);
     KVQ_CHECK_LAUNCH();
   }
 }
