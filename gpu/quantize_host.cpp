@@ -49,6 +49,9 @@ QuantizeWorkspace::QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme
                                      const std::vector<int32_t>& seq_lens)
     : input_(input) {
   require_device();
+  if (scheme.block_format())
+    throw SchemeError(fmt::format("{}: no GPU quantize kernel implements llama.cpp's or the FP4 block formats yet; the "
+                                  "CPU codec does (kvq quantize, kvq.quantize)", to_string(scheme)));
   check_scheme_fits(scheme, static_cast<int>(input.shape.head_dim));
   const KvShape& s = input.shape;
   if (!seq_lens.empty() && static_cast<int64_t>(seq_lens.size()) != s.batch)

@@ -252,7 +252,9 @@ def plot_eval(rows, out_dir, title=""):
                                                            "(mean over heads and layers)")):
         y = rows[column].to_numpy()
         for i, r in rows.iterrows():
-            bits = 8 if "int8" in r.k_scheme else 4 if "int4" in r.k_scheme else 80 if "fp8" in r.k_scheme else 16
+            k = r.k_scheme
+            bits = (8 if "int8" in k or k.startswith("q8_0") else 80 if "fp8" in k
+                    else 4 if "int4" in k or k.startswith(("q4_", "q5_", "iq4_nl", "mxfp4", "nvfp4")) else 16)
             color = {8: "tab:blue", 4: "tab:red", 80: "tab:purple", 16: "gray"}[bits]
             ax.scatter(x[i], y[i], color=color, edgecolor="black", linewidth=0.5, zorder=3)
             name = r.k_scheme if r.k_scheme == r.v_scheme else f"{r.k_scheme} / {r.v_scheme}"

@@ -12,11 +12,15 @@
 #include <nanobind/stl/vector.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <array>
 #include <variant>
 
 #include "python/arrays.hpp"
+#include "quant/fbgemm_layout.hpp"
+#include "quant/block_quantize.hpp"
+#include "quant/ggml_layout.hpp"
 #include "quant/hadamard.hpp"
 #include "quant/quantize.hpp"
 #include "quant/scheme_pairs.hpp"
@@ -40,17 +44,21 @@ KvShape to_kv_shape(const Shape4& s) { return {s[0], s[1], s[2], s[3]}; }
 
 // A quantized tensor: the planar codes, scales and zero points, and the dequantized values.
 // Arrays are read-only views of this object (no copies); scales and zero points are given in
-// the scheme's scale dtype, exactly as `kvq quantize` stores them.
+// the scheme's scale dtype, exactly as `kvq quantize` stores them (e8m0 / e4m3: the bytes).
 struct QuantizeResult {
   QuantizedKv q;
   std::vector<float> dequantized;
   std::vector<uint16_t> scale_bits, zero_bits;  // fp16 schemes: the stored halves
+  std::vector<uint8_t> scale_bytes;             // e8m0 / e4m3 scales (mxfp4, nvfp4)
 
   explicit QuantizeResult(QuantizedKv quantized) : q(std::move(quantized)) {
     dequantized = dequantize(q);
-    if (q.scheme.scale_dtype == ScaleDtype::kFp16) {
+    const ScaleDtype dt = q.scheme.scale_dtype;
+    if (dt == ScaleDtype::kFp16) {
       for (float s : q.scales) scale_bits.push_back(fp32_to_fp16_bits(s));
       for (float z : q.zeros) zero_bits.push_back(fp32_to_fp16_bits(z));
+    } else if (dt == ScaleDtype::kE8M0 || dt == ScaleDtype::kE4M3) {
+      for (float s : q.scales) scale_bytes.push_back(scale_byte(dt, s));
     }
   }
   Shape4 shape() const { return {q.shape.batch, q.shape.heads, q.shape.tokens, q.shape.head_dim}; }
@@ -59,21 +67,54 @@ struct QuantizeResult {
 nb::object params_view(const QuantizeResult& r, const std::vector<float>& values, const std::vector<uint16_t>& bits,
                        nb::handle owner) {
   const std::vector<int64_t> shape = scale_shape(r.q.scheme, r.q.shape);
+  if (r.q.scheme.scale_dtype == ScaleDtype::kE8M0 || r.q.scheme.scale_dtype == ScaleDtype::kE4M3)
+    return readonly_view(r.scale_bytes.data(), shape, nb::dtype<uint8_t>(), owner);
   if (r.q.scheme.scale_dtype == ScaleDtype::kFp16) return readonly_view(bits.data(), shape, kFloat16, owner);
   return readonly_view(values.data(), shape, nb::dtype<float>(), owner);
+}
+
+// "[2, 3, 4]", as shape_string() writes an array's shape.
+std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+// e8m0 / e4m3 scales as their uint8 bytes (mxfp4, nvfp4), checked to be finite scales.
+std::vector<float> byte_scales(const AnyArray& scales, const Scheme& scheme, const std::vector<int64_t>& want) {
+  if (scales.dtype() != nb::dtype<uint8_t>() || shape_string(scales) != shape_text(want))
+    throw InputError(fmt::format("{}: scales: expected the {} bytes as uint8 {}, got {} {}", to_string(scheme),
+                                 scale_dtype_name(scheme.scale_dtype), shape_text(want), dtype_name(scales.dtype()),
+                                 shape_string(scales)));
+  std::vector<float> values;
+  for (uint8_t byte : contiguous_bytes(scales, "scales")) {
+    const float v = scale_from_byte(scheme.scale_dtype, byte);
+    if (!is_finite_float(v) || (scheme.scale_dtype == ScaleDtype::kE4M3 && (byte & 0x80)))
+      throw InputError(fmt::format("{}: scales[{}] = {:#04x} is not a finite {} scale", to_string(scheme),
+                                   values.size(), byte, scale_dtype_name(scheme.scale_dtype)));
+    values.push_back(v);
+  }
+  return values;
+}
+
+// nvfp4's tensor scale: required there, refused elsewhere.
+float tensor_scale_for(const Scheme& scheme, std::optional<float> tensor_scale) {
+  if (scheme.format == CodeFormat::kNvfp4 && !tensor_scale)
+    throw InputError("nvfp4: tensor_scale (the per-tensor fp32 scale) must be given with the codes and scales");
+  if (scheme.format != CodeFormat::kNvfp4 && tensor_scale)
+    throw InputError(fmt::format("{}: tensor_scale is given, but only nvfp4 has one", to_string(scheme)));
+  if (tensor_scale && !(is_finite_float(*tensor_scale) && *tensor_scale >= 0.0f))
+    throw InputError(fmt::format("nvfp4: tensor_scale {} must be finite and >= 0", *tensor_scale));
+  return tensor_scale.value_or(0.0f);
 }
 
 // Builds a QuantizedKv from arrays (e.g. read back from `kvq quantize` output), checking every
 // shape against the scheme.
 QuantizedKv quantized_from_arrays(const AnyArray& codes, const AnyArray& scales, const std::optional<AnyArray>& zeros,
-                                  const Scheme& scheme) {
+                                  const Scheme& scheme, std::optional<float> tensor_scale) {
   QuantizedKv q;
   q.scheme = scheme;
   if (scheme.has_window())  // the window's full-precision values are not among these arrays
     throw InputError(fmt::format("{}: a +w<W> result cannot be rebuilt from codes and scales alone", to_string(scheme)));
   if (codes.ndim() != 4)
-    throw InputError(fmt::format("codes: expected 4 axes [B, H, T, D{}], got {}", scheme.bits == 4 ? "/2" : "",
-                                 shape_string(codes)));
+    throw InputError(fmt::format("codes: expected 4 axes [B, H, T, D{}], got {}",
+                                 scheme.bits == 4 ? "/2" : scheme.bits == 5 ? "*5/8" : "", shape_string(codes)));
   const nb::dlpack::dtype dt = codes.dtype();
   if (dt != nb::dtype<uint8_t>() && dt != nb::dtype<int8_t>())
     throw InputError(fmt::format("codes: expected uint8 or int8, got {}", dtype_name(dt)));
@@ -81,18 +122,23 @@ QuantizedKv quantized_from_arrays(const AnyArray& codes, const AnyArray& scales,
   q.shape = {static_cast<int64_t>(codes.shape(0)), static_cast<int64_t>(codes.shape(1)),
              static_cast<int64_t>(codes.shape(2)), row_bytes * 8 / scheme.bits};
   check_scheme_fits(scheme, static_cast<int>(q.shape.head_dim));
+  if (code_bytes_per_row(scheme, q.shape.head_dim) != row_bytes)
+    throw InputError(fmt::format("{}: codes: {} bytes per row is not a whole number of elements", to_string(scheme),
+                                 row_bytes));
   q.codes = contiguous_bytes(codes, "codes");
+  q.tensor_scale = tensor_scale_for(scheme, tensor_scale);
   const std::vector<int64_t> want = scale_shape(scheme, q.shape);
-  q.scales = float_values(scales, "scales", want);
+  const bool byte_dtype = scheme.scale_dtype == ScaleDtype::kE8M0 || scheme.scale_dtype == ScaleDtype::kE4M3;
+  q.scales = byte_dtype ? byte_scales(scales, scheme, want) : float_values(scales, "scales", want);
   if (scheme.asymmetric != zeros.has_value())
     throw InputError(fmt::format("{}: zero_points must be given for asymmetric schemes only", to_string(scheme)));
   if (zeros) q.zeros = float_values(*zeros, "zero_points", want);
   for (const auto& [name, values] : {std::pair{"scales", &q.scales}, std::pair{"zero_points", &q.zeros}})
     for (size_t i = 0; i < values->size(); ++i) {
       const float x = (*values)[i];
-      if (!is_finite_float(x) || round_to_scale_dtype(x, scheme.scale_dtype) != x)
+      if (!byte_dtype && (!is_finite_float(x) || round_to_scale_dtype(x, scheme.scale_dtype) != x))
         throw InputError(fmt::format("{}: {}[{}] = {} is not a finite {} value", to_string(scheme), name, i, x,
-                                     scheme.scale_dtype == ScaleDtype::kFp16 ? "float16" : "float32"));
+                                     scale_dtype_name(scheme.scale_dtype)));
     }
   return q;
 }
@@ -155,16 +201,16 @@ void bind_scheme(nb::module_& m) {
                    "tensor, token, head, group or channel")
       .def_ro("group", &Scheme::group, "G for g<G>, N (tokens) for chan-t<N>, else 0")
       .def_ro("asymmetric", &Scheme::asymmetric)
-      .def_prop_ro("format",
-                   [](const Scheme& s) {
-                     return s.format == CodeFormat::kInt ? "int" : s.format == CodeFormat::kFp8E4M3 ? "fp8-e4m3" : "fp8-e5m2";
-                   })
+      .def_prop_ro("format", [](const Scheme& s) { return format_name(s); },
+                   "int, fp8-e4m3, fp8-e5m2, or the block format's name (q8_0 ... nvfp4)")
+      .def_prop_ro("block_format", [](const Scheme& s) { return s.block_format(); },
+                   "llama.cpp's types and mxfp4 / nvfp4: blocks of group elements along D, each by its reference rule")
       .def_ro("scale_free", &Scheme::scale_free, "scale-free FP8 (no scale stored)")
       .def_ro("hadamard", &Scheme::hadamard, "+had: rotated along D before quantization")
       .def_prop_ro("window", [](const Scheme& s) { return s.has_window() ? std::optional<int>(s.window) : std::nullopt; },
                    "+w<W>: the last W tokens kept in full precision, else None")
-      .def_prop_ro("scale_dtype",
-                   [](const Scheme& s) { return s.scale_dtype == ScaleDtype::kFp16 ? "float16" : "float32"; })
+      .def_prop_ro("scale_dtype", [](const Scheme& s) { return scale_dtype_name(s.scale_dtype); },
+                   "float16, float32, e8m0 (mxfp4) or e4m3 (nvfp4)")
       .def("fits", [](const Scheme& s, int head_dim) { check_scheme_fits(s, head_dim); }, "head_dim"_a,
            "Raises SchemeError when the scheme cannot quantize tensors with this head_dim")
       .def("__str__", [](const Scheme& s) { return to_string(s); })
@@ -191,11 +237,12 @@ void bind_codec(nb::module_& m) {
       .def(
           "__init__",
           [](QuantizeResult* self, const AnyArray& codes, const AnyArray& scales, std::optional<AnyArray> zero_points,
-             const SchemeArg& scheme) {
-            new (self) QuantizeResult(quantized_from_arrays(codes, scales, zero_points, to_scheme(scheme)));
+             const SchemeArg& scheme, std::optional<float> tensor_scale) {
+            new (self) QuantizeResult(quantized_from_arrays(codes, scales, zero_points, to_scheme(scheme), tensor_scale));
           },
-          "codes"_a, "scales"_a, "zero_points"_a = nb::none(), nb::kw_only(), "scheme"_a,
-          "From stored arrays (e.g. `kvq quantize` output read with h5py); shapes are checked against the scheme")
+          "codes"_a, "scales"_a, "zero_points"_a = nb::none(), nb::kw_only(), "scheme"_a, "tensor_scale"_a = nb::none(),
+          "From stored arrays (e.g. `kvq quantize` output read with h5py); shapes are checked against the scheme. "
+          "nvfp4 also takes its per-tensor scale")
       .def_prop_ro("scheme", [](const QuantizeResult& r) { return r.q.scheme; })
       .def_prop_ro(
           "shape",
@@ -214,8 +261,9 @@ void bind_codec(nb::module_& m) {
             return readonly_view(r.q.codes.data(), {x.batch, x.heads, x.tokens, x.head_dim * s.bits / 8},
                                  signed_codes ? nb::dtype<int8_t>() : nb::dtype<uint8_t>(), self);
           },
-          "int8 [B,H,T,D] (int8 symmetric), uint8 [B,H,T,D] (int8 asymmetric; FP8 bytes) or packed uint8 "
-          "[B,H,T,D/2] (int4: element 2i in the low nibble)")
+          "int8 [B,H,T,D] (int8 symmetric, q8_0), uint8 [B,H,T,D] (int8 asymmetric; FP8 bytes), packed uint8 "
+          "[B,H,T,D/2] (int4 and the 4-bit block formats: element 2i in the low nibble) or uint8 [B,H,T,5D/8] (q5_0, "
+          "q5_1: the low nibbles as int4, then the fifth bits, element d at bit d%8 of byte D/2 + d/8)")
       .def_prop_ro(
           "scales",
           [](nb::handle self) {
@@ -230,7 +278,14 @@ void bind_codec(nb::module_& m) {
             if (!r.q.scheme.asymmetric) return nb::none();
             return params_view(r, r.q.zeros, r.zero_bits, self);
           },
-          "Zero point per group (asymmetric schemes), else None")
+          "Zero point per group (asymmetric schemes; q4_1 / q5_1: the block's min), else None")
+      .def_prop_ro(
+          "tensor_scale",
+          [](const QuantizeResult& r) -> std::optional<float> {
+            if (r.q.scheme.format != CodeFormat::kNvfp4) return std::nullopt;
+            return r.q.tensor_scale;
+          },
+          "nvfp4: the fp32 per-tensor scale s_t (amax / (6 * 448) unless given), else None")
       .def_prop_ro(
           "dequantized",
           [](nb::handle self) {
@@ -248,16 +303,54 @@ void bind_codec(nb::module_& m) {
 
   m.def(
       "quantize",
-      [](const AnyArray& x, const SchemeArg& scheme, const std::string& name, const std::string& layout) {
+      [](const AnyArray& x, const SchemeArg& scheme, const std::string& name, const std::string& layout,
+         std::optional<float> tensor_scale) {
         const Scheme s = to_scheme(scheme);
         const Fp32Tensor t = fp32_tensor(x, name, layout);
         nb::gil_scoped_release release;
-        return QuantizeResult(quantize(t.view, s, name));
+        return QuantizeResult(quantize(t.view, s, name, nullptr, tensor_scale));
       },
-      "x"_a, "scheme"_a, nb::kw_only(), "name"_a = "x", "layout"_a = "bnsh",
+      "x"_a, "scheme"_a, nb::kw_only(), "name"_a = "x", "layout"_a = "bnsh", "tensor_scale"_a = nb::none(),
       "Quantizes x [B, H, T, D] (layout 'bnsh'; 'bsnh' for [B, T, H, D]) with a scheme. float32 input is read in "
       "place; float16, bfloat16 (torch) are converted exactly, float64 is rounded to float32 (the codec's input). "
-      "Raises InputError for non-finite values or a scale beyond the scale dtype, naming `name` and the index.");
+      "Raises InputError for non-finite values or a scale beyond the scale dtype, naming `name` and the index. "
+      "tensor_scale: nvfp4's per-tensor scale s_t (default: amax / (6 * 448) of x).");
+  m.def(
+      "to_ggml_blocks",
+      [](const QuantizeResult& r) {
+        const GgmlRows rows = to_ggml(r.q);  // SchemeError when the scheme has no ggml blocks
+        return owned_array(rows.bytes, {rows.shape.batch, rows.shape.tokens, rows.shape.heads, rows.row_bytes});
+      },
+      "result"_a,
+      "A block-format result (q8_0 ... nvfp4) as ggml's block structs, as a llama.cpp cache row holds them: uint8 "
+      "[B, T, H, D/32 * sizeof(block)] (nvfp4: ggml's block_nvfp4 of 64; its tensor scale is result.tensor_scale)");
+  m.def(
+      "from_ggml_blocks",
+      [](const AnyArray& blocks, const SchemeArg& scheme, const Shape4& shape, std::optional<float> tensor_scale) {
+        GgmlRows rows;
+        rows.scheme = to_scheme(scheme);
+        rows.shape = to_kv_shape(shape);
+        rows.row_bytes = ggml_row_bytes(rows.scheme, rows.shape.head_dim);
+        const std::string want = shape_text({rows.shape.batch, rows.shape.tokens, rows.shape.heads, rows.row_bytes});
+        if (blocks.dtype() != nb::dtype<uint8_t>() || shape_string(blocks) != want)
+          throw InputError(fmt::format("blocks: expected uint8 [B, T, H, row bytes] = {}, got {} {}", want,
+                                       dtype_name(blocks.dtype()), shape_string(blocks)));
+        rows.bytes = contiguous_bytes(blocks, "blocks");
+        rows.tensor_scale = tensor_scale_for(rows.scheme, tensor_scale);
+        return QuantizeResult(from_ggml(rows));
+      },
+      "blocks"_a, "scheme"_a, "shape"_a, nb::kw_only(), "tensor_scale"_a = nb::none(),
+      "The inverse of to_ggml_blocks: ggml block bytes [B, T, H, row bytes] of a [B, H, T, D] tensor as a "
+      "QuantizeResult (nvfp4 needs its tensor_scale)");
+  m.def(
+      "fbgemm_rows",
+      [](const QuantizeResult& r) {
+        const FbgemmRows rows = to_fbgemm(r.q);  // SchemeError when the scheme has no FBGEMM layout
+        return owned_array(rows.bytes, {rows.shape.batch, rows.shape.tokens, rows.shape.heads, rows.row_bytes});
+      },
+      "result"_a,
+      "The result in FBGEMM's inline-row layout (DESIGN.md Storage): uint8 [B, T, H, D/2 + 4n], each row n x "
+      "(fp16 scale, fp16 shift) then the packed codes; int4 asymmetric head or g<G> schemes with D/G in {1, 2, 4, 8}");
   m.def(
       "dequantize", [](const QuantizeResult& r) { return owned_array(dequantize(r.q), {r.q.shape.batch, r.q.shape.heads, r.q.shape.tokens, r.q.shape.head_dim}); },
       "result"_a, "Decodes codes, scales and zero points again: float32 [B, H, T, D]");

@@ -33,9 +33,13 @@ struct KvView {
 struct QuantizedKv {
   Scheme scheme;
   KvShape shape;
-  std::vector<uint8_t> codes;  // int8: [B, H, T, D] bytes; int4: [B, H, T, D/2] packed nibbles
+  // int8: [B, H, T, D] bytes; int4: [B, H, T, D/2] packed nibbles; 5-bit (q5_0, q5_1): [B, H, T, 5D/8],
+  // each row the D/2 bytes of low nibbles as int4 then D/8 bytes of the fifth bits (element d: bit d%8
+  // of byte D/2 + d/8).
+  std::vector<uint8_t> codes;
   std::vector<float> scales;   // [num_groups(scheme, shape)], values exact in scheme.scale_dtype
-  std::vector<float> zeros;    // [num_groups] for asymmetric schemes, empty otherwise
+  std::vector<float> zeros;    // [num_groups] for asymmetric schemes (q4_1 / q5_1: the min), empty otherwise
+  float tensor_scale = 0.0f;   // nvfp4: the fp32 per-tensor scale s_t; 0 otherwise
   // +wW: tokens t >= quantized_tokens[b] keep their input values (rotated when +had) in
   // window_values and have code 0. Both empty without a window.
   std::vector<int32_t> quantized_tokens;  // [B]
@@ -44,9 +48,11 @@ struct QuantizedKv {
   bool quantized_at(int64_t b, int64_t t) const { return quantized_tokens.empty() || t < quantized_tokens[b]; }
   int code(int64_t b, int64_t h, int64_t t, int64_t d) const {
     const int64_t row = (b * shape.heads + h) * shape.tokens + t;
-    if (scheme.bits == 8) return byte_to_code(codes[row * shape.head_dim + d], scheme.asymmetric || scheme.fp8());
-    const uint8_t byte = codes[row * (shape.head_dim / 2) + d / 2];
-    return nibble_to_code(d % 2 ? byte >> 4 : byte, scheme.asymmetric);
+    const uint8_t* r = codes.data() + row * code_bytes_per_row(scheme, shape.head_dim);
+    if (scheme.bits == 8) return byte_to_code(r[d], !scheme.signed_codes());
+    const int low = nibble_to_code(d % 2 ? r[d / 2] >> 4 : r[d / 2], !scheme.signed_codes());
+    if (scheme.bits == 4) return low;
+    return low | (((r[shape.head_dim / 2 + d / 8] >> (d % 8)) & 1) << 4);  // 5-bit
   }
   // Scale and zero point of a group, for decode(). No reciprocal is computed (that would put a
   // division per element into dequantize); encode() with these params divides instead, exactly.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "quant/block_quantize.hpp"
 #include "quant/hadamard.hpp"
 
 namespace kvq {
@@ -51,8 +52,9 @@ std::string overflow_message(const std::string& tensor_name, const Scheme& schem
                              const GroupStats& stats) {
   return fmt::format(
       "{}: {} group {} starting at {} (min {}, max {}) needs a scale or zero point beyond the range of its scale "
-      "dtype; use -fp32 scales",
-      tensor_name, to_string(scheme), group, index_string(box.b0, box.h0, box.t0, box.d0), stats.lo(), stats.hi());
+      "dtype; {}",
+      tensor_name, to_string(scheme), group, index_string(box.b0, box.h0, box.t0, box.d0), stats.lo(), stats.hi(),
+      scheme.block_format() ? "this block format stores fp16 (largest 65504)" : "use -fp32 scales");
 }
 
 namespace {
@@ -129,7 +131,10 @@ std::vector<int32_t> window_boundaries(const Scheme& scheme, const KvShape& shap
   return qlen;
 }
 
-QuantizedKv quantize(const KvView& input, const Scheme& scheme, const std::string& tensor_name, const int32_t* seq_lens) {
+QuantizedKv quantize(const KvView& input, const Scheme& scheme, const std::string& tensor_name, const int32_t* seq_lens,
+                     std::optional<float> tensor_scale) {
+  if (tensor_scale && scheme.format != CodeFormat::kNvfp4)
+    throw InputError(fmt::format("{}: a tensor scale is given, but only nvfp4 takes one", to_string(scheme)));
   check_scheme_fits(scheme, static_cast<int>(input.shape.head_dim));
   check_finite(input, tensor_name);
   const KvShape& s = input.shape;
@@ -141,6 +146,10 @@ QuantizedKv quantize(const KvView& input, const Scheme& scheme, const std::strin
   q.scheme = scheme;
   q.shape = s;
   q.quantized_tokens = window_boundaries(scheme, s, seq_lens);
+  if (scheme.block_format()) {
+    quantize_blocks(x, q, tensor_name, tensor_scale);
+    return q;
+  }
   const std::vector<GroupStats> stats = group_stats(x, scheme, q.quantized_tokens);
   const int64_t n = static_cast<int64_t>(stats.size());
   q.scales.resize(n);
@@ -183,9 +192,9 @@ std::vector<float> dequantize(const QuantizedKv& q) {
     const int64_t b = r / (s.heads * s.tokens), h = (r / s.tokens) % s.heads, t = r % s.tokens;
     for (int64_t d = 0; d < s.head_dim; ++d)
       out[r * s.head_dim + d] =
-          q.quantized_at(b, t)
-              ? decode(q.code(b, h, t, d), q.params(group_of(q.scheme, s, b, h, t, d)), q.scheme)
-              : q.window_values[r * s.head_dim + d];
+          !q.quantized_at(b, t)   ? q.window_values[r * s.head_dim + d]
+          : q.scheme.block_format() ? block_value(q, b, h, t, d)
+                                    : decode(q.code(b, h, t, d), q.params(group_of(q.scheme, s, b, h, t, d)), q.scheme);
   }
   return out;
 }

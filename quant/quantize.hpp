@@ -1,6 +1,8 @@
 // CPU quantize / dequantize of whole K/V tensors (OpenMP), built on the scalar codec.
 #pragma once
 
+#include <optional>
+
 #include "quant/kv_tensor.hpp"
 
 namespace kvq {
@@ -10,8 +12,12 @@ namespace kvq {
 // scale dtype, and SchemeError when the scheme does not fit the head_dim.
 // +had rotates x along D first (what is stored, and dequantized, is the rotated tensor); +wW keeps
 // the last W tokens of each sequence (lengths `seq_lens` [B], nullptr: all T) in full precision.
+// Block formats (q8_0 ... nvfp4) follow their reference rules (quant/block_formats.hpp); nvfp4's
+// per-tensor scale is `tensor_scale` when given (a calibrated s_t, e.g. for a cache quantized as it
+// grows), else amax / (6 * 448) over the quantized elements of x. InputError when another scheme
+// is given a tensor scale.
 QuantizedKv quantize(const KvView& x, const Scheme& scheme, const std::string& tensor_name,
-                     const int32_t* seq_lens = nullptr);
+                     const int32_t* seq_lens = nullptr, std::optional<float> tensor_scale = std::nullopt);
 
 // Dequantized values, BNSH [B, H, T, D]; in the rotated basis for +had schemes (H is its own
 // inverse: hadamard_rotate each row to return to the input basis).

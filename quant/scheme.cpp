@@ -4,8 +4,35 @@
 
 #include <charconv>
 
+#include "quant/block_formats.hpp"
+
 namespace kvq {
 namespace {
+
+// The block formats by name; each is the group granularity with its block as the group.
+struct BlockName {
+  const char* name;
+  CodeFormat format;
+  int bits;
+  bool has_min;  // q4_1 / q5_1 store a min beside the scale: kvq's zero point, hence "asymmetric"
+  ScaleDtype scale_dtype;
+};
+constexpr BlockName kBlockNames[] = {
+    {"q8_0", CodeFormat::kQ8_0, 8, false, ScaleDtype::kFp16},
+    {"q4_0", CodeFormat::kQ4_0, 4, false, ScaleDtype::kFp16},
+    {"q4_1", CodeFormat::kQ4_1, 4, true, ScaleDtype::kFp16},
+    {"q5_0", CodeFormat::kQ5_0, 5, false, ScaleDtype::kFp16},
+    {"q5_1", CodeFormat::kQ5_1, 5, true, ScaleDtype::kFp16},
+    {"iq4_nl", CodeFormat::kIq4Nl, 4, false, ScaleDtype::kFp16},
+    {"mxfp4", CodeFormat::kMxfp4, 4, false, ScaleDtype::kE8M0},
+    {"nvfp4", CodeFormat::kNvfp4, 4, false, ScaleDtype::kE4M3},
+};
+
+const BlockName* find_block_name(std::string_view name) {
+  for (const BlockName& b : kBlockNames)
+    if (name == b.name) return &b;
+  return nullptr;
+}
 
 std::vector<std::string_view> split(std::string_view s, char sep) {
   std::vector<std::string_view> parts;
@@ -29,8 +56,8 @@ int parse_positive(std::string_view digits) {
 [[noreturn]] void bad(std::string_view name, std::string_view why) {
   throw SchemeError(fmt::format(
       "unknown scheme '{}': {} (expected int8|int4 - tensor|token|head|g<G>|chan-t<N> [-sym|-asym] [-fp16|-fp32], "
-      "or fp8-e4m3|fp8-e5m2 [- tensor|token|head|g<G> [-fp16|-fp32]], then optionally +had and +w<W>, e.g. "
-      "int4-g32-asym, fp8-e4m3-head, int4-chan-t32-asym+w128)",
+      "or fp8-e4m3|fp8-e5m2 [- tensor|token|head|g<G> [-fp16|-fp32]], or q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl|mxfp4|nvfp4, "
+      "then optionally +had and +w<W>, e.g. int4-g32-asym, fp8-e4m3-head, int4-chan-t32-asym+w128, q4_0+had)",
       name, why));
 }
 
@@ -65,6 +92,18 @@ Scheme parse_base(std::string_view name, std::string_view base) {
   const std::vector<std::string_view> parts = split(base, '-');
   Scheme s;
   size_t next = 2;
+  if (const BlockName* b = find_block_name(parts[0])) {
+    if (parts.size() > 1)
+      bad(name, fmt::format("the block format {} takes no suffixes (its block, scale and rounding are fixed); "
+                            "modifiers follow '+', e.g. {}+had", b->name, b->name));
+    s.format = b->format;
+    s.bits = b->bits;
+    s.granularity = Granularity::kGroup;
+    s.group = block_elements(b->format);
+    s.asymmetric = b->has_min;
+    s.scale_dtype = b->scale_dtype;
+    return s;
+  }
   if (parts[0] == "fp8") {
     if (parts.size() < 2 || (parts[1] != "e4m3" && parts[1] != "e5m2"))
       bad(name, fmt::format("FP8 needs its format, e4m3 or e5m2, e.g. fp8-e4m3-head; got '{}'",
@@ -84,7 +123,8 @@ Scheme parse_base(std::string_view name, std::string_view base) {
     if (parts.size() < 2) bad(name, "missing granularity");
     next = parse_granularity(name, parts, s);
   } else {
-    bad(name, fmt::format("bits '{}' must be int8, int4 or fp8", parts[0]));
+    bad(name, fmt::format("bits '{}' must be int8, int4 or fp8 (or a block format: q8_0, q4_0, q4_1, q5_0, q5_1, "
+                          "iq4_nl, mxfp4, nvfp4)", parts[0]));
   }
 
   bool seen_symmetry = false, seen_dtype = false;
@@ -137,7 +177,10 @@ std::string to_string(const Scheme& s) {
     case Granularity::kChannel: gran = fmt::format("chan-t{}", s.group); break;
   }
   std::string base;
-  if (s.fp8()) {
+  if (s.block_format()) {
+    for (const BlockName& b : kBlockNames)
+      if (b.format == s.format) base = b.name;
+  } else if (s.fp8()) {
     const char* f = s.format == CodeFormat::kFp8E4M3 ? "fp8-e4m3" : "fp8-e5m2";
     base = s.scale_free ? f : fmt::format("{}-{}{}", f, gran, s.scale_dtype == ScaleDtype::kFp32 ? "-fp32" : "");
   } else {
@@ -160,6 +203,28 @@ const char* granularity_name(Granularity g) {
   return "?";
 }
 
+const char* scale_dtype_name(ScaleDtype dt) {
+  switch (dt) {
+    case ScaleDtype::kFp16: return "float16";
+    case ScaleDtype::kFp32: return "float32";
+    case ScaleDtype::kE8M0: return "e8m0";
+    case ScaleDtype::kE4M3: return "e4m3";
+  }
+  return "?";
+}
+
+std::string format_name(const Scheme& s) {
+  switch (s.format) {
+    case CodeFormat::kInt: return "int";
+    case CodeFormat::kFp8E4M3: return "fp8-e4m3";
+    case CodeFormat::kFp8E5M2: return "fp8-e5m2";
+    default:
+      for (const BlockName& b : kBlockNames)
+        if (b.format == s.format) return b.name;
+  }
+  return "?";
+}
+
 std::vector<Scheme> parse_scheme_list(std::string_view names) {
   std::vector<Scheme> schemes;
   for (std::string_view name : split(names, ',')) {
@@ -172,7 +237,8 @@ std::vector<Scheme> parse_scheme_list(std::string_view names) {
 void check_scheme_fits(const Scheme& s, int head_dim) {
   if (head_dim <= 0) throw SchemeError(fmt::format("{}: head_dim must be positive, got {}", to_string(s), head_dim));
   if (s.granularity == Granularity::kGroup && head_dim % s.group != 0)
-    throw SchemeError(fmt::format("{}: group size {} does not divide head_dim {}", to_string(s), s.group, head_dim));
+    throw SchemeError(fmt::format("{}: {} size {} does not divide head_dim {}", to_string(s),
+                                  s.block_format() ? "block" : "group", s.group, head_dim));
   if (s.bits == 4 && head_dim % 2 != 0)
     throw SchemeError(fmt::format("{}: int4 packs two codes per byte and needs an even head_dim, got {}",
                                   to_string(s), head_dim));

@@ -42,6 +42,17 @@ std::vector<SchemePair> default_pairs(int64_t head_dim) {
   const Scheme kivi_v = parse_scheme(g32 ? "int4-g32-asym+w128" : "int4-head-asym+w128");
   pairs.push_back({parse_scheme("int4-chan-t32-asym+w128"), kivi_v});
   pairs.push_back({parse_scheme("int4-token-asym+w128"), kivi_v});
+  // llama.cpp's cache types (-ctk = -ctv) and the FP4 microscaling formats, where their block divides
+  // D; and the mixes of q8_0 and q4_0 (K is the more sensitive one: -ctk q8_0 -ctv q4_0 is the usual
+  // advice; its mirror shows how much).
+  for (const char* name : {"q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl", "mxfp4", "nvfp4"}) {
+    const Scheme s = parse_scheme(name);
+    if (head_dim % s.group == 0) pairs.push_back({s, s});
+  }
+  if (head_dim % 32 == 0) {
+    pairs.push_back({parse_scheme("q8_0"), parse_scheme("q4_0")});
+    pairs.push_back({parse_scheme("q4_0"), parse_scheme("q8_0")});
+  }
   return pairs;
 }
 

@@ -19,7 +19,9 @@ std::vector<SchemePair> cross_pairs(const std::vector<Scheme>& k, const std::vec
 // G < D divides D)} x {sym, asym}, the same scheme on K and V; plus per-channel K (chan-t32,
 // asymmetric) with per-token V; FP8 e4m3 {tensor, token, head, scale-free} and e5m2 head; rotated
 // INT4 K (int4-g32-asym+had, int4-head-asym+had; D a power of two) with the plain V scheme; KIVI-4
-// (int4-chan-t32-asym+w128 K, int4-g32-asym+w128 V) and its per-token-K ablation.
+// (int4-chan-t32-asym+w128 K, int4-g32-asym+w128 V) and its per-token-K ablation; llama.cpp's
+// cache types and mxfp4 / nvfp4, the same on K and V (where their block divides D), and the q8_0 /
+// q4_0 mixes both ways.
 std::vector<SchemePair> default_pairs(int64_t head_dim);
 
 }  // namespace kvq

@@ -144,8 +144,11 @@ ProbabilityError probability_error(const std::vector<double>& p_test, const std:
 double bytes_per_token_per_head(const Scheme& s, const KvShape& shape, const int32_t* seq_lens) {
   const double tokens_x_heads = static_cast<double>(shape.batch * shape.heads * shape.tokens);
   const double code_bytes = static_cast<double>(shape.head_dim) * s.bits / 8.0;
-  if (!s.has_window() || tokens_x_heads == 0)
-    return code_bytes + (tokens_x_heads > 0 ? static_cast<double>(num_groups(s, shape)) * s.param_bytes() / tokens_x_heads : 0.0);
+  // nvfp4's fp32 per-tensor scale, once per layer's K or V
+  const double tensor_bytes = s.format == CodeFormat::kNvfp4 ? 4.0 : 0.0;
+  if (tokens_x_heads == 0) return code_bytes;
+  if (!s.has_window())
+    return code_bytes + (static_cast<double>(num_groups(s, shape)) * s.param_bytes() + tensor_bytes) / tokens_x_heads;
   // +wW: quantized tokens cost their codes, window tokens kKeptBytes per element; only groups with
   // a quantized element store parameters (the others are all-window and need none).
   const std::vector<int32_t> qlen = window_boundaries(s, shape, seq_lens);
@@ -161,7 +164,8 @@ double bytes_per_token_per_head(const Scheme& s, const KvShape& shape, const int
       }
   }
   const double kept = (tokens_x_heads - quantized) * static_cast<double>(shape.head_dim) * kKeptBytes;
-  return (quantized * code_bytes + kept + static_cast<double>(groups) * s.param_bytes()) / tokens_x_heads;
+  const double params = static_cast<double>(groups) * s.param_bytes() + (groups ? tensor_bytes : 0.0);
+  return (quantized * code_bytes + kept + params) / tokens_x_heads;
 }
 
 double bits_per_element(const Scheme& s, const KvShape& shape, const int32_t* seq_lens) {

@@ -48,8 +48,8 @@ struct ProbabilityError {
 ProbabilityError probability_error(const std::vector<double>& p_test, const std::vector<double>& p_ref,
                                    int64_t row_length, int64_t k);
 
-// Memory: bytes per token per KV head, codes plus scales / zero points amortized over the tokens
-// and heads that share them; and the same in bits per element. With a +wW window the tokens kept in
+// Memory: bytes per token per KV head, codes plus scales / zero points (and nvfp4's fp32 tensor
+// scale) amortized over the tokens and heads that share them; and the same in bits per element. With a +wW window the tokens kept in
 // full precision count kKeptBytes per element (a bf16 / fp16 cache, as serving stacks keep it;
 // the sweep keeps the dump's own values) and depend on the sequence lengths (`seq_lens` [B],
 // nullptr: all T).

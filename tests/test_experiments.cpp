@@ -107,16 +107,22 @@ TEST_CASE("layers without queries get reconstruction metrics only") {
 
 TEST_CASE("default scheme pairs follow the head_dim") {
   const std::vector<SchemePair> d128 = default_pairs(128), d8 = default_pairs(8);
-  // {int8,int4} x {tensor,token,head,g64,g32,g16,g8} x {sym,asym} + per-channel K; 5 FP8; 2 rotated; 2 KIVI
-  CHECK(d128.size() == 2 * (7 * 2 + 1) + 5 + 2 + 2);
+  // {int8,int4} x {tensor,token,head,g64,g32,g16,g8} x {sym,asym} + per-channel K; 5 FP8; 2 rotated; 2 KIVI;
+  // 8 block formats (llama.cpp's six, mxfp4, nvfp4) and the two q8_0 / q4_0 mixes
+  CHECK(d128.size() == 2 * (7 * 2 + 1) + 5 + 2 + 2 + 8 + 2);
   CHECK(d8.size() == 2 * (3 * 2 + 1) + 5 + 1 + 2);  // no group smaller than D=8 divides it: head-only rotation
   CHECK(to_string(d128[2 * (7 * 2 + 1) - 1].k) == "int4-chan-t32-asym");
   CHECK(to_string(d128[2 * (7 * 2 + 1) - 1].v) == "int4-token-asym");
-  CHECK(to_string(d128[d128.size() - 2].k) == "int4-chan-t32-asym+w128");
-  CHECK(to_string(d128[d128.size() - 2].v) == "int4-g32-asym+w128");
-  CHECK(to_string(d8.back().v) == "int4-head-asym+w128");
-  CHECK(default_pairs(96).size() == 2 * (6 * 2 + 1) + 5 + 0 + 2);  // g32, g16, g8 divide 96; no rotation
-  for (int64_t d : {8, 96, 128})
+  CHECK(to_string(d128[d128.size() - 12].k) == "int4-chan-t32-asym+w128");
+  CHECK(to_string(d128[d128.size() - 12].v) == "int4-g32-asym+w128");
+  CHECK(to_string(d128[d128.size() - 10].k) == "q8_0");
+  CHECK(to_string(d128[d128.size() - 3].v) == "nvfp4");
+  CHECK(to_string(d128.back().k) == "q4_0");
+  CHECK(to_string(d128.back().v) == "q8_0");
+  CHECK(to_string(d8.back().v) == "int4-head-asym+w128");  // no block fits D = 8
+  CHECK(default_pairs(96).size() == 2 * (6 * 2 + 1) + 5 + 0 + 2 + 8 + 2);  // g32, g16, g8 divide 96; no rotation
+  CHECK(default_pairs(48).size() == 2 * (5 * 2 + 1) + 5 + 0 + 2 + 1);      // g16, g8; of the blocks only nvfp4
+  for (int64_t d : {8, 48, 96, 128})
     for (const SchemePair& p : default_pairs(d)) {
       CHECK_NOTHROW(check_scheme_fits(p.k, static_cast<int>(d)));
       CHECK_NOTHROW(check_scheme_fits(p.v, static_cast<int>(d)));

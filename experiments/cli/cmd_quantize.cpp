@@ -9,6 +9,7 @@
 #include "experiments/common/dump_check.hpp"
 #include "experiments/common/run_info.hpp"
 #include "experiments/sweep/sweep.hpp"
+#include "quant/block_quantize.hpp"
 #include "quant/quantize.hpp"
 #include "reference/metrics.hpp"
 
@@ -22,15 +23,21 @@ struct QuantizeArgs {
 
 // /layers/<L>/<name>/{codes, scales, zero_points, dequantized} and the scheme as attributes.
 // (+had: codes and dequantized values are in the rotated basis, the SQNR against the rotated input.)
+// mxfp4 / nvfp4 scales are their e8m0 / e4m3 bytes; nvfp4's tensor scale is the attribute tensor_scale.
 double write_tensor(H5Writer& f, const std::string& group, const QuantizedKv& q, const std::vector<float>& original) {
   const Scheme& s = q.scheme;
   const KvShape& x = q.shape;
   const std::vector<float> values = dequantize(q);
-  const bool signed_codes = s.bits == 8 && !s.asymmetric && !s.fp8();
-  f.write_bytes(group + "/codes", {x.batch, x.heads, x.tokens, x.head_dim * s.bits / 8}, q.codes, signed_codes);
+  f.write_bytes(group + "/codes", {x.batch, x.heads, x.tokens, code_bytes_per_row(s, x.head_dim)}, q.codes,
+                s.bits == 8 && s.signed_codes());
   const StoredDtype scale_dtype = s.scale_dtype == ScaleDtype::kFp16 ? StoredDtype::kFp16 : StoredDtype::kFp32;
-  if (!s.scale_free)  // exact: values are in the scale dtype
+  if (s.scale_dtype == ScaleDtype::kE8M0 || s.scale_dtype == ScaleDtype::kE4M3) {
+    std::vector<uint8_t> bytes;
+    for (float v : q.scales) bytes.push_back(scale_byte(s.scale_dtype, v));
+    f.write_bytes(group + "/scales", scale_shape(s, x), bytes, false);
+  } else if (!s.scale_free) {  // exact: values are in the scale dtype
     f.write_floats(group + "/scales", scale_shape(s, x), q.scales, scale_dtype);
+  }
   if (s.asymmetric) f.write_floats(group + "/zero_points", scale_shape(s, x), q.zeros, scale_dtype);
   if (s.has_window()) f.write_int32(group + "/quantized_tokens", {x.batch}, q.quantized_tokens);
   f.write_floats(group + "/dequantized", {x.batch, x.heads, x.tokens, x.head_dim}, values, StoredDtype::kFp32);
@@ -42,8 +49,9 @@ double write_tensor(H5Writer& f, const std::string& group, const QuantizedKv& q,
   f.set_attr(group, "granularity", granularity_name(s.granularity));
   f.set_attr(group, "group", static_cast<int64_t>(s.group));
   f.set_bool_attr(group, "asymmetric", s.asymmetric);
-  f.set_attr(group, "scale_dtype", s.scale_free ? "none" : s.scale_dtype == ScaleDtype::kFp16 ? "float16" : "float32");
-  f.set_attr(group, "format", s.format == CodeFormat::kInt ? "int" : s.format == CodeFormat::kFp8E4M3 ? "fp8-e4m3" : "fp8-e5m2");
+  f.set_attr(group, "scale_dtype", s.scale_free ? "none" : scale_dtype_name(s.scale_dtype));
+  f.set_attr(group, "format", format_name(s));
+  if (s.format == CodeFormat::kNvfp4) f.set_attr(group, "tensor_scale", static_cast<double>(q.tensor_scale));
   f.set_bool_attr(group, "hadamard", s.hadamard);
   f.set_attr(group, "window", static_cast<int64_t>(s.window));
   f.set_attr(group, "layout", "planar");

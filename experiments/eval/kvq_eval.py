@@ -22,7 +22,10 @@ llama2.c checkpoint through capture_llama2c's fp64 forward pass, token by token.
 
 Writes OUT/eval.csv (one row per pair), OUT/eval.json (the run) and OUT/eval.png. Cache storages
 besides kvq schemes: none (as computed), fp32, fp16, bf16. Per-tensor schemes are refused (their
-scale needs the finished cache). Needs the kvq module: `pip install .`, or PYTHONPATH=build/python.
+scale needs the finished cache). nvfp4's per-tensor scale runs on the GGUF path only, where it is
+the layer's whole K (or V) over the text: a scale calibrated offline on the same text (token by
+token it would need one given, kvq.AppendQuantizer(tensor_scale=...)). Needs the kvq module: `pip
+install .`, or PYTHONPATH=build/python.
 """
 import argparse
 import csv
@@ -242,28 +245,34 @@ def storage_bits(name, shape, cache_bits):
 
 
 # ---- pairs -------------------------------------------------------------------------------------
-def check_storage(name, head_dim):
+def needs_whole_cache(scheme, appending):
+    """Per-tensor scales need the finished cache; nvfp4's tensor scale too when tokens are appended one
+    by one (the whole-sequence path takes it from the layer's whole K or V)."""
+    return (scheme.granularity == "tensor" and not scheme.scale_free) or (appending and scheme.format == "nvfp4")
+
+
+def check_storage(name, head_dim, appending=True):
     if name in STORAGES:
         return
     scheme = kvq.parse_scheme(name)
     scheme.fits(head_dim)
-    if scheme.granularity == "tensor":
+    if needs_whole_cache(scheme, appending):
         kvq.AppendQuantizer(scheme)  # raises the refusal with its reason
 
 
-def eval_pairs(k_list, v_list, head_dim):
+def eval_pairs(k_list, v_list, head_dim, appending=True):
     """The pairs to run: the crossed lists, or by default the reference's own storage (an exactness
-    check), bf16 and fp16, and kvq sweep's default pairs without per-tensor scales."""
+    check), bf16 and fp16, and kvq sweep's default pairs without per-tensor scales. appending: the
+    runner appends token by token (not the GGUF whole-sequence path)."""
     if k_list or v_list:
         pairs = [(k, v) for k in (k_list or v_list).split(",") for v in (v_list or k_list).split(",")]
     else:
         pairs = [("none", "none"), ("bf16", "bf16"), ("fp16", "fp16")]
-        # Per-tensor scales need the whole cache.
         pairs += [(k.name, v.name) for k, v in kvq.default_pairs(head_dim)
-                  if all(s.granularity != "tensor" or s.scale_free for s in (k, v))]
+                  if not any(needs_whole_cache(s, appending) for s in (k, v))]
     for k, v in pairs:
-        check_storage(k, head_dim)
-        check_storage(v, head_dim)
+        check_storage(k, head_dim, appending)
+        check_storage(v, head_dim, appending)
     return pairs
 
 
@@ -402,7 +411,7 @@ def main(argv=None):
     if len(tokens) < 2:
         ap.error(f"{args.text}: {len(tokens)} token(s); perplexity needs at least 2")
     try:
-        pairs = eval_pairs(args.k, args.v, runner.head_dim)
+        pairs = eval_pairs(args.k, args.v, runner.head_dim, appending=not gguf)
         sweep = sweep_errors(args.sweep) if args.sweep else None
     except (kvq.InputError, OSError, ValueError) as e:
         print(f"kvq eval: error: {e}", file=sys.stderr)

@@ -6,7 +6,9 @@ not depend on when it is read, only whether it is quantized yet: per-token, per-
 codes are those of quantizing the whole cache; a chan-t<N> group is quantized once its N-th token
 arrives; a +w<W> window keeps a token as computed until W newer ones follow it. So for query t,
 token j reads the whole-cache quantized value when j < quantized_prefix[t], else the value the
-model computed. tests/python/test_eval.py checks this path against the token-by-token one.
+model computed. tests/python/test_eval.py checks this path against the token-by-token one. (nvfp4's
+per-tensor scale is the one exception: here it comes from the layer's whole K or V, as a scale
+calibrated on the same text would; appending needs it given.)
 """
 import numpy as np
 

@@ -16,16 +16,24 @@ class AppendQuantizer:
     +had stores the rotated tokens; append() returns them rotated back to the input basis (in
     float64, H being its own inverse), which gives attention the same Q.K and P.V as rotating the
     query and the output would, so the model needs no change. A per-tensor scale needs the finished
-    cache, so per-tensor schemes are refused.
+    cache, so per-tensor schemes are refused. The block formats (q8_0 ... nvfp4) quantize each token
+    at once; nvfp4's per-tensor scale s_t is a calibrated one given as `tensor_scale` (engines
+    calibrate it offline), without which nvfp4 is refused for the same reason.
     """
 
-    def __init__(self, scheme, name="cache"):
+    def __init__(self, scheme, name="cache", tensor_scale=None):
         self.scheme = scheme if isinstance(scheme, _core.Scheme) else _core.parse_scheme(scheme)
         # The scheme each quantized run of tokens is quantized with: the window only decides when.
         self._base = _core.parse_scheme(self.scheme.name.split("+w")[0]) if self.scheme.window is not None else self.scheme
         if self.scheme.granularity == "tensor" and not self.scheme.scale_free:
             raise _core.SchemeError(f"{self.scheme.name}: a per-tensor scale needs the whole cache, which quantize-on-"
                                     "append does not have; use token, head, g<G> or chan-t<N> granularity")
+        if self.scheme.format == "nvfp4" and tensor_scale is None:
+            raise _core.SchemeError(f"{self.scheme.name}: its per-tensor scale needs the whole cache, which quantize-on-"
+                                    "append does not have; give a calibrated tensor_scale (amax / (6 * 448))")
+        if self.scheme.format != "nvfp4" and tensor_scale is not None:
+            raise _core.SchemeError(f"{self.scheme.name}: tensor_scale is given, but only nvfp4 has one")
+        self.tensor_scale = tensor_scale
         self.name = name
         self.tokens = 0       # tokens appended so far
         self._pending = None  # appended tokens not quantized yet (chan-t<N>), as given
@@ -57,7 +65,7 @@ class AppendQuantizer:
         ready = quantizable - start
         values = np.empty(pending.shape, np.result_type(x.dtype, np.float32))
         if ready:
-            chunk = _core.quantize(pending[:, :, :ready], self._base,
+            chunk = _core.quantize(pending[:, :, :ready], self._base, tensor_scale=self.tensor_scale,
                                    name=f"{self.name} (tokens {start}..{start + ready - 1}, t counted from {start})")
             self._chunks.append(chunk)
             values[:, :, :ready] = (_core.hadamard_rotate_back(chunk.dequantized) if self.scheme.hadamard
@@ -82,7 +90,7 @@ class AppendQuantizer:
         zeros = None
         if self.scheme.asymmetric:
             zeros = np.concatenate([c.zero_points for c in self._chunks], axis=scale_axis)
-        return _core.QuantizeResult(codes, scales, zeros, scheme=self._base)
+        return _core.QuantizeResult(codes, scales, zeros, scheme=self._base, tensor_scale=self.tensor_scale)
 
 
 class FloatStorage:

@@ -251,10 +251,27 @@ def test_scheme_objects_and_default_pairs():
     assert len({kvq.parse_scheme("int8-head"), kvq.parse_scheme("int8-head-sym-fp16")}) == 1
     pairs = kvq.default_pairs(128)
     assert (kvq.parse_scheme("int4-chan-t32-asym"), kvq.parse_scheme("int4-token-asym")) in pairs
-    # tensor, token, head, g64, g32, g16, g8; sym and asym; + per-channel K; FP8; rotated INT4; KIVI
-    assert len(pairs) == 2 * (7 * 2 + 1) + 5 + 2 + 2
+    # tensor, token, head, g64, g32, g16, g8; sym and asym; + per-channel K; FP8; rotated INT4; KIVI;
+    # llama.cpp's types, mxfp4 and nvfp4; q8_0 / q4_0 both ways
+    assert len(pairs) == 2 * (7 * 2 + 1) + 5 + 2 + 2 + 8 + 2
+    assert (kvq.parse_scheme("q8_0"), kvq.parse_scheme("q4_0")) in pairs
     assert (kvq.parse_scheme("int4-chan-t32-asym+w128"), kvq.parse_scheme("int4-g32-asym+w128")) in pairs
     had = kvq.parse_scheme("int4-g32-asym+had")
     assert had.hadamard and had.window is None and had.format == "int"
     assert kvq.parse_scheme("fp8-e4m3").scale_free and kvq.parse_scheme("fp8-e5m2-head").format == "fp8-e5m2"
     assert kvq.bits_per_element("int4-g32-asym", (1, 8, 100, 128)) == 4 + 2 * 16 / 32
+
+
+@pytest.mark.parametrize("scheme,groups", [("int4-head-asym", 1), ("int4-g32-asym", 4), ("int4-g16-asym", 8)])
+def test_fbgemm_rows_follow_the_design_layout(scheme, groups):
+    """kvq.fbgemm_rows: rows [B, T, H] of n x (fp16 scale, fp16 shift) little-endian, then the planar codes."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((2, 3, 37, 128)) * np.exp(rng.uniform(-6, 4, (2, 3, 37, 1)))).astype(np.float32)
+    r = kvq.quantize(x, scheme)
+    rows = kvq.fbgemm_rows(r)
+    assert rows.dtype == np.uint8 and rows.shape == (2, 37, 3, 64 + 4 * groups)  # D=128: 68 B row-wise, 80 B with 4
+    params = np.stack([r.scales.reshape(2, 3, 37, groups), r.zero_points.reshape(2, 3, 37, groups)], axis=-1)
+    want = np.concatenate([params.astype("<f2").view(np.uint8).reshape(2, 3, 37, 4 * groups), r.codes], axis=-1)
+    assert rows.tobytes() == np.ascontiguousarray(want.transpose(0, 2, 1, 3)).tobytes()
+    with pytest.raises(kvq.SchemeError, match="int8-head: the FBGEMM inline-row layout holds int4 asymmetric"):
+        kvq.fbgemm_rows(kvq.quantize(x, "int8-head"))
