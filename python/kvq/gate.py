@@ -1,0 +1,632 @@
+"""kvq.gate: the decode gate (`kvq validate`'s decode cases and tolerance rule) for a kernel that lives
+outside kvq — any Python callable that takes a DecodeCase and returns O (and LSE).
+
+    import kvq.gate
+    from kvq.gate_examples import numpy_decode            # a correct fp32 numpy kernel
+    report = kvq.gate.check(numpy_decode, k="int8-head", v="int8-head", layout="bnsh",
+                            profile="fp32-obf16", cases="quick")
+    assert report.ok                                       # [OK] / [FAIL] / [SKIP] printed per case
+
+Per case kvq builds Q (bf16 values) and the cache with its own codec (bit-exact), hands the kernel the
+arrays in the layout it declares, with every position it must not read poisoned (NaN values and
+scales, garbage codes), and judges O and LSE against kvq's fp64 reference over the dequantized cache:
+DESIGN.md's rule, `max|O - ref| <= 2 max|mimic - ref| + floor` and the same for the mean, where mimic
+is the reference redone in the kernel's declared precision profile (docs/gate.md). The same rule as
+check_tolerance in experiments/gate/validate_decode.cpp. `python -m kvq.gate module:function` is the
+command line. Arrays are numpy on the CPU; every array goes to the kernel through one conversion
+(_Cpu.put), where a torch-on-GPU device will plug in.
+"""
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from ._core import Error, __version__, alibi_slopes, attention, parse_scheme, round_to_format
+from .gate_cases import (FAMILIES, LAYOUTS, RAW_STORAGES, case_rng, case_specs, check_storage_name,
+                         make_paging, padding_tokens, poisoned, random_values, storage_unfit_reason, store_operand,
+                         to_layout)
+
+__all__ = ["Kernel", "kernel", "DecodeCase", "KvOperand", "CaseReport", "GateReport", "check", "tolerance", "main",
+           "FAMILIES", "LAYOUTS"]
+
+LAYOUT_NAMES = {"bnsh": "BNSH", "bsnh": "BSNH", "paged": "paged", "fbgemm": "FBGEMM"}
+
+
+# ---- what a kernel receives ----
+
+@dataclass(frozen=True)
+class KvOperand:
+    """K or V as stored. Raw storages ("bf16", "fp16") fill `values`; kvq schemes fill `codes`,
+    `scales` (None for scale-free FP8) and `zero_points` (asymmetric schemes), or `rows` in the
+    FBGEMM layout. Shapes per layout are in docs/gate.md."""
+    storage: str  # "bf16", "fp16" or a kvq scheme name
+    scheme: Any = None  # kvq.Scheme for a quantized storage, else None
+    values: Any = None  # raw: float32 holding exactly the bf16 / fp16 values
+    codes: Any = None  # int8 / uint8, int4 packed two per byte (element 2i in the low nibble)
+    scales: Any = None  # float16 or float32, in the scheme's scale dtype
+    zero_points: Any = None
+    rows: Any = None  # FBGEMM: uint8 [B, T, Hkv, D/2 + 4n], n x (fp16 scale, fp16 shift) then the codes
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    """One decode problem (Tq = 1). Query head h reads KV head h // (Hq // Hkv); query b sits at
+    position seq_lens[b] - 1 and attends to keys 0 .. seq_lens[b] - 1, with the ALiBi bias
+    -alibi_slopes[h] * (seq_lens[b] - 1 - j) when alibi_slopes is not None."""
+    q: Any  # [B, Hq, D] float32 (bf16 values)
+    k: KvOperand
+    v: KvOperand
+    seq_lens: Any  # [B] int32, each <= tokens
+    softmax_scale: float  # the scale to use (1/sqrt(D) unless the case says otherwise)
+    alibi_slopes: Any  # [Hq] float32, or None
+    block_table: Any  # paged: [B, max_pages] int32 page ids; else None
+    layout: str  # "bnsh", "bsnh", "paged" or "fbgemm"
+    page_size: Optional[int]  # paged: tokens per page; else None
+    batch: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tokens: int  # T: the cache's length (paged: the table has ceil(T / page_size) columns)
+    label: str  # the case's name and shape, for messages
+
+    @property
+    def group(self):
+        return self.num_q_heads // self.num_kv_heads
+
+
+class _Cpu:
+    """The CPU device: numpy arrays, read-only (a kernel must not write its inputs). Every array a
+    kernel gets passes through put() and every output through get(); `values_format` names the float
+    format a float32 array holds ("bf16", "fp16"), which a GPU device would allocate it in."""
+    name = "cpu"
+
+    @staticmethod
+    def put(a, values_format=None):
+        if a is None:
+            return None
+        a = np.ascontiguousarray(a)
+        a.setflags(write=False)
+        return a
+
+    @staticmethod
+    def get(x):
+        return np.asarray(x)
+
+
+DEVICES = {"cpu": _Cpu}
+
+
+# ---- what a kernel declares ----
+
+def _canonical_storage(name):
+    return name if name in RAW_STORAGES else parse_scheme(name).name
+
+
+class Kernel:
+    """A decode kernel and what it declares; cases outside the declarations are SKIPPED with the reason.
+
+    fn(case: DecodeCase) returns O [B, Hq, D], or (O, LSE [B, Hq]) when returns_lse.
+    head_dims / storages: None for any, else a set; max_tokens: the largest cache length T, or None.
+    page_size: tokens per page of the paged layout.
+    """
+
+    def __init__(self, fn, *, name=None, layout="bnsh", profile="fp32-obf16", head_dims=None, max_tokens=None,
+                 alibi=True, deterministic=True, returns_lse=True, page_size=16, storages=None):
+        if not callable(fn):
+            raise TypeError(f"kvq.gate.Kernel: fn must be callable, got {type(fn).__name__}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"kvq.gate.Kernel: layout '{layout}' is not one of {', '.join(LAYOUTS)}")
+        try:  # kvq parses the profile (reference/attention.hpp): its message names what is wrong
+            z = np.zeros((1, 1, 1, 1), np.float32)
+            attention(z, z, z, precision=profile)
+        except Error as e:
+            raise ValueError(f"kvq.gate.Kernel: {e}") from None
+        if not isinstance(page_size, int) or page_size <= 0:
+            raise ValueError(f"kvq.gate.Kernel: page_size must be a positive int, got {page_size!r}")
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        self.layout, self.profile, self.page_size = layout, profile, page_size
+        self.head_dims = None if head_dims is None else frozenset(int(d) for d in head_dims)
+        self.max_tokens = max_tokens
+        self.alibi, self.deterministic, self.returns_lse = bool(alibi), bool(deterministic), bool(returns_lse)
+        self.storages = None if storages is None else frozenset(_canonical_storage(s) for s in storages)
+
+    def __call__(self, case):
+        return self.fn(case)
+
+    def __repr__(self):
+        return f"kvq.gate.Kernel({self.name!r}, {self.declarations()})"
+
+    def declarations(self):
+        return {"layout": self.layout, "profile": self.profile, "page_size": self.page_size,
+                "head_dims": None if self.head_dims is None else sorted(self.head_dims),
+                "max_tokens": self.max_tokens, "alibi": self.alibi, "deterministic": self.deterministic,
+                "returns_lse": self.returns_lse, "storages": None if self.storages is None else sorted(self.storages)}
+
+    def unsupported_reason(self, spec, k, v):
+        """The kernel's own reason for not taking the case, or ""."""
+        if self.storages is not None:
+            for which, s in (("K", k), ("V", v)):
+                if _canonical_storage(s) not in self.storages:
+                    return f"{which} storage {s} (the kernel declares storages {', '.join(sorted(self.storages))})"
+        if self.head_dims is not None and spec.head_dim not in self.head_dims:
+            return f"head_dim {spec.head_dim} (the kernel declares head_dims {sorted(self.head_dims)})"
+        if self.max_tokens is not None and spec.tokens > self.max_tokens:
+            return f"T = {spec.tokens} (the kernel declares max_tokens {self.max_tokens})"
+        if spec.alibi and not self.alibi:
+            return "ALiBi (the kernel declares alibi=False)"
+        return ""
+
+
+def kernel(fn=None, **declarations):
+    """Decorator: `@kvq.gate.kernel(layout="paged", profile=...)` (or bare `@kvq.gate.kernel`)."""
+    if fn is None:
+        return lambda f: Kernel(f, **declarations)
+    return Kernel(fn, **declarations)
+
+
+# ---- the verdict ----
+
+def _index(flat, shape):
+    return [int(i) for i in np.unravel_index(flat, shape)]
+
+
+def _bf16(x):
+    return np.asarray(round_to_format(np.asarray(x, np.float32), "bf16"), np.float64)
+
+
+def bf16_noise(r):
+    """FlashAttention's atol, as in the C++ gate: bf16's rounding noise at r, |bf16(bf16(r+0.3)-0.3) - r|."""
+    r = np.asarray(r, np.float64)
+    return np.abs(_bf16(_bf16(r + 0.3) - 0.3) - r)
+
+
+@dataclass
+class Tolerance:
+    ok: bool
+    detail: str
+    max_err: float = 0.0
+    max_bound: float = 0.0
+    mean_err: float = 0.0
+    mean_bound: float = 0.0
+    lse_err: float = 0.0
+    lse_bound: float = 0.0
+    worst: Optional[tuple] = None  # (index into O [B, Hq, D], O value, reference value)
+    problem: str = ""
+
+
+def tolerance(o, lse, ref_o, ref_lse, mimic_o, mimic_lse):
+    """DESIGN.md's rule, exactly as check_tolerance (experiments/gate/validate_decode.cpp): O within
+    2 x the mimic's max and mean error + floor (2 x bf16 noise at the reference), LSE within 2 x the
+    mimic's + 8 fp32 ulps at max(|LSE|, 1); O finite; empty key sets give O = 0 and LSE = -inf exactly.
+    lse None: the kernel returns no LSE (only O is judged)."""
+    shape = ref_o.shape
+    out = np.asarray(o, np.float64).reshape(-1)
+    ref, mimic = np.asarray(ref_o, np.float64).reshape(-1), np.asarray(mimic_o, np.float64).reshape(-1)
+    n, rows = ref.size, ref_lse.size
+    d = n // rows if rows else 0
+    problem = ""
+    err = np.abs(out - ref)
+    bad = np.flatnonzero(~np.isfinite(out))
+    if bad.size:
+        problem = f"O{_index(bad[0], shape)} = {out[bad[0]]} (ref {ref[bad[0]]:.6g})"
+    max_err = float(np.nanmax(err)) if n and not np.isnan(err).all() else 0.0
+    mean_err = float(err.sum() / n) if n else 0.0
+    mimic_max = float(np.max(np.abs(mimic - ref))) if n else 0.0
+    mimic_mean = float(np.abs(mimic - ref).sum() / n) if n else 0.0
+    floor = float(2 * bf16_noise(ref).max()) if n else 0.0
+    r_lse = np.asarray(ref_lse, np.float64).reshape(-1)
+    k_lse = None if lse is None else np.asarray(lse, np.float64).reshape(-1)
+    empty = np.isinf(r_lse)
+    for r in np.flatnonzero(empty):  # no keys: exactly O = 0 and LSE = -inf
+        zero = bool(np.all(out[r * d:(r + 1) * d] == 0.0)) and (k_lse is None or k_lse[r] == -np.inf)
+        if not zero and not problem:
+            what = "O != 0" if k_lse is None else f"O != 0 or LSE = {k_lse[r]}"
+            problem = f"row {_index(r, ref_lse.shape)} has no keys but {what}"
+    lse_err = lse_bound = 0.0
+    if k_lse is not None:
+        keep = ~empty
+        e = np.abs(k_lse[keep] - r_lse[keep])
+        lse_err = float(np.nanmax(e)) if e.size and not np.isnan(e).all() else 0.0
+        nonfinite = np.flatnonzero(keep & ~np.isfinite(k_lse))
+        if nonfinite.size and not problem:
+            problem = f"LSE{_index(nonfinite[0], ref_lse.shape)} = {k_lse[nonfinite[0]]}"
+        lse_mimic = float(np.max(np.abs(np.asarray(mimic_lse).reshape(-1)[keep] - r_lse[keep]))) if keep.any() else 0.0
+        lse_scale = float(np.max(np.abs(r_lse[keep]))) if keep.any() else 0.0
+        lse_bound = 2 * lse_mimic + 8 * np.ldexp(max(lse_scale, 1.0), -23)
+    max_bound, mean_bound = 2 * mimic_max + floor, 2 * mimic_mean + floor
+    ok = (not problem and max_err <= max_bound and mean_err <= mean_bound
+          and (k_lse is None or lse_err <= lse_bound))
+    worst = None
+    if n:
+        i = int(bad[0]) if bad.size else int(np.nanargmax(err))
+        worst = (tuple(int(x) for x in np.unravel_index(i, shape)), float(out[i]), float(ref[i]))
+
+    def cmp(a, b):
+        return "<=" if a <= b else ">"
+    detail = (f"max |O-ref| {max_err:.3g} {cmp(max_err, max_bound)} {max_bound:.3g}, mean {mean_err:.3g} "
+              f"{cmp(mean_err, mean_bound)} {mean_bound:.3g} (mimic {mimic_max:.3g}/{mimic_mean:.3g}, "
+              f"floor {floor:.3g}); ")
+    detail += ("LSE not returned (declared)" if k_lse is None else
+               f"max |LSE-ref| {lse_err:.3g} {cmp(lse_err, lse_bound)} {lse_bound:.3g}")
+    if worst and not ok and not bad.size:  # (a non-finite O is the problem, named below)
+        detail += f"; worst O{list(worst[0])} = {worst[1]:.6g} vs ref {worst[2]:.6g}"
+    if problem:
+        detail += "; " + problem
+    return Tolerance(ok, detail, max_err, max_bound, mean_err, mean_bound, lse_err, lse_bound, worst, problem)
+
+
+# ---- reports ----
+
+@dataclass
+class CaseReport:
+    family: str
+    name: str
+    shape: str
+    scheme: str
+    dtype: str
+    layout: str
+    status: str = "OK"  # "OK", "FAIL" or "SKIP"
+    detail: str = ""
+    values: int = 0
+    tolerance: Optional[Tolerance] = None
+
+    @property
+    def label(self):
+        return f"{self.name} {self.shape}"
+
+    @property
+    def ok(self):
+        return self.status != "FAIL"
+
+    @property
+    def skipped(self):
+        return self.status == "SKIP"
+
+    @property
+    def worst(self):
+        return self.tolerance.worst if self.tolerance else None
+
+    def line(self, kernel_name):
+        tag = {"OK": "[OK]  ", "FAIL": "[FAIL]", "SKIP": "[SKIP]"}[self.status]
+        return f"{tag} {kernel_name} {self.name} {self.scheme} {self.shape}: {self.detail}"
+
+    def to_json(self, kernel_name):
+        """kvq validate's case fields (experiments/gate/validate_quantize.cpp to_json) and the gate's own."""
+        j = {"variant": kernel_name, "case": self.name, "scheme": self.scheme, "dtype": self.dtype,
+             "layout": self.layout, "shape": self.shape, "values": self.values, "ok": self.ok,
+             "skipped": self.skipped, "detail": self.detail, "family": self.family, "status": self.status}
+        t = self.tolerance
+        if t is not None:
+            def number(x):  # JSON has no NaN or inf: null, as kvq validate's nlohmann::json writes them
+                return float(x) if np.isfinite(x) else None
+            j["error"] = {"max": number(t.max_err), "mean": number(t.mean_err), "lse": number(t.lse_err)}
+            j["bound"] = {"max": number(t.max_bound), "mean": number(t.mean_bound), "lse": number(t.lse_bound)}
+            if t.worst:
+                j["worst"] = {"index": list(t.worst[0]), "value": number(t.worst[1]), "reference": number(t.worst[2])}
+        return j
+
+
+@dataclass
+class GateReport:
+    kernel: str
+    declarations: dict
+    k: str
+    v: str
+    device: str
+    cases: list = field(default_factory=list)
+
+    @property
+    def ok(self):
+        return all(c.ok for c in self.cases)
+
+    def with_status(self, status):
+        return [c for c in self.cases if c.status == status]
+
+    def families(self, status):
+        """The families with at least one case of this status."""
+        return {c.family for c in self.cases if c.status == status}
+
+    def summary(self):
+        failed, skipped = len(self.with_status("FAIL")), len(self.with_status("SKIP"))
+        values = sum(c.values for c in self.cases if not c.skipped)
+        return (f"{'[FAIL]' if failed else '[OK]  '} {self.kernel}: {len(self.cases) - skipped} cases, {failed} "
+                f"failed, {skipped} skipped (unsupported), {values} outputs checked")
+
+    def to_json(self):
+        """The document `kvq validate --report` writes (gpu, dump, variants, cases), for the CPU."""
+        failed, skipped = len(self.with_status("FAIL")), len(self.with_status("SKIP"))
+        return {"gpu": None, "dump": None,
+                "gate": {"device": self.device, "kvq_version": __version__, "k": self.k, "v": self.v,
+                         "kernel": self.kernel, "declarations": self.declarations},
+                "variants": [{"variant": self.kernel, "cases": len(self.cases) - skipped, "failed": failed,
+                              "skipped": skipped,
+                              "values_checked": sum(c.values for c in self.cases if not c.skipped)}],
+                "cases": [c.to_json(self.kernel) for c in self.cases]}
+
+    def write(self, path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f, indent=2, allow_nan=False)
+            f.write("\n")
+
+
+# ---- running a case ----
+
+def _format_name(storage):
+    if storage in RAW_STORAGES:
+        return storage
+    s = parse_scheme(storage)
+    return f"int{s.bits}" if s.format == "int" else s.format
+
+
+class _Inputs:
+    """One case's Q and cache: the stored operands (clean), the paging, and the reference."""
+
+    def __init__(self, spec, k, v, layout, page_size, seed, device):
+        B, Hq, Hkv, T, D = spec.batch, spec.q_heads, spec.kv_heads, spec.tokens, spec.head_dim
+        self.spec, self.layout, self.device = spec, layout, device
+        self.lens = spec.lens()
+        q = random_values(case_rng(seed, spec, "q"), (B, Hq, D), 1.0)
+        self.q = np.asarray(round_to_format(q, "bf16"), np.float32)
+        keep = ~padding_tokens(spec, None, T)[:, None, :, None]
+        self.ops = {}
+        for which, storage, outlier in (("k", k, 12.0), ("v", v, 3.0)):
+            x = np.where(keep, random_values(case_rng(seed, spec, which), (B, Hkv, T, D), outlier), np.float32(0))
+            self.ops[which] = store_operand(x, storage, layout)
+        self.paging = make_paging(spec, page_size, case_rng(seed, spec, "pages")) if layout == "paged" else None
+        # padding a kernel could read: tokens >= seq_len, and in a paged cache the unused pages
+        self.has_padding = bool((self.lens < T).any()) or layout == "paged"
+
+    def reference(self, precision):
+        s = self.spec
+        o, lse = attention(self.q[:, :, None, :], self.ops["k"].reference, self.ops["v"].reference,
+                           seq_lens=self.lens, alibi=s.alibi, softmax_scale=s.scale(), precision=precision)
+        return o[:, :, 0, :], lse[:, :, 0]
+
+    def case(self, poison):
+        """The DecodeCase with the padding filled by `poison` ("nan": NaN / garbage; "finite": the probe's)."""
+        s, put = self.spec, self.device.put
+        operands = {}
+        for which, op in self.ops.items():
+            arrays = to_layout(poisoned(op, s, poison), op, self.layout, self.paging, poison)
+            operands[which] = KvOperand(op.storage, op.scheme, **{
+                n: put(a, op.storage if n == "values" else None) for n, a in arrays.items()})
+        slopes = np.asarray(alibi_slopes(s.q_heads), np.float32) if s.alibi else None
+        return DecodeCase(q=put(self.q, "bf16"), k=operands["k"], v=operands["v"], seq_lens=put(self.lens),
+                          softmax_scale=float(s.scale()), alibi_slopes=put(slopes),
+                          block_table=put(self.paging.block_table) if self.paging else None, layout=self.layout,
+                          page_size=self.paging.page_size if self.paging else None, batch=s.batch,
+                          num_q_heads=s.q_heads, num_kv_heads=s.kv_heads, head_dim=s.head_dim, tokens=s.tokens,
+                          label=s.label)
+
+
+def _call(kern, case, device):
+    """The kernel's (O, LSE or None) as numpy arrays, or a one-line error."""
+    try:
+        result = kern(case)
+    except Exception as e:  # the kernel failed the case; the gate goes on
+        return f"error: {type(e).__name__}: {e}"
+    if kern.returns_lse:
+        if not isinstance(result, (tuple, list)) or len(result) != 2:
+            return f"error: returned {type(result).__name__}, expected (O, LSE) (the kernel declares returns_lse=True)"
+        o, lse = device.get(result[0]), device.get(result[1])
+    else:
+        if isinstance(result, (tuple, list)):
+            return "error: returned a tuple, expected O alone (the kernel declares returns_lse=False)"
+        o, lse = device.get(result), None
+    want = (case.batch, case.num_q_heads, case.head_dim)
+    if o.shape != want:
+        return f"error: O has shape {list(o.shape)}, expected [B, Hq, D] = {list(want)}"
+    if lse is not None and lse.shape != want[:2]:
+        return f"error: LSE has shape {list(lse.shape)}, expected [B, Hq] = {list(want[:2])}"
+    for what, a in (("O", o), ("LSE", lse)):
+        if a is not None and not np.issubdtype(a.dtype, np.floating):
+            return f"error: {what} must be a floating-point array, got {a.dtype}"
+    return o, lse
+
+
+def _same_bits(a, b):
+    return all((x is None and y is None) or (x is not None and y is not None and x.dtype == y.dtype
+                                             and x.tobytes() == y.tobytes()) for x, y in zip(a, b))
+
+
+def _padding_probe(kern, inputs, first, device):
+    """Runs the kernel again with the padding holding other (finite) values. Returns (reads_padding, note)."""
+    probe = _call(kern, inputs.case("finite"), device)
+    where = "positions >= seq_len" + (", unused pages" if inputs.layout == "paged" else "")
+    if any(op.scheme is not None for op in inputs.ops.values()):
+        where += ", their codes and scales"
+    if isinstance(probe, str):
+        return True, f"reads padding: with finite values in the padding ({where}) it raised {probe[7:]}"
+    if _same_bits(first, probe):
+        return False, ""
+    nan_moved = bool((np.isnan(first[0]) != np.isnan(probe[0])).any())
+    if not kern.deterministic and not nan_moved:
+        return False, "the output changed with the padding's values, inconclusive: declared non-deterministic"
+    if kern.deterministic and not nan_moved:
+        again = _call(kern, inputs.case("nan"), device)
+        if isinstance(again, str) or not _same_bits(first, again):
+            return False, ("two calls on the same inputs differ (non-deterministic, see the reruns family): the "
+                           "padding probe is inconclusive")
+    nan = " (NaN there gives NaN in O)" if nan_moved else ""
+    return True, f"reads padding: O changes when the padding ({where}) changes{nan}"
+
+
+def _run_case(kern, spec, k, v, seed, device):
+    layout = kern.layout
+    scheme = f"{k} {LAYOUT_NAMES[layout]}" if k == v else f"K {k} / V {v} {LAYOUT_NAMES[layout]}"
+    dtype = _format_name(k) if _format_name(k) == _format_name(v) else f"{_format_name(k)}/{_format_name(v)}"
+    shape = spec.shape() + (f" page_size={kern.page_size}" if layout == "paged" else "")
+    rep = CaseReport(spec.family, spec.name, shape, scheme, dtype, LAYOUT_NAMES[layout],
+                     values=spec.batch * spec.q_heads * spec.head_dim * max(spec.reruns, 1))
+    why = (kern.unsupported_reason(spec, k, v) or storage_unfit_reason(k, layout, spec.head_dim)
+           or storage_unfit_reason(v, layout, spec.head_dim))
+    if why:
+        rep.status, rep.detail, rep.values = "SKIP", "skipped: " + why, 0
+        return rep
+    inputs = _Inputs(spec, k, v, layout, kern.page_size, seed, device)
+    case = inputs.case("nan")
+    first = _call(kern, case, device)
+    if isinstance(first, str):
+        rep.status, rep.detail = "FAIL", first
+        return rep
+    ref_o, ref_lse = inputs.reference("fp64")
+    mimic_o, mimic_lse = inputs.reference(kern.profile)
+    t = tolerance(first[0], first[1], ref_o, ref_lse, mimic_o, mimic_lse)
+    rep.tolerance, rep.status, rep.detail = t, "OK" if t.ok else "FAIL", t.detail
+    notes = []
+    if inputs.has_padding:
+        reads, note = _padding_probe(kern, inputs, first, device)
+        if reads:
+            rep.status = "FAIL"
+        if note:
+            notes.append(note)
+    if spec.reruns:
+        differing, diff = 0, 0.0
+        for _ in range(spec.reruns - 1):
+            again = _call(kern, case, device)
+            if isinstance(again, str):
+                rep.status = "FAIL"
+                notes.append(f"rerun {again}")
+                break
+            if not _same_bits(first, again):
+                differing += 1
+                diff = max(diff, float(np.nanmax(np.abs(again[0].astype(np.float64) - first[0]), initial=0.0)))
+        if differing:
+            notes.append(f"{differing} of {spec.reruns - 1} reruns differ from the first (max |dO| {diff:.3g})"
+                         + ("" if kern.deterministic else "; declared non-deterministic: reported, not failed"))
+            if kern.deterministic:
+                rep.status = "FAIL"
+        else:
+            notes.append(f"{spec.reruns} runs bitwise identical")
+    if notes:
+        rep.detail = "; ".join(([n for n in notes if n.startswith("reads padding")]) + [rep.detail]
+                               + [n for n in notes if not n.startswith("reads padding")])
+    return rep
+
+
+def _prepare(kernel, k, v, layout, profile, cases, reruns, device, name):
+    """Validates the arguments (ValueError) and returns (Kernel, case specs, device)."""
+    if device not in DEVICES:
+        raise ValueError(f"device '{device}': kvq.gate runs on {', '.join(DEVICES)} (numpy arrays) for now")
+    if isinstance(kernel, Kernel):
+        for what, given, declared in (("layout", layout, kernel.layout), ("profile", profile, kernel.profile)):
+            if given is not None and given != declared:
+                raise ValueError(f"{what} '{given}' given, but kernel {kernel.name} declares '{declared}'")
+        kern = kernel
+    else:
+        kern = Kernel(kernel, name=name, layout=layout or "bnsh", profile=profile or "fp32-obf16")
+    for storage in (k, v):
+        check_storage_name(storage, kern.layout)
+    if reruns is not None and (not isinstance(reruns, int) or reruns < 2):
+        raise ValueError(f"reruns must be an int >= 2, got {reruns!r}")
+    return kern, case_specs(cases, reruns), DEVICES[device]
+
+
+def _run(kern, specs, k, v, seed, dev, report, log):
+    out = GateReport(kern.name, kern.declarations(), k, v, dev.name)
+    for spec in specs:
+        rep = _run_case(kern, spec, k, v, seed, dev)
+        out.cases.append(rep)
+        if log:
+            log(rep.line(kern.name))
+    if log:
+        log(out.summary())
+    if report:
+        out.write(report)
+        if log:
+            log(f"wrote {report}")
+    return out
+
+
+def check(kernel, k="bf16", v="bf16", *, layout=None, profile=None, cases="full", seed=0, reruns=None, report=None,
+          log=print, device="cpu", name=None):
+    """Runs the gate's decode cases on `kernel` (a Kernel, or a plain callable with `layout` / `profile`).
+
+    k, v: "bf16", "fp16" or a kvq scheme name (no +had / +w<W>). cases: "quick", "full" or a list of
+    family names (kvq.gate.FAMILIES, at the full sizes). reruns: calls in the reruns family (default 3
+    quick, 50 full). report: a path for the JSON report. log: called with each line (None: quiet).
+    device: "cpu" (numpy arrays). Returns a GateReport; raises ValueError for arguments it cannot run.
+    """
+    kern, specs, dev = _prepare(kernel, k, v, layout, profile, cases, reruns, device, name)
+    return _run(kern, specs, k, v, seed, dev, report, log)
+
+
+# ---- the command line ----
+
+class _UsageError(Exception):
+    pass
+
+
+def load_kernel(target):
+    """'module:function' or 'path/to/file.py:function' -> the object (a Kernel or a callable)."""
+    where, sep, attr = target.rpartition(":")
+    if not sep or not where or not attr:
+        raise _UsageError(f"'{target}': expected module:function or path/to/file.py:function")
+    try:
+        if where.endswith(".py") or os.sep in where:
+            if not os.path.isfile(where):
+                raise _UsageError(f"'{where}': no such file")
+            module_name = "kvq_gate_kernel_" + os.path.splitext(os.path.basename(where))[0]
+            spec = importlib.util.spec_from_file_location(module_name, where)
+            module = importlib.util.module_from_spec(spec)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(where)))  # its neighbours import too
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except _UsageError:
+        raise
+    except BaseException as e:  # SyntaxError, ImportError, SystemExit from the module, ...
+        raise _UsageError(f"cannot import '{where}': {type(e).__name__}: {e}") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise _UsageError(f"'{where}' has no attribute '{attr}'")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise _UsageError(f"'{target}' is a {type(obj).__name__}, not a callable or kvq.gate.Kernel")
+    return obj
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def main(argv=None):
+    p = _Parser(prog="python -m kvq.gate",
+                description="Run kvq's decode gate on a Python kernel. Exit 0: every case OK or SKIP; 1: a case "
+                            "failed; 2: usage or import error.")
+    p.add_argument("kernel", help="module:function or path/to/file.py:function (a kvq.gate.Kernel uses its "
+                                  "declarations)")
+    p.add_argument("--k", default="bf16", help="K storage: bf16, fp16 or a kvq scheme (default bf16)")
+    p.add_argument("--v", default="bf16", help="V storage (default bf16)")
+    p.add_argument("--layout", choices=LAYOUTS, help="cache layout of a plain function (default bnsh)")
+    p.add_argument("--profile", help="precision profile of a plain function (default fp32-obf16)")
+    p.add_argument("--cases", default="full", help="quick, full, or family names separated by commas: "
+                                                   + ",".join(FAMILIES))
+    p.add_argument("--report", help="write the JSON report here")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reruns", type=int, help="calls in the reruns family (default 3 quick, 50 full)")
+    a = p.parse_args(argv)
+    cases = a.cases if a.cases in ("quick", "full") else [c for c in a.cases.split(",") if c]
+    try:
+        kern, specs, dev = _prepare(load_kernel(a.kernel), a.k, a.v, a.layout, a.profile, cases, a.reruns, "cpu", None)
+    except (_UsageError, ValueError, TypeError) as e:
+        print(f"{p.prog}: {e}", file=sys.stderr)
+        return 2
+    return 0 if _run(kern, specs, a.k, a.v, a.seed, dev, a.report, print).ok else 1
+
+
+if __name__ == "__main__":
+    # Run kvq.gate's own copy (not __main__'s), so that a kernel module's kvq.gate.Kernel is this Kernel.
+    from kvq.gate import main as _main
+    sys.exit(_main())

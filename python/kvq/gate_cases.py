@@ -1,0 +1,277 @@
+"""The decode cases kvq.gate runs, and the arrays each hands a kernel (python/kvq/gate.py is the API).
+
+A case is a shape and its sequence lengths (CaseSpec). Its inputs are built the way the C++ gate
+builds them (experiments/gate/validate_decode.cpp): random values with outlier channels, Q rounded to
+bf16, K and V stored raw (bf16 / fp16 values) or quantized by kvq's codec, and every position a
+kernel must not read — tokens >= seq_len, the tail of a sequence's last page, unused pages and page
+table entries past a sequence's pages, the scales of groups that hold only such tokens — poisoned.
+"""
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._core import SchemeError, fbgemm_rows, parse_scheme, quantize, round_to_format
+
+LAYOUTS = ("bnsh", "bsnh", "paged", "fbgemm")
+RAW_STORAGES = ("bf16", "fp16")
+# In the order they run. "long" runs with cases="full" only.
+FAMILIES = ("varlen", "head_dim", "mha", "mqa", "alibi", "group16", "one_key", "keys33", "odd_t", "no_keys",
+            "batch0", "long", "reruns")
+SPARE_PAGES = 2  # unused pages in every paged cache; page table entries past a sequence's pages name one
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    family: str
+    name: str  # as the C++ gate names its cases
+    batch: int
+    q_heads: int
+    kv_heads: int
+    tokens: int  # T: the cache's length (seq_lens[b] <= T)
+    head_dim: int
+    seq_lens: tuple = None  # None: every sequence holds T keys
+    alibi: bool = False
+    softmax_scale: float = 0.0  # 0: 1/sqrt(D)
+    reruns: int = 0  # the reruns family: calls on the same inputs, compared bitwise
+
+    def lens(self):
+        return np.array(self.seq_lens if self.seq_lens is not None else [self.tokens] * self.batch, dtype=np.int32)
+
+    def scale(self):
+        return self.softmax_scale or 1.0 / np.sqrt(self.head_dim)
+
+    def shape(self):
+        s = f"B={self.batch} Hq={self.q_heads} Hkv={self.kv_heads} T={self.tokens} D={self.head_dim}"
+        if self.seq_lens is not None:
+            s += " lens " + ",".join(map(str, self.seq_lens[:6])) + (",..." if len(self.seq_lens) > 6 else "")
+        if self.alibi:
+            s += " alibi"
+        if self.softmax_scale:
+            s += f" scale={self.softmax_scale:g}"
+        return s
+
+    @property
+    def label(self):
+        return f"{self.name} {self.shape()}"
+
+
+def case_specs(cases, reruns=None):
+    """The cases of "quick", "full" or a list of family names (run at the full sizes)."""
+    if isinstance(cases, str) and cases in ("quick", "full"):
+        quick, wanted = cases == "quick", [f for f in FAMILIES if cases == "full" or f != "long"]
+    else:
+        wanted = [cases] if isinstance(cases, str) else list(cases)
+        unknown = [f for f in wanted if f not in FAMILIES]
+        if unknown or not wanted:
+            raise ValueError(f"cases {cases!r}: expected 'quick', 'full' or family names from {', '.join(FAMILIES)}")
+        quick = False
+    T = 70 if quick else 300
+    n = reruns if reruns is not None else (3 if quick else 50)
+    specs = {
+        # varlen GQA: one sequence full, one empty, one half; the padding poisoned
+        "varlen": [CaseSpec("varlen", "varlen GQA", 3, 8, 2, T, 128, (T, 0, T // 2 + 27))],
+        "head_dim": [CaseSpec("head_dim", "head_dim", 2, 4, 2, T, d, (T, T - 7)) for d in (64, 96, 256)],
+        "mha": [CaseSpec("mha", "MHA", 2, 4, 4, T, 128)],
+        # a softmax scale that is not 1/sqrt(D), as the dumps of real models carry
+        "mqa": [CaseSpec("mqa", "MQA", 2, 8, 1, T, 128, softmax_scale=0.25)],
+        "alibi": [CaseSpec("alibi", "group of 6, ALiBi", 2, 12, 2, T, 128, (T - 1, 5), alibi=True)],
+        "group16": [CaseSpec("group16", "group of 16", 1, 16, 1, T, 64)],
+        "one_key": [CaseSpec("one_key", "one key", 1, 4, 1, 1, 128)],
+        "keys33": [CaseSpec("keys33", "33 keys", 2, 4, 2, 33, 128)],
+        # T (and the lengths) not a multiple of a page or a tile
+        "odd_t": [CaseSpec("odd_t", "odd T", 3, 8, 2, 37, 128, (37, 20, 1))],
+        "no_keys": [CaseSpec("no_keys", "no keys", 2, 4, 2, 16, 128, (0, 0)),
+                    CaseSpec("no_keys", "T = 0", 1, 4, 2, 0, 128)],
+        "batch0": [CaseSpec("batch0", "B = 0", 0, 4, 2, 16, 128)],
+        "long": [CaseSpec("long", "long", 2, 8, 2, 2048, 128, (2048, 1500))],
+        "reruns": [CaseSpec("reruns", f"{n} reruns", 4, 8, 2, 64 if quick else 2048, 128, reruns=n)],
+    }
+    return [s for f in FAMILIES if f in wanted for s in specs[f]]
+
+
+def case_rng(seed, spec, what):
+    """Fixed per (seed, case label, tensor), whichever cases run."""
+    return np.random.default_rng([seed, zlib.crc32(f"{spec.label}/{what}".encode())])
+
+
+def random_values(rng, shape, outlier):
+    """Normal values; channels d % 23 == 5 times `outlier` (the outlier channels of real K)."""
+    x = rng.standard_normal(shape, dtype=np.float32)
+    x[..., np.arange(shape[-1]) % 23 == 5] *= outlier
+    return x
+
+
+def check_storage_name(name, layout):
+    """Raises ValueError when kvq.gate cannot store K or V as `name` in `layout` (for any case)."""
+    if name in RAW_STORAGES:
+        return
+    scheme = parse_scheme(name)  # SchemeError (a ValueError) for a bad name
+    if scheme.format not in ("int", "fp8-e4m3", "fp8-e5m2"):
+        raise ValueError(f"storage '{name}': kvq.gate gates int8 / int4 / FP8 schemes and bf16 / fp16 values; "
+                         f"not {scheme.format} yet (its poisoned scales and layouts are not written)")
+    if scheme.hadamard or scheme.window is not None:
+        raise ValueError(f"storage '{name}': kvq.gate does not gate +had or +w<W> storages yet (the kernel would "
+                         "need the rotation of Q or the window's full-precision values beside the codes)")
+    if layout == "paged" and scheme.granularity == "channel":
+        raise ValueError(f"storage '{name}': a paged cache holds no chan-t<N> scheme (its token groups would span "
+                         "pages); use layout 'bnsh' or 'bsnh'")
+    if layout == "fbgemm" and not (scheme.bits == 4 and scheme.asymmetric and scheme.scale_dtype == "float16"
+                                   and scheme.granularity in ("head", "group")):
+        raise ValueError(f"storage '{name}': FBGEMM's inline rows hold int4 asymmetric head or g<G> schemes with "
+                         "fp16 scales (e.g. int4-head-asym, int4-g32-asym), or bf16 / fp16 values")
+
+
+def storage_unfit_reason(name, layout, head_dim):
+    """Why `name` cannot be stored at this head_dim (e.g. int4-g64 at D = 96), or ""."""
+    if name in RAW_STORAGES:
+        return ""
+    scheme = parse_scheme(name)
+    try:
+        scheme.fits(head_dim)
+    except SchemeError as e:
+        return f"storage {name} at head_dim {head_dim}: {e}"
+    if layout == "fbgemm" and scheme.granularity == "group" and head_dim // scheme.group not in (1, 2, 4, 8):
+        return (f"storage {name} at head_dim {head_dim}: FBGEMM rows hold 1, 2, 4 or 8 groups, not "
+                f"{head_dim // scheme.group}")
+    return ""
+
+
+# ---- poison: what padding holds. "nan" is what kernels see; "finite" is the probe's second filling,
+# so that an output that depends on the padding shows as a difference even where NaN would not.
+
+def poison_values(kind, shape, dtype):
+    """Poison for a float array (values, scales or zero points)."""
+    return np.full(shape, np.nan if kind == "nan" else 8.0, dtype=dtype)
+
+
+def poison_codes(kind, shape, dtype):
+    """Garbage code bytes, varying along the last axis (as the C++ gate writes them)."""
+    n = shape[-1] if shape else 1
+    pattern = ((0x7E ^ (np.arange(n) * 37)) if kind == "nan" else (0x35 ^ (np.arange(n) * 11))) & 0xFF
+    return np.broadcast_to(pattern.astype(np.uint8).view(dtype), shape).copy()
+
+
+def poison_fbgemm_rows(kind, shape, groups):
+    """Rows whose n (scale, shift) pairs are NaN (or 0.5, -1.0) and whose codes are garbage."""
+    rows = poison_codes(kind, shape, np.uint8)
+    params = np.array([np.nan, np.nan] if kind == "nan" else [0.5, -1.0], dtype=np.float16).view(np.uint8)
+    rows[..., :4 * groups] = np.tile(params, groups)
+    return rows
+
+
+@dataclass
+class StoredOperand:
+    """K or V of one case before its layout: arrays in kvq's planar order (BNSH), the padding clean.
+
+    arrays: name -> (array, token axis or None, head axis or None); names are "values" (raw), or
+    "codes", "scales", "zero_points" (a kvq scheme), or "rows" (FBGEMM, already [B, T, Hkv, bytes]).
+    """
+    storage: str
+    scheme: object  # kvq.Scheme or None
+    reference: np.ndarray  # float32 [B, Hkv, T, D]: the values the kernel must attend over
+    arrays: dict
+    fbgemm_groups: int = 0
+
+
+def store_operand(x, storage, layout):
+    """x [B, Hkv, T, D] (padding zero, so it does not move the scales) stored as `storage`."""
+    B, H, T, D = x.shape
+    if storage in RAW_STORAGES:
+        values = np.array(round_to_format(x, storage), dtype=np.float32)
+        return StoredOperand(storage, None, values.copy(), {"values": (values, 2, 1)})
+    scheme = parse_scheme(storage)
+    r = quantize(x, scheme, name="K/V")
+    reference = np.array(r.dequantized)
+    if layout == "fbgemm":
+        groups = 1 if scheme.granularity == "head" else D // scheme.group
+        return StoredOperand(storage, scheme, reference, {"rows": (np.array(fbgemm_rows(r)), 1, 2)}, groups)
+    # token axis of the scale array: tensor none; token [B, T]; head, gG [B, H, T(, n)]; chan-tN [B, H, T/N, D]
+    g = scheme.granularity
+    token_axis, head_axis = {"tensor": (None, None), "token": (1, None)}.get(g, (2, 1))
+    arrays = {"codes": (np.array(r.codes), 2, 1)}
+    if not scheme.scale_free:
+        arrays["scales"] = (np.array(r.scales), token_axis, head_axis)
+        if scheme.asymmetric:
+            arrays["zero_points"] = (np.array(r.zero_points), token_axis, head_axis)
+    return StoredOperand(storage, scheme, reference, arrays)
+
+
+def padding_tokens(spec, scheme, n_tokens):
+    """[B, n] bool: entries of a token axis of length n that hold only padding (chan-tN: token groups)."""
+    lens = spec.lens()[:, None]
+    if scheme is not None and scheme.granularity == "channel":
+        return np.arange(n_tokens)[None, :] * scheme.group >= lens
+    return np.arange(n_tokens)[None, :] >= lens
+
+
+def poisoned(op, spec, kind):
+    """The operand's arrays (BNSH order) with every padding position poisoned."""
+    out = {}
+    lens = spec.lens()
+    for name, (a, t_axis, h_axis) in op.arrays.items():
+        a = a.copy()
+        if name == "rows":  # [B, T, Hkv, bytes]
+            pad = padding_tokens(spec, None, a.shape[1])
+            a[pad] = poison_fbgemm_rows(kind, a[pad].shape, op.fbgemm_groups)
+        elif t_axis is None:  # one per-tensor scale: padding only when every sequence is empty
+            if a.size and not lens.any():
+                a[...] = poison_values(kind, a.shape, a.dtype)
+        else:
+            pad = padding_tokens(spec, op.scheme if name != "codes" else None, a.shape[t_axis])
+            moved = np.moveaxis(a, t_axis, 1)  # [B, T, ...] view of a
+            fill = poison_codes if name == "codes" else poison_values
+            moved[pad] = fill(kind, moved[pad].shape, a.dtype)
+        out[name] = a
+    return out
+
+
+@dataclass(frozen=True)
+class Paging:
+    """Where each sequence's pages lie: page_size, the page table [B, max_pages], pages per sequence."""
+    page_size: int
+    block_table: np.ndarray
+    counts: np.ndarray  # [B]: ceil(seq_len / page_size)
+    num_pages: int
+
+
+def make_paging(spec, page_size, rng):
+    """ceil(seq_len / page_size) pages per sequence, all pages (and SPARE_PAGES unused ones) shuffled;
+    table entries past a sequence's pages name an unused (poisoned) page."""
+    lens = spec.lens()
+    counts = -(-lens // page_size)
+    total = int(counts.sum()) + SPARE_PAGES
+    perm = rng.permutation(total).astype(np.int32)
+    max_pages = -(-spec.tokens // page_size)
+    table = np.full((spec.batch, max_pages), perm[-1], dtype=np.int32)
+    start = 0
+    for b, n in enumerate(counts):
+        table[b, :n] = perm[start:start + n]
+        start += n
+    return Paging(page_size, table, counts, total)
+
+
+def to_layout(arrays, op, layout, paging, kind):
+    """BNSH arrays -> the kernel's layout: BSNH moves each head axis after its token axis; paged puts
+    the BSNH tokens into pages [num_pages, page_size, ...] by the page table."""
+    out = {}
+    for name, a in arrays.items():
+        _, t_axis, h_axis = op.arrays[name]
+        if layout == "bnsh" or layout == "fbgemm" and name == "rows" or t_axis is None:
+            out[name] = a
+            continue
+        if h_axis is not None:  # [B, H, T, ...] -> [B, T, H, ...]
+            a = np.ascontiguousarray(np.moveaxis(a, h_axis, t_axis))
+        if layout in ("bsnh", "fbgemm"):
+            out[name] = a
+            continue
+        rest = a.shape[2:]
+        fill = poison_codes if name == "codes" else poison_values
+        pages = fill(kind, (paging.num_pages, paging.page_size) + rest, a.dtype)  # unused pages stay poisoned
+        P, T = paging.page_size, a.shape[1]
+        for b in range(a.shape[0]):
+            for i in range(paging.counts[b]):  # the last page's tail: tokens >= seq_len, poisoned in `a`
+                n = min(P, T - i * P)
+                pages[paging.block_table[b, i], :n] = a[b, i * P:i * P + n]
+        out[name] = pages
+    return out

@@ -1,0 +1,149 @@
+"""Correct decode kernels in numpy, gated by kvq.gate: one function reads every layout and storage
+the gate hands out, and declares itself once per layout. Copy one as the start of your own kernel's
+gate (docs/gate.md); the tests give the gate these and deliberately broken variants of them.
+
+    import kvq.gate
+    from kvq.gate_examples import numpy_paged
+    assert kvq.gate.check(numpy_paged, k="int8-head", v="int4-g32-asym", cases="quick").ok
+
+Arithmetic: fp32 logits, softmax and sums over the stored values (dequantized as DESIGN.md's codec
+does), O rounded to bf16 — the profile "fp32-obf16".
+"""
+import numpy as np
+
+from ._core import round_to_format
+from .gate import Kernel
+
+
+def fp8_values(fmt):
+    """float32 value of each of the 256 FP8 codes: OCP e4m3fn (bias 7, no inf, 0x7f / 0xff NaN) or
+    e5m2 (bias 15, IEEE-like)."""
+    c = np.arange(256)
+    sign = np.where(c & 0x80, -1.0, 1.0)
+    ebits, bias = (4, 7) if fmt == "fp8-e4m3" else (5, 15)
+    mbits = 7 - ebits
+    e, m = (c >> mbits) & ((1 << ebits) - 1), c & ((1 << mbits) - 1)
+    x = np.where(e == 0, m * 2.0 ** (1 - bias - mbits), (1 + m / 2 ** mbits) * 2.0 ** (e - bias))
+    if fmt == "fp8-e4m3":
+        x = np.where((e == 15) & (m == 7), np.nan, x)
+    else:
+        x = np.where(e == 31, np.where(m == 0, np.inf, np.nan), x)
+    return (sign * x).astype(np.float32)
+
+
+def unpack_int4(codes, signed):
+    """uint8 [..., D/2] -> int [..., D]: element 2i in the low nibble of byte i, element 2i+1 in the
+    high one; symmetric codes are two's-complement nibbles."""
+    c = np.asarray(codes, np.uint8)
+    out = np.stack([c & 0xF, c >> 4], axis=-1).reshape(c.shape[:-1] + (2 * c.shape[-1],)).astype(np.int32)
+    return np.where(out >= 8, out - 16, out) if signed else out
+
+
+def fma32(q, s, z):
+    """fma(q, s, z) in fp32 with one rounding: exact in float64 for kvq's codes and fp16/fp32 parameters."""
+    return (q.astype(np.float64) * s.astype(np.float64) + z.astype(np.float64)).astype(np.float32)
+
+
+def dequantize_planar(op, head_dim):
+    """A kvq scheme in BNSH planar arrays -> float32 [B, Hkv, T, D], as the codec decodes it."""
+    s = op.scheme
+    if s.format not in ("int", "fp8-e4m3", "fp8-e5m2"):
+        raise ValueError(f"dequantize_planar: {s.name} ({s.format}) is not an int or FP8 scheme")
+    if s.format != "int":
+        q = fp8_values(s.format)[np.asarray(op.codes, np.uint8)]
+    elif s.bits == 4:
+        q = unpack_int4(op.codes, signed=not s.asymmetric)
+    else:
+        q = np.asarray(op.codes).astype(np.int32)
+    if s.scale_free:
+        return q
+    B, H, T, D = q.shape
+
+    def per_element(p):  # a scale / zero-point array in kvq's group order -> [B, H, T, D]
+        p = np.asarray(p, np.float32)
+        if s.granularity == "tensor":
+            return np.broadcast_to(p.reshape(-1)[:1] if p.size else np.zeros(1, np.float32), q.shape)
+        if s.granularity == "token":  # [B, T]
+            return np.broadcast_to(p[:, None, :, None], q.shape)
+        if s.granularity == "head":  # [B, H, T]
+            return np.broadcast_to(p[..., None], q.shape)
+        if s.granularity == "group":  # [B, H, T, D/G]
+            return np.repeat(p, s.group, axis=-1)
+        return np.repeat(p, s.group, axis=2)[:, :, :T]  # chan-tN: [B, H, ceil(T/N), D]
+
+    scales = per_element(op.scales)
+    if s.asymmetric:
+        return fma32(q, scales, per_element(op.zero_points))
+    return q.astype(np.float32) * scales  # one fp32 multiply
+
+
+def dequantize_fbgemm_rows(rows, head_dim):
+    """FBGEMM inline rows uint8 [B, T, H, D/2 + 4n] -> float32 [B, T, H, D]: n x (fp16 scale, fp16
+    shift), then the packed int4 codes; element d belongs to group d // (D/n)."""
+    rows = np.asarray(rows, np.uint8)
+    n = (rows.shape[-1] - head_dim // 2) // 4
+    params = np.ascontiguousarray(rows[..., :4 * n]).view(np.float16).reshape(rows.shape[:-1] + (n, 2))
+    q = unpack_int4(rows[..., 4 * n:], signed=False)
+    scale = np.repeat(params[..., 0], head_dim // n, axis=-1)
+    shift = np.repeat(params[..., 1], head_dim // n, axis=-1)
+    return fma32(q, scale, shift)
+
+
+def to_bnsh(a, case):
+    """A stored array (values, codes or scales) -> kvq's BNSH order. Paged: the page table gathers each
+    sequence's pages into [B, max_pages * page_size, ...]; BSNH-ordered arrays swap T and H back."""
+    a = np.asarray(a)
+    if case.layout == "bnsh" or a.ndim == 1:  # bnsh, or one per-tensor scale
+        return a
+    if case.layout == "paged":
+        t = case.block_table  # [B, max_pages]
+        a = a[t].reshape((t.shape[0], t.shape[1] * case.page_size) + a.shape[2:])
+    return np.swapaxes(a, 1, 2) if a.ndim >= 3 else a  # [B, T, H, ...] -> [B, H, T, ...]; token scales stay [B, T]
+
+
+def cache_bnsh(case, op):
+    """K or V of a case as float32 [B, Hkv, T', D] (T' >= T), whatever its layout and storage."""
+    if op.values is not None:
+        return to_bnsh(op.values, case)
+    if op.rows is not None:
+        return np.swapaxes(dequantize_fbgemm_rows(op.rows, case.head_dim), 1, 2)
+    planar = type(op)(op.storage, op.scheme, codes=to_bnsh(op.codes, case),
+                      scales=None if op.scales is None else to_bnsh(op.scales, case),
+                      zero_points=None if op.zero_points is None else to_bnsh(op.zero_points, case))
+    return dequantize_planar(planar, case.head_dim)
+
+
+def attend(q, k, v, seq_lens, softmax_scale, alibi_slopes):
+    """Decode attention in fp32: q [B, Hq, D], k and v [B, Hkv, T, D] -> O (bf16 values) [B, Hq, D],
+    LSE [B, Hq]. Only keys j < seq_lens[b] are read; no keys: O = 0, LSE = -inf."""
+    B, Hq, D = q.shape
+    group = Hq // k.shape[1]
+    o = np.zeros((B, Hq, D), np.float32)
+    lse = np.full((B, Hq), -np.inf, np.float32)
+    for b in range(B):
+        n = int(seq_lens[b])
+        if n == 0:
+            continue
+        for h in range(k.shape[1]):
+            heads = slice(h * group, (h + 1) * group)  # the query heads that read KV head h
+            s = (q[b, heads] @ k[b, h, :n].T) * np.float32(softmax_scale)  # [group, n]
+            if alibi_slopes is not None:
+                s = s - alibi_slopes[heads, None] * (n - 1 - np.arange(n)).astype(np.float32)
+            m = s.max(axis=1, keepdims=True)
+            p = np.exp(s - m)
+            l = p.sum(axis=1, keepdims=True)
+            o[b, heads] = (p @ v[b, h, :n]) / l
+            lse[b, heads] = (m + np.log(l))[:, 0]
+    return np.asarray(round_to_format(o, "bf16"), np.float32), lse
+
+
+def numpy_decode(case):
+    """A kvq.gate kernel: any layout, any storage (fp32 arithmetic, O in bf16)."""
+    k, v = cache_bnsh(case, case.k), cache_bnsh(case, case.v)
+    return attend(case.q, k, v, case.seq_lens, case.softmax_scale, case.alibi_slopes)
+
+
+numpy_bnsh = Kernel(numpy_decode, name="numpy-bnsh", layout="bnsh", profile="fp32-obf16")
+numpy_bsnh = Kernel(numpy_decode, name="numpy-bsnh", layout="bsnh", profile="fp32-obf16")
+numpy_paged = Kernel(numpy_decode, name="numpy-paged", layout="paged", profile="fp32-obf16", page_size=16)
+numpy_fbgemm = Kernel(numpy_decode, name="numpy-fbgemm", layout="fbgemm", profile="fp32-obf16")

@@ -1,0 +1,353 @@
+"""kvq.gate on the CPU: the correct numpy kernels (kvq/gate_examples.py) pass every family in every
+layout, each deliberately wrong kernel (gate_kernels.py) fails the family that must catch it, declared
+limits give [SKIP] with the kernel's reason, padding is poisoned where the docs say, the JSON report
+has kvq validate's fields, the command line's exit codes, and docs/gate.md's examples run as written.
+ctest puts build/python on PYTHONPATH."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kvq
+import kvq.gate as gate
+from kvq.gate_examples import numpy_bnsh, numpy_bsnh, numpy_decode, numpy_fbgemm, numpy_paged
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+import gate_kernels as wrong  # noqa: E402
+
+QUICK_FAMILIES = [f for f in gate.FAMILIES if f != "long"]
+
+
+def run(kern, k="bf16", v="bf16", cases="quick", **kw):
+    return gate.check(kern, k, v, cases=cases, log=None, **kw)
+
+
+def statuses(report):
+    return {c.label: c.status for c in report.cases}
+
+
+# ---- correct kernels pass ----
+
+@pytest.mark.parametrize("kern,k,v", [
+    (numpy_bnsh, "bf16", "bf16"), (numpy_bnsh, "int4-chan-t32-asym", "int8-token-asym"),
+    (numpy_bnsh, "fp8-e4m3-head", "fp8-e5m2"),
+    (numpy_bsnh, "fp16", "bf16"), (numpy_bsnh, "int8-tensor", "int4-g32"),
+    (numpy_paged, "bf16", "bf16"), (numpy_paged, "int8-head", "int4-g32-asym"),
+    (numpy_paged, "int4-token-asym", "fp8-e4m3-g32-fp32"),
+    (gate.Kernel(numpy_decode, name="numpy-paged-7", layout="paged", page_size=7), "int8-tensor", "fp16"),
+    (numpy_fbgemm, "int4-g32-asym", "int4-head-asym"), (numpy_fbgemm, "bf16", "int4-g64-asym")])
+def test_correct_kernels_pass_every_family(kern, k, v):
+    r = run(kern, k, v)
+    assert r.ok, [c.line(r.kernel) for c in r.with_status("FAIL")]
+    assert {c.family for c in r.cases} == set(QUICK_FAMILIES)
+    for c in r.with_status("SKIP"):  # only storages that cannot exist at D = 96 (FBGEMM: 3 groups, g64)
+        assert c.family == "head_dim" and "head_dim 96" in c.detail, c.detail
+    assert len(r.with_status("SKIP")) == (1 if kern is numpy_fbgemm else 0)
+    assert all("page_size=" in c.shape for c in r.cases) == (kern.layout == "paged")
+
+
+def test_full_cases_and_reading_padding_that_is_masked_away_passes():
+    r = run(numpy_bnsh, "int8-head", "int8-head", cases="full", reruns=5)
+    assert r.ok and [c.status for c in r.cases].count("OK") == len(r.cases)
+    assert {c.family for c in r.cases} == set(gate.FAMILIES)
+
+    def masked(case):  # reads every stored key, then masks the padding away exactly
+        from kvq.gate_examples import cache_bnsh
+        k, v = cache_bnsh(case, case.k), cache_bnsh(case, case.v)
+        T = k.shape[2]
+        valid = np.arange(T)[None, :] < case.seq_lens[:, None]  # [B, T]
+        k = np.where(valid[:, None, :, None], k, 0)
+        v = np.where(valid[:, None, :, None], v, 0)
+        o, lse = np.zeros(case.q.shape, np.float32), np.full(case.q.shape[:2], -np.inf, np.float32)
+        for b in range(case.batch):
+            for h in range(case.num_q_heads):
+                s = np.where(valid[b], (k[b, h // case.group] @ case.q[b, h]) * np.float32(case.softmax_scale),
+                             -np.inf)
+                if case.alibi_slopes is not None:
+                    s = s - case.alibi_slopes[h] * (case.seq_lens[b] - 1 - np.arange(T)).astype(np.float32)
+                if valid[b].any():
+                    p = np.exp(s - s.max())
+                    o[b, h], lse[b, h] = p @ v[b, h // case.group] / p.sum(), s.max() + np.log(p.sum())
+        return kvq.round_to_format(o, "bf16"), lse
+    r = run(gate.Kernel(masked, layout="paged"), "int4-g32-asym", "int8-head")
+    assert r.ok, [c.line(r.kernel) for c in r.with_status("FAIL")]
+
+
+# ---- wrong kernels are caught ----
+
+@pytest.mark.parametrize("name", sorted(wrong.WRONG))
+def test_wrong_kernel_is_caught(name):
+    kern, must_fail = wrong.WRONG[name]
+    failed = run(kern).families("FAIL")
+    assert must_fail <= failed, (name, sorted(failed))
+    if name in ("fixed_softmax_scale", "ignores_alibi", "noisy"):  # and nothing else catches these
+        assert failed == must_fail, (name, sorted(failed))
+
+
+def test_reading_padding_is_named_in_every_layout_and_storage():
+    for layout, k in (("bnsh", "bf16"), ("bsnh", "int8-tensor"), ("paged", "int4-g32-asym"),
+                      ("fbgemm", "int4-head-asym")):
+        r = run(gate.Kernel(wrong.reads_padding, layout=layout), k, k, cases=["varlen", "no_keys"])
+        assert r.families("FAIL") == {"varlen", "no_keys"}, (layout, k)
+        varlen = r.cases[0]
+        assert varlen.detail.startswith("reads padding: O changes when the padding (positions >= seq_len"), \
+            varlen.detail
+    # a per-tensor scale cannot be poisoned: the garbage codes alone give a wrong, finite O
+    r = run(gate.Kernel(wrong.reads_padding), "int8-tensor", "int8-tensor", cases=["varlen"])
+    assert "reads padding" in r.cases[0].detail and "NaN there" not in r.cases[0].detail
+
+
+def test_wrong_int4_decoding_is_caught_in_every_layout():
+    for layout, k, v in (("bnsh", "int4-g32-asym", "int4-g32-asym"), ("bsnh", "int4-head", "int4-g32"),
+                         ("paged", "int4-head-asym", "int4-token-asym"), ("fbgemm", "int4-g32-asym", "int4-head-asym")):
+        for fn in (wrong.nibbles_swapped, wrong.scale_zero_swapped):
+            if fn is wrong.scale_zero_swapped and "asym" not in k:
+                continue
+            r = run(gate.Kernel(fn, layout=layout), k, v, cases=["varlen", "one_key"])
+            assert r.families("FAIL") == {"varlen", "one_key"}, (fn.__name__, layout)
+
+
+def test_ignoring_the_page_table_is_caught():
+    r = run(gate.Kernel(wrong.ignores_page_table, layout="paged"), "int8-head", "int8-head", cases=["varlen", "reruns"])
+    assert r.families("FAIL") == {"varlen", "reruns"}
+
+
+def test_bf16_accumulation_fails_its_declared_profile():
+    r = run(gate.Kernel(wrong.bf16_pv), cases=["varlen", "long"])
+    assert r.families("FAIL") == {"varlen", "long"}
+    assert all(c.tolerance.max_err > c.tolerance.max_bound for c in r.cases)
+
+
+def test_non_determinism_is_reported_not_failed_when_declared():
+    r = run(gate.Kernel(wrong.noisy, deterministic=False), cases=["varlen", "reruns"], reruns=3)
+    assert r.ok
+    assert re.search(r"2 of 2 reruns differ from the first .*declared non-deterministic: reported, not failed",
+                     r.cases[-1].detail), r.cases[-1].detail
+    r = run(wrong.WRONG["noisy"][0], cases=["reruns"], reruns=3)
+    assert not r.ok and "2 of 2 reruns differ" in r.cases[0].detail
+
+
+def test_kernel_errors_and_wrong_shapes_fail_the_case_and_the_gate_goes_on():
+    def raises(case):
+        raise RuntimeError("CUDA error: out of memory")
+    r = run(raises, cases=["mha", "batch0"])
+    assert [c.status for c in r.cases] == ["FAIL", "FAIL"]
+    assert r.cases[0].detail == "error: RuntimeError: CUDA error: out of memory"
+    r = run(lambda case: (numpy_decode(case)[0][:, :, None], numpy_decode(case)[1]), cases=["mha"])
+    assert r.cases[0].detail == "error: O has shape [2, 4, 1, 128], expected [B, Hq, D] = [2, 4, 128]"
+    r = run(gate.Kernel(numpy_decode, returns_lse=False), cases=["mha"])
+    assert "expected O alone (the kernel declares returns_lse=False)" in r.cases[0].detail
+
+    def writes_input(case):
+        case.q[0, 0, 0] = 0
+    r = run(writes_input, cases=["mha"])
+    assert "read-only" in r.cases[0].detail
+
+
+def test_o_alone_is_judged_without_lse():
+    r = run(gate.Kernel(lambda case: numpy_decode(case)[0], returns_lse=False))
+    assert r.ok and all("LSE not returned (declared)" in c.detail for c in r.cases if not c.skipped)
+
+
+# ---- declarations: SKIP with the kernel's reason ----
+
+def test_declared_limits_are_skipped_with_the_reason():
+    kern = gate.Kernel(numpy_decode, name="limited", head_dims={64, 128}, max_tokens=1024, alibi=False)
+    r = run(kern, cases=["head_dim", "alibi", "long", "mha"])
+    got = {c.label: (c.status, c.detail) for c in r.cases}
+    assert r.ok
+    assert got["head_dim B=2 Hq=4 Hkv=2 T=300 D=96 lens 300,293"] == (
+        "SKIP", "skipped: head_dim 96 (the kernel declares head_dims [64, 128])")
+    assert got["head_dim B=2 Hq=4 Hkv=2 T=300 D=64 lens 300,293"][0] == "OK"
+    assert got["group of 6, ALiBi B=2 Hq=12 Hkv=2 T=300 D=128 lens 299,5 alibi"] == (
+        "SKIP", "skipped: ALiBi (the kernel declares alibi=False)")
+    assert got["long B=2 Hq=8 Hkv=2 T=2048 D=128 lens 2048,1500"] == (
+        "SKIP", "skipped: T = 2048 (the kernel declares max_tokens 1024)")
+    r = run(gate.Kernel(numpy_decode, storages={"bf16", "int4-g32-asym"}), "bf16", "int8-head")
+    assert r.ok and len(r.with_status("SKIP")) == len(r.cases)
+    assert r.cases[0].detail == "skipped: V storage int8-head (the kernel declares storages bf16, int4-g32-asym)"
+    r = run(numpy_bnsh, "int4-g64", "int4-g64", cases=["head_dim"])
+    assert [c.status for c in r.cases] == ["OK", "SKIP", "OK"]
+    assert r.cases[1].detail == ("skipped: storage int4-g64 at head_dim 96: int4-g64: group size 64 does not divide "
+                                 "head_dim 96")
+
+
+def test_arguments_the_gate_cannot_run_are_errors():
+    with pytest.raises(ValueError, match="layout 'bsnh' given, but kernel numpy-bnsh declares 'bnsh'"):
+        gate.check(numpy_bnsh, layout="bsnh", log=None)
+    with pytest.raises(ValueError, match="FBGEMM's inline rows hold int4 asymmetric"):
+        gate.check(numpy_fbgemm, "int8-head", "int8-head", log=None)
+    with pytest.raises(ValueError, match="a paged cache holds no chan-t<N> scheme"):
+        gate.check(numpy_paged, "int4-chan-t32-asym", "bf16", log=None)
+    with pytest.raises(ValueError, match=r"\+had or \+w<W>"):
+        gate.check(numpy_bnsh, "int4-g32-asym+had", "bf16", log=None)
+    with pytest.raises(kvq.SchemeError):
+        gate.check(numpy_bnsh, "int4-g3x", "bf16", log=None)
+    if hasattr(kvq, "to_ggml_blocks"):  # llama.cpp's block formats, where the module has them
+        with pytest.raises(ValueError, match="storage 'q8_0': kvq.gate gates int8 / int4 / FP8 schemes"):
+            gate.check(numpy_bnsh, "q8_0", "bf16", log=None)
+    with pytest.raises(ValueError, match="expected 'quick', 'full' or family names"):
+        gate.check(numpy_bnsh, cases=["varlen", "nope"], log=None)
+    with pytest.raises(ValueError, match="precision profile 'fp32-pbf8'"):
+        gate.Kernel(numpy_decode, profile="fp32-pbf8")
+    with pytest.raises(ValueError, match="device 'cuda'"):
+        gate.check(numpy_bnsh, device="cuda", log=None)
+
+
+# ---- what the kernel is given ----
+
+def captured(layout, k, v, family, **declarations):
+    seen = []
+    gate.check(gate.Kernel(lambda case: seen.append(case) or numpy_decode(case), layout=layout, **declarations), k, v,
+               cases=[family], log=None)
+    return seen[0]  # the first call: NaN / garbage in the padding
+
+
+def test_padding_is_poisoned_where_the_docs_say():
+    c = captured("bnsh", "bf16", "int8-head", "varlen")  # lengths 300, 0, 177
+    assert c.q.shape == (3, 8, 128) and c.seq_lens.tolist() == [300, 0, 177] and c.block_table is None
+    assert np.array_equal(kvq.round_to_format(c.q, "bf16"), c.q)
+    assert np.isnan(c.k.values[1]).all() and np.isnan(c.k.values[2, :, 177:]).all()
+    assert np.isfinite(c.k.values[2, :, :177]).all() and np.isfinite(c.k.values[0]).all()
+    assert np.isnan(c.v.scales[2, :, 177:]).all() and np.isfinite(c.v.scales[2, :, :177]).all()
+    assert c.v.codes.dtype == np.int8 and c.v.scales.dtype == np.float16 and not c.v.codes.flags.writeable
+
+    c = captured("paged", "int8-token", "int4-g32-asym", "odd_t")  # T 37, lengths 37, 20, 1, pages of 16
+    table, pages = c.block_table, c.k.codes.shape[0]
+    assert c.page_size == 16 and table.shape == (3, 3) and pages == 3 + 2 + 1 + 2
+    own = [table[0, :3], table[1, :2], table[2, :1]]
+    used = np.concatenate(own)
+    assert len(set(used.tolist())) == 6 and used.tolist() != list(range(6))  # shuffled
+    unused = sorted(set(range(pages)) - set(used.tolist()))
+    assert len(unused) == 2 and set(table[1, 2:].tolist() + table[2, 1:].tolist()) <= set(unused)
+    assert np.isnan(c.k.scales[unused]).all() and np.isnan(c.v.zero_points[unused]).all()
+    assert np.isnan(c.k.scales[table[0, 2], 37 - 32:]).all()  # the last page's tail past T
+    assert np.isnan(c.v.scales[table[1, 1], 4:]).all() and np.isfinite(c.v.scales[table[1, 1], :4]).all()
+    assert np.isfinite(c.k.scales[table[2, 0], :1]).all() and np.isnan(c.k.scales[table[2, 0], 1:]).all()
+    # the pages hold the sequences' tokens in table order: gathering them gives the planar cache back
+    from kvq.gate_examples import cache_bnsh
+    k = cache_bnsh(c, c.k)
+    assert k.shape == (3, 2, 48, 128) and np.isfinite(k[1, :, :20]).all() and np.isnan(k[1, :, 20:]).all()
+
+
+def test_fbgemm_rows_are_the_planar_codes_and_parameters():
+    c = captured("fbgemm", "int4-g32-asym", "bf16", "odd_t")
+    assert c.k.rows.shape == (3, 37, 2, 64 + 4 * 4) and c.k.rows.dtype == np.uint8
+    assert c.v.values.shape == (3, 37, 2, 128)  # raw operands in FBGEMM's BSNH
+    params = c.k.rows[0, :, :, :16].copy().view(np.float16).reshape(37, 2, 4, 2)
+    assert np.isfinite(params).all() and np.isnan(c.k.rows[1, 20:, :, :16].copy().view(np.float16)).all()
+
+
+def test_alibi_and_softmax_scale_reach_the_kernel():
+    c = captured("bsnh", "bf16", "bf16", "alibi")
+    assert c.alibi_slopes.dtype == np.float32 and np.array_equal(c.alibi_slopes, np.float32(kvq.alibi_slopes(12)))
+    assert c.softmax_scale == 1 / np.sqrt(128) and c.k.values.shape == (2, 300, 2, 128)
+    c = captured("bnsh", "bf16", "bf16", "mqa")
+    assert c.softmax_scale == 0.25 and c.alibi_slopes is None and c.group == 8
+
+
+# ---- the verdict, as check_tolerance computes it ----
+
+def test_tolerance_mirrors_check_tolerance():
+    ref = np.array([[[1.0, -2.0]], [[0.0, 0.0]]])  # [B=2, Hq=1, D=2]; row 1 has no keys
+    ref_lse = np.array([[0.5], [-np.inf]])
+    mimic = ref + np.array([[[0.01, 0.0]], [[0.0, 0.0]]])
+    floor = 2 * float(gate.bf16_noise(ref).max())
+    assert floor == 2 * 2.0 ** -8  # bf16(bf16(1.3) - 0.3) = 1 - 2^-8
+    bound = gate.tolerance(ref, ref_lse, ref, ref_lse, mimic, ref_lse).max_bound
+    assert bound == pytest.approx(2 * 0.01 + floor, rel=1e-12)
+    for factor, ok in ((1 - 1e-6, True), (1 + 1e-6, False)):
+        out = ref.copy()
+        out[0, 0, 0] += bound * factor
+        t = gate.tolerance(out, ref_lse, ref, ref_lse, mimic, ref_lse)
+        assert t.ok == ok and t.worst == ((0, 0, 0), out[0, 0, 0], 1.0)
+    # empty rows: O = 0 and LSE = -inf exactly (-0.0 is 0)
+    assert gate.tolerance(np.where(ref == 0, -0.0, ref), ref_lse, ref, ref_lse, ref, ref_lse).ok
+    t = gate.tolerance(ref, np.array([[0.5], [0.0]]), ref, ref_lse, ref, ref_lse)
+    assert not t.ok and t.problem == "row [1, 0] has no keys but O != 0 or LSE = 0.0"
+    nan = ref.copy()
+    nan[0, 0, 1] = np.nan
+    t = gate.tolerance(nan, ref_lse, ref, ref_lse, ref, ref_lse)
+    assert not t.ok and t.problem == "O[0, 0, 1] = nan (ref -2)"
+    lse = ref_lse + np.array([[8 * 2.0 ** -23], [0]])  # 8 fp32 ulps at max(|LSE|, 1) = 1
+    assert gate.tolerance(ref, lse, ref, ref_lse, ref, ref_lse).ok
+    assert not gate.tolerance(ref, lse * (1 + 1e-9), ref, ref_lse, ref, ref_lse).ok
+
+
+# ---- the report and the command line ----
+
+def test_json_report_has_kvq_validates_fields(tmp_path):
+    path = tmp_path / "sub" / "gate.json"
+    gate.check(gate.Kernel(wrong.reads_padding, name="reads-padding"), cases=["varlen", "mha"], report=str(path),
+               log=None)
+    doc = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON report"))
+    assert set(doc) == {"gpu", "dump", "gate", "variants", "cases"}
+    assert doc["variants"] == [{"variant": "reads-padding", "cases": 2, "failed": 1, "skipped": 0,
+                                "values_checked": 3 * 8 * 128 + 2 * 4 * 128}]
+    assert doc["gate"]["declarations"]["layout"] == "bnsh" and doc["gate"]["k"] == "bf16"
+    varlen, mha = doc["cases"]
+    for case in doc["cases"]:
+        assert {"variant", "case", "scheme", "dtype", "layout", "shape", "values", "ok", "skipped", "detail",
+                "family", "status", "error", "bound", "worst"} <= set(case)
+    assert (varlen["case"], varlen["scheme"], varlen["dtype"], varlen["layout"]) == ("varlen GQA", "bf16 BNSH", "bf16",
+                                                                                     "BNSH")
+    assert varlen["ok"] is False and varlen["status"] == "FAIL" and varlen["worst"]["value"] is None
+    assert varlen["worst"]["index"] == [1, 0, 0] and varlen["detail"].startswith("reads padding")
+    assert mha["ok"] is True and mha["bound"]["max"] >= mha["error"]["max"] > 0
+
+
+def gate_cli(*args, cwd=ROOT):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(kvq.__file__)),
+                                                                  os.environ.get("PYTHONPATH")) if p))
+    return subprocess.run([sys.executable, "-m", "kvq.gate", *args], capture_output=True, text=True, env=env, cwd=cwd)
+
+
+def test_command_line_exit_codes(tmp_path):
+    r = gate_cli("kvq.gate_examples:numpy_fbgemm", "--k", "int4-g32-asym", "--v", "bf16", "--cases", "varlen,one_key",
+                 "--report", str(tmp_path / "r.json"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines()[0].startswith("[OK]   numpy-fbgemm varlen GQA K int4-g32-asym / V bf16 FBGEMM B=3")
+    assert json.loads((tmp_path / "r.json").read_text())["variants"][0]["failed"] == 0
+    # a file path and a plain function: --layout and --profile apply
+    r = gate_cli(os.path.join(HERE, "gate_kernels.py") + ":off_by_one", "--cases", "one_key", "--layout", "bsnh")
+    assert r.returncode == 1 and r.stdout.startswith("[FAIL] off_by_one one key bf16 BSNH"), r.stdout + r.stderr
+    for args, message in [
+            (["no_such_module_kvq:fn"], "cannot import 'no_such_module_kvq': ModuleNotFoundError"),
+            ([os.path.join(HERE, "gate_kernels.py") + ":missing"], "has no attribute 'missing'"),
+            (["kvq.gate_examples"], "expected module:function or path/to/file.py:function"),
+            (["nowhere/kernel.py:fn"], "'nowhere/kernel.py': no such file"),
+            (["kvq.gate_examples:np"], "is a module, not a callable or kvq.gate.Kernel"),
+            (["kvq.gate_examples:numpy_bnsh", "--k", "int4-g3x"], "int4-g3x"),
+            (["kvq.gate_examples:numpy_bnsh", "--layout", "paged"], "layout 'paged' given, but kernel numpy-bnsh"),
+            (["kvq.gate_examples:numpy_bnsh", "--cases", "varlen,nope"], "family names"),
+            (["kvq.gate_examples:numpy_bnsh", "--layout", "nope"], "invalid choice: 'nope'")]:
+        r = gate_cli(*args)
+        assert r.returncode == 2 and r.stdout == "", (args, r.stdout, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, (args, r.stderr)
+
+
+def test_docs_examples_run_as_written(tmp_path):
+    with open(os.path.join(ROOT, "docs", "gate.md")) as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    assert len(blocks) == 2
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        for block in blocks:
+            exec(compile(block, "docs/gate.md", "exec"), {"print": lambda *a: None})
+    finally:
+        os.chdir(cwd)
+    assert json.loads((tmp_path / "gate.json").read_text())["variants"][0]["variant"] == "numpy-paged"
+
+
+def test_kvq_exports_gate_lazily():
+    r = subprocess.run([sys.executable, "-c", "import sys, kvq; assert 'kvq.gate' not in sys.modules; "
+                        "print(kvq.gate.check.__module__, kvq.gate_examples.numpy_paged.layout)"],
+                       capture_output=True, text=True, env=dict(os.environ))
+    assert r.returncode == 0 and r.stdout.split() == ["kvq.gate", "paged"], r.stderr
