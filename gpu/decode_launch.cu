@@ -33,6 +33,8 @@ extern template TcEntry tc_entry_for_v<KvFormat::kFp8E5m2>(KvFormat);
 // At small batches this kernel is a chain of dependent loads, so the split LSEs are loaded by all
 // threads at once into shared memory and the weights computed once, not per split and output; the
 // arithmetic and its order are unchanged (the same bits).
+KVQ_HD constexpr int merge_smem_floats(int splits) { return (splits + 7) / 8 * 8; }
+
 __global__ void merge_splits_kernel(const DecodeParams p) {
   extern __shared__ float split_lse[];  // [splits]: LSE_s, then the weights exp(LSE_s - LSE)
   __shared__ float merged_lse;
@@ -52,7 +54,9 @@ __global__ void merge_splits_kernel(const DecodeParams p) {
   }
   __syncthreads();
   const float lse = merged_lse;
-  for (int s = threadIdx.x; s < p.splits; s += blockDim.x) split_lse[s] = exp_natural(split_lse[s] - lse);
+  // The unrolled loop below reads the weights 8 at a time: the padding up to a multiple of 8 holds zeros.
+  for (int s = threadIdx.x; s < merge_smem_floats(p.splits); s += blockDim.x)
+    split_lse[s] = s < p.splits ? exp_natural(split_lse[s] - lse) : 0.0f;
   __syncthreads();
   for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
     float o = 0.0f;
@@ -447,7 +451,8 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     merge.splits = splits;
     const int threads = std::min(p.head_dim, 128);
     detail::merge_splits_kernel<<<static_cast<unsigned>(p.batch * p.q_heads), threads,
-                                  static_cast<size_t>(splits) * sizeof(float), stream>>>(merge);
+                                  static_cast<size_t>(detail::merge_smem_floats(splits)) * sizeof(float),
+                                  stream>>>(merge);
     KVQ_CHECK_LAUNCH();
   }
 }
