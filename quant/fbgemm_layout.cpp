@@ -2,24 +2,12 @@
 
 #include <fmt/format.h>
 
+#include "quant/float_formats.hpp"
 #include "quant/quantize.hpp"
 
 #include <algorithm>
 
 namespace kvq {
-namespace {
-
-void put_fp16(uint8_t* dst, float value) {
-  const uint16_t bits = fp32_to_fp16_bits(value);
-  dst[0] = static_cast<uint8_t>(bits & 0xff);  // little-endian, as on the GPU
-  dst[1] = static_cast<uint8_t>(bits >> 8);
-}
-
-float get_fp16(const uint8_t* src) {
-  return fp16_bits_to_fp32(static_cast<uint16_t>(src[0] | (src[1] << 8)));
-}
-
-}  // namespace
 
 int fbgemm_groups_per_row(const Scheme& scheme, int64_t head_dim) {
   check_scheme_fits(scheme, static_cast<int>(head_dim));
@@ -54,8 +42,8 @@ FbgemmRows to_fbgemm(const QuantizedKv& planar) {
     const int64_t b = r / (s.heads * s.tokens), h = (r / s.tokens) % s.heads, t = r % s.tokens;
     uint8_t* dst = out.bytes.data() + ((b * s.tokens + t) * s.heads + h) * out.row_bytes;
     for (int i = 0; i < n; ++i) {  // planar groups of one row are consecutive
-      put_fp16(dst + 4 * i, planar.scales[r * n + i]);
-      put_fp16(dst + 4 * i + 2, planar.zeros[r * n + i]);
+      store_fp16_le(dst + 4 * i, planar.scales[r * n + i]);
+      store_fp16_le(dst + 4 * i + 2, planar.zeros[r * n + i]);
     }
     std::copy_n(planar.codes.data() + r * code_bytes, code_bytes, dst + 4 * n);
   }
@@ -81,8 +69,8 @@ QuantizedKv from_fbgemm(const FbgemmRows& rows) {
     const int64_t b = r / (s.heads * s.tokens), h = (r / s.tokens) % s.heads, t = r % s.tokens;
     const uint8_t* src = rows.bytes.data() + ((b * s.tokens + t) * s.heads + h) * rows.row_bytes;
     for (int i = 0; i < n; ++i) {
-      q.scales[r * n + i] = get_fp16(src + 4 * i);
-      q.zeros[r * n + i] = get_fp16(src + 4 * i + 2);
+      q.scales[r * n + i] = load_fp16_le(src + 4 * i);
+      q.zeros[r * n + i] = load_fp16_le(src + 4 * i + 2);
     }
     std::copy_n(src + 4 * n, code_bytes, q.codes.data() + r * code_bytes);
   }

@@ -63,6 +63,14 @@ KVQ_HD float fp16_bits_to_fp32(uint16_t h) {
   return fp16_bits_to_fp32_soft(h);
 }
 
+// An fp16 value in two bytes, little-endian, as the GPU, FBGEMM's rows and ggml's blocks keep it.
+KVQ_HD void store_fp16_le(uint8_t* dst, float value) {
+  const uint16_t bits = fp32_to_fp16_bits(value);
+  dst[0] = static_cast<uint8_t>(bits & 0xff);
+  dst[1] = static_cast<uint8_t>(bits >> 8);
+}
+KVQ_HD float load_fp16_le(const uint8_t* src) { return fp16_bits_to_fp32(static_cast<uint16_t>(src[0] | (src[1] << 8))); }
+
 KVQ_HD uint16_t fp32_to_bf16_bits(float f) {
   const uint32_t x = float_bits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);  // quiet NaN

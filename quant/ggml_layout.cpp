@@ -5,17 +5,10 @@
 #include <vector>
 
 #include "quant/block_quantize.hpp"
+#include "quant/float_formats.hpp"
 
 namespace kvq {
 namespace {
-
-void put_fp16(uint8_t* dst, float value) {
-  const uint16_t bits = fp32_to_fp16_bits(value);
-  dst[0] = static_cast<uint8_t>(bits & 0xff);  // little-endian, as ggml_fp16_t in memory
-  dst[1] = static_cast<uint8_t>(bits >> 8);
-}
-
-uint16_t get_fp16_bits(const uint8_t* src) { return static_cast<uint16_t>(src[0] | (src[1] << 8)); }
 
 // Byte offsets inside one block struct.
 struct BlockLayout {
@@ -93,9 +86,9 @@ GgmlRows to_ggml(const QuantizedKv& planar) {
         const uint8_t* c = codes.data() + k * n;
         for (int i = 0; i < n / group; ++i) {  // planar scale groups in this block (nvfp4: 4)
           const int64_t g = r * (s.head_dim / group) + k * (n / group) + i;
-          if (sc.scale_dtype == ScaleDtype::kFp16) put_fp16(blk + L.scale, planar.scales[g]);
+          if (sc.scale_dtype == ScaleDtype::kFp16) store_fp16_le(blk + L.scale, planar.scales[g]);
           else blk[L.scale + i] = scale_byte(sc.scale_dtype, planar.scales[g]);
-          if (L.min >= 0) put_fp16(blk + L.min, planar.zeros[g]);
+          if (L.min >= 0) store_fp16_le(blk + L.min, planar.zeros[g]);
         }
         if (sc.bits == 8) {
           std::copy(c, c + n, blk + L.qs);
@@ -143,8 +136,8 @@ QuantizedKv from_ggml(const GgmlRows& rows) {
       for (int i = 0; i < n / group; ++i) {
         const int64_t g = planar_row * per_row + k * (n / group) + i;
         if (sc.scale_dtype == ScaleDtype::kFp16) {
-          q.scales[g] = fp16_bits_to_fp32(get_fp16_bits(blk + L.scale));
-          if (L.min >= 0) q.zeros[g] = fp16_bits_to_fp32(get_fp16_bits(blk + L.min));
+          q.scales[g] = load_fp16_le(blk + L.scale);
+          if (L.min >= 0) q.zeros[g] = load_fp16_le(blk + L.min);
         } else {
           const uint8_t byte = blk[L.scale + i];
           const bool bad = sc.scale_dtype == ScaleDtype::kE8M0 ? byte == 0xff : (byte & 0x80) || byte == 0x7f;
