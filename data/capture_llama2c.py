@@ -17,6 +17,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvq_dump  # noqa: E402
+# The forward pass is llama_forward's (llama2.c's defaults: RoPE base 10000 on adjacent pairs, eps
+# 1e-5, fp64 arithmetic for a Checkpoint's float64 weights); the names stay importable from here.
+from llama_forward import KvCache, forward, rmsnorm, rope  # noqa: E402,F401
 
 BOS = 1
 
@@ -104,60 +107,6 @@ class Tokenizer:
             if best_i < 0:
                 return ids
             ids[best_i:best_i + 2] = [best_id]
-
-
-def rmsnorm(x, w, eps=1e-5):
-    return x / np.sqrt(np.mean(x * x) + eps) * w
-
-
-def rope(x, pos, head_dim, theta=10000.0):
-    """Rotates interleaved pairs (x[2i], x[2i+1]) of every head by pos * theta^(-2i/head_dim)."""
-    pairs = x.reshape(-1, head_dim // 2, 2)
-    angle = pos * theta ** (-2.0 * np.arange(head_dim // 2) / head_dim)
-    c, s = np.cos(angle), np.sin(angle)
-    out = np.empty_like(pairs)
-    out[..., 0] = pairs[..., 0] * c - pairs[..., 1] * s
-    out[..., 1] = pairs[..., 0] * s + pairs[..., 1] * c
-    return out.reshape(x.shape)
-
-
-class KvCache:
-    """Every layer's K and V [n_layers, Hkv, capacity, D] as the model computes them (fp64)."""
-
-    def __init__(self, model, capacity):
-        self.k = np.zeros((model.n_layers, model.n_kv_heads, capacity, model.head_dim))
-        self.v = np.zeros_like(self.k)
-
-    def append(self, layer, pos, k, v):
-        """Stores position pos's k, v [Hkv, D]; returns the keys and values attention reads, [Hkv, pos + 1, D].
-        A quantized cache (experiments/eval/kvq_eval.py) returns its stored values instead."""
-        self.k[layer, :, pos], self.v[layer, :, pos] = k, v
-        return self.k[layer, :, :pos + 1], self.v[layer, :, :pos + 1]
-
-
-def forward(m, token, pos, cache, queries=None):
-    """Runs one token at position pos through every layer, reading and writing K/V through
-    cache.append; records the post-RoPE queries into queries [n_layers, Hq, T, D] if given.
-    Returns the next-token logits."""
-    hd, group = m.head_dim, m.n_heads // m.n_kv_heads
-    x = m.emb[token].copy()
-    for layer in range(m.n_layers):
-        xb = rmsnorm(x, m.rms_att[layer])
-        q = rope(m.wq[layer] @ xb, pos, hd).reshape(m.n_heads, hd)
-        keys, values = cache.append(layer, pos, rope(m.wk[layer] @ xb, pos, hd).reshape(m.n_kv_heads, hd),
-                                    (m.wv[layer] @ xb).reshape(m.n_kv_heads, hd))
-        if queries is not None:
-            queries[layer, :, pos] = q
-        out = np.empty((m.n_heads, hd))
-        for h in range(m.n_heads):
-            s = keys[h // group] @ q[h] / np.sqrt(hd)
-            p = np.exp(s - s.max())
-            out[h] = (p / p.sum()) @ values[h // group]
-        x = x + m.wo[layer] @ out.reshape(-1)
-        xb = rmsnorm(x, m.rms_ffn[layer])
-        h1, h3 = m.w1[layer] @ xb, m.w3[layer] @ xb
-        x = x + m.w2[layer] @ (h1 / (1.0 + np.exp(-h1)) * h3)
-    return m.wcls @ rmsnorm(x, m.rms_final)
 
 
 def run(model, tokens_in, total):

@@ -1,4 +1,4 @@
-"""A general numpy Llama forward pass: capture_llama2c's, with the model's RMSNorm epsilon, RoPE base
+"""A general numpy Llama forward pass: llama2.c's, with the model's RMSNorm epsilon, RoPE base
 and RoPE pair order, grouped-query attention and a tied or separate output matrix.
 
 A model is any object with capture_llama2c.Checkpoint's attributes (dim, hidden_dim, n_layers, n_heads,
@@ -10,8 +10,8 @@ wcls; float32 or float64) and optionally:
               llama.cpp's); "hf": it rotates (x[i], x[i + D/2]) (Hugging Face's rotate_half, vLLM).
 Every pair i turns by pos * theta^(-2i/D) in both orders.
 
-forward() runs one token (decode, through a KV cache); with a llama2.c Checkpoint it is bit for bit
-capture_llama2c.forward. forward_sequence() runs a whole sequence causally (prefill) with float32
+forward() runs one token (decode, through a KV cache); capture_llama2c runs llama2.c checkpoints
+through it. forward_sequence() runs a whole sequence causally (prefill) with float32
 matrix products, for speed.
 """
 import numpy as np
@@ -28,7 +28,7 @@ def model_rope(m):
 
 
 def rmsnorm(x, w, eps=DEFAULT_EPS):
-    """RMSNorm of a vector x (capture_llama2c's arithmetic)."""
+    """RMSNorm of a vector x (llama2.c's arithmetic)."""
     return x / np.sqrt(np.mean(x * x) + eps) * w
 
 
@@ -38,7 +38,7 @@ def rope_angles(pos, head_dim, theta=DEFAULT_THETA):
 
 
 def rope(x, pos, head_dim, theta=DEFAULT_THETA, order=DEFAULT_ORDER):
-    """Rotates every head of x [H * D] at position pos: adjacent pairs ("llamacpp", capture_llama2c's
+    """Rotates every head of x [H * D] at position pos: adjacent pairs ("llamacpp", llama2.c's
     rope exactly) or half-split pairs ("hf")."""
     angle = rope_angles(pos, head_dim, theta)
     c, s = np.cos(angle), np.sin(angle)
@@ -58,7 +58,7 @@ def rope(x, pos, head_dim, theta=DEFAULT_THETA, order=DEFAULT_ORDER):
 
 
 class KvCache:
-    """capture_llama2c.KvCache with a dtype: every layer's K and V [n_layers, Hkv, capacity, D]."""
+    """Every layer's K and V [n_layers, Hkv, capacity, D] as the model computes them (float64 default)."""
 
     def __init__(self, model, capacity, dtype=np.float64):
         self.k = np.zeros((model.n_layers, model.n_kv_heads, capacity, model.head_dim), dtype=dtype)
@@ -115,17 +115,35 @@ def rope_rows(x, c, s, order):
     return out
 
 
-def forward_sequence(m, tokens, record=True, block=512):
+def causal_attention(q, k, v, scale, block=512):
+    """Causal attention of q [Hq, T, D] over k, v [Hkv, T, D] (GQA by head groups), float32, in query
+    blocks of `block` rows to bound its memory. Returns [Hq, T, D]."""
+    Hq, T, hd = q.shape
+    Hkv = k.shape[0]
+    qg = q.reshape(Hkv, Hq // Hkv, T, hd)
+    out = np.empty_like(qg)
+    for start in range(0, T, block):
+        stop = min(T, start + block)
+        sc = qg[:, :, start:stop] @ k[:, None, :stop].transpose(0, 1, 3, 2) * scale  # [Hkv, g, b, stop]
+        sc[..., np.triu(np.ones((stop - start, stop), bool), k=start + 1)] = -np.inf
+        sc = np.exp(sc - sc.max(axis=-1, keepdims=True))
+        sc /= sc.sum(axis=-1, keepdims=True)
+        out[:, :, start:stop] = sc @ v[:, None, :stop]
+    return out.reshape(Hq, T, hd)
+
+
+def forward_sequence(m, tokens, record=True, block=512, attend=None):
     """Runs tokens [T] causally through the model at positions 0..T-1 in one pass (float32 matrix
     products). Returns (logits [T, vocab], Q, K, V): every layer's post-RoPE queries Q [L, Hq, T, D],
     keys K [L, Hkv, T, D] and values V [L, Hkv, T, D] (None each unless record). Attention runs in
-    query blocks of `block` rows to bound its memory."""
+    query blocks of `block` rows to bound its memory; attend(q, k, v, scale) -> [Hq, T, D] replaces it
+    (kvq eval attends over a quantized cache that way)."""
     theta, eps, order = model_rope(m)
     dt = np.float32
     tokens = np.asarray(tokens, dtype=np.int64)
     T, hd, Hq, Hkv = len(tokens), m.head_dim, m.n_heads, m.n_kv_heads
-    group = Hq // Hkv
     f32 = lambda a: np.asarray(a, dtype=dt)  # noqa: E731
+    attend = attend or (lambda q, k, v, scale: causal_attention(q, k, v, scale, block))
     angle = rope_angles(np.arange(T), hd, theta)
     c, s = np.cos(angle).astype(dt), np.sin(angle).astype(dt)
     x = f32(np.asarray(m.emb)[tokens])
@@ -140,16 +158,8 @@ def forward_sequence(m, tokens, record=True, block=512):
         v = (xb @ f32(m.wv[layer]).T).reshape(T, Hkv, hd).transpose(1, 0, 2)
         if record:
             Q[layer], K[layer], V[layer] = q, k, v
-        qg = q.reshape(Hkv, group, T, hd)
-        out = np.empty((Hkv, group, T, hd), dt)
-        for start in range(0, T, block):
-            stop = min(T, start + block)
-            sc = qg[:, :, start:stop] @ k[:, None, :stop].transpose(0, 1, 3, 2) * scale  # [Hkv, g, b, stop]
-            sc[..., np.triu(np.ones((stop - start, stop), bool), k=start + 1)] = -np.inf
-            sc = np.exp(sc - sc.max(axis=-1, keepdims=True))
-            sc /= sc.sum(axis=-1, keepdims=True)
-            out[:, :, start:stop] = sc @ v[:, None, :stop]
-        x = x + out.reshape(Hq, T, hd).transpose(1, 0, 2).reshape(T, Hq * hd) @ f32(m.wo[layer]).T
+        out = attend(q, k, v, scale)
+        x = x + out.transpose(1, 0, 2).reshape(T, Hq * hd) @ f32(m.wo[layer]).T
         xb = rmsnorm_rows(x, f32(m.rms_ffn[layer]), eps)
         h1, h3 = xb @ f32(m.w1[layer]).T, xb @ f32(m.w3[layer]).T
         x = x + (h1 / (1.0 + np.exp(-h1)) * h3) @ f32(m.w2[layer]).T

@@ -56,7 +56,7 @@ BUNDLED_MODEL, BUNDLED_TOKENIZER = os.path.join(MODELS, "stories260K.bin"), os.p
 BUNDLED_TEXT = os.path.join(ROOT, "data", "texts", "tinystory.txt")
 REAL_TEXT = os.path.join(ROOT, "data", "texts", "kvq_essays.txt")
 BUNDLED_NAMES = ("stories260k", "stories260K")
-STORAGES = ("none", "fp32", "fp16", "bf16")
+STORAGES = sequence_eval.STORAGES
 
 
 class StorageCache(capture_llama2c.KvCache):
@@ -178,8 +178,6 @@ def perplexity_of(lp, tokens):
 def perplexity(logits, tokens):
     """exp of the mean negative log-likelihood of tokens[1:], each under the distribution the
     model gave at the position before it."""
-    if len(tokens) < 2:
-        raise ValueError(f"perplexity needs at least 2 tokens, got {len(tokens)}")
     return perplexity_of(log_softmax(logits[:-1]), tokens)
 
 
@@ -206,15 +204,7 @@ def compare_logits(ref, test, tokens):
             "ppl_ref": ref.ppl, "ppl": ppl, "ppl_delta": ppl - ref.ppl}
 
 
-def stored_whole(x, name):
-    """The whole cache x [B, H, T, D] (float32) as a storage holds it, quantized in one call (as kvq sweep does),
-    in x's basis (+had: rotated back)."""
-    if name == "none":
-        return x
-    if name in STORAGES:
-        return kvq.round_to_format(x, name)
-    r = kvq.quantize(x, name)
-    return kvq.hadamard_rotate_back(r.dequantized) if r.scheme.hadamard else r.dequantized
+stored_whole = sequence_eval.stored_whole
 
 
 def attention_error(layers, k_name, v_name):

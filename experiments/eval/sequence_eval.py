@@ -15,14 +15,14 @@ import numpy as np
 import kvq
 import llama_forward as lf
 
-FLOAT_STORAGES = ("fp32", "fp16", "bf16")
+STORAGES = ("none", "fp32", "fp16", "bf16")  # cache storages besides kvq schemes ('none': as computed)
 
 
 def quantized_prefix(name, T):
     """[T]: how many of the tokens 0..t a storage holds quantized when the query at position t reads
     the cache (the others are read as computed)."""
     total = np.arange(1, T + 1)
-    if name == "none" or name in FLOAT_STORAGES:
+    if name in STORAGES:
         return total
     s = kvq.parse_scheme(name)
     quantized = total if s.window is None else np.maximum(0, total - s.window)
@@ -31,16 +31,22 @@ def quantized_prefix(name, T):
     return quantized
 
 
-def stored_values(x, name):
-    """x [H, T, D] float32 as the storage holds it once quantized, in x's basis (+had rotated back)."""
+def stored_whole(x, name):
+    """The whole cache x [B, H, T, D] (float32) as a storage holds it, quantized in one call (as kvq sweep does),
+    in x's basis (+had: rotated back)."""
     if name == "none":
         return x
-    if name in FLOAT_STORAGES:
-        return kvq.round_to_format(x[None], name)[0].astype(np.float32)
-    s = kvq.parse_scheme(name)
-    base = s.name.split("+w")[0] if s.window is not None else s.name  # the window only decides when
-    r = kvq.quantize(x[None], base)
-    return (kvq.hadamard_rotate_back(r.dequantized) if s.hadamard else r.dequantized)[0].astype(np.float32)
+    if name in STORAGES:
+        return kvq.round_to_format(x, name)
+    r = kvq.quantize(x, name)
+    return kvq.hadamard_rotate_back(r.dequantized) if r.scheme.hadamard else r.dequantized
+
+
+def stored_values(x, name):
+    """x [H, T, D] float32 as the storage holds it once quantized, in x's basis (+had rotated back)."""
+    if name not in STORAGES and "+w" in name:  # the window only decides when a token is quantized
+        name = kvq.parse_scheme(name.split("+w")[0]).name
+    return stored_whole(x[None], name)[0].astype(np.float32, copy=False)
 
 
 class CacheView:
@@ -48,6 +54,7 @@ class CacheView:
     computed ones elsewhere."""
 
     def __init__(self, x, name):
+        x = np.ascontiguousarray(x)
         T = x.shape[1]
         self.raw, self.stored = x, stored_values(x, name)
         prefix = quantized_prefix(name, T)
@@ -58,11 +65,13 @@ class CacheView:
 
 def attend(q, k, v, scale, block=512):
     """Causal attention of q [Hq, T, D] over CacheViews k, v [Hkv, T, D] (GQA by head groups)."""
+    if not k.mixed and not v.mixed:
+        return lf.causal_attention(q, k.stored, v.stored, scale, block)
     Hq, T, D = q.shape
     Hkv = k.raw.shape[0]
     qg = q.reshape(Hkv, Hq // Hkv, T, D)
     out = np.empty_like(qg)
-    for start in range(0, T, block):
+    for start in range(0, T, block):  # llama_forward.causal_attention's blocks, two key sets masked in
         stop = min(T, start + block)
         rows = slice(start, stop)
         s = qg[:, :, rows] @ k.stored[:, None, :stop].transpose(0, 1, 3, 2)
@@ -82,27 +91,13 @@ def attend(q, k, v, scale, block=512):
 
 def run_sequence(m, tokens, k_name, v_name, record=False):
     """Logits [T, vocab] of the model over tokens with every layer's K in storage k_name and V in
-    v_name; with record, every layer's {"q", "k", "v"} [1, H, T, D] as computed (float32)."""
-    theta, eps, order = lf.model_rope(m)
-    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
-    tokens = np.asarray(tokens, dtype=np.int64)
-    T, hd, Hq, Hkv = len(tokens), m.head_dim, m.n_heads, m.n_kv_heads
-    angle = lf.rope_angles(np.arange(T), hd, theta)
-    c, s = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
-    scale = np.float32(1.0 / np.sqrt(hd))
-    x = f32(np.asarray(m.emb)[tokens])
-    layers = [] if record else None
-    for layer in range(m.n_layers):
-        xb = lf.rmsnorm_rows(x, f32(m.rms_att[layer]), eps)
-        q = lf.rope_rows((xb @ f32(m.wq[layer]).T).reshape(T, Hq, hd), c, s, order).transpose(1, 0, 2)
-        k = lf.rope_rows((xb @ f32(m.wk[layer]).T).reshape(T, Hkv, hd), c, s, order).transpose(1, 0, 2)
-        v = (xb @ f32(m.wv[layer]).T).reshape(T, Hkv, hd).transpose(1, 0, 2)
-        q, k, v = (np.ascontiguousarray(a) for a in (q, k, v))
-        if record:
-            layers.append({"q": q[None], "k": k[None], "v": v[None], "softmax_scale": 0.0})
-        out = attend(q, CacheView(k, k_name), CacheView(v, v_name), scale)
-        x = x + out.transpose(1, 0, 2).reshape(T, Hq * hd) @ f32(m.wo[layer]).T
-        xb = lf.rmsnorm_rows(x, f32(m.rms_ffn[layer]), eps)
-        h1, h3 = xb @ f32(m.w1[layer]).T, xb @ f32(m.w3[layer]).T
-        x = x + (h1 / (1.0 + np.exp(-h1)) * h3) @ f32(m.w2[layer]).T
-    return lf.rmsnorm_rows(x, f32(m.rms_final), eps) @ f32(m.wcls).T, layers
+    v_name (llama_forward.forward_sequence, attending through CacheViews); with record, every layer's
+    {"q", "k", "v"} [1, H, T, D] as computed (float32)."""
+    def attend_stored(q, k, v, scale):
+        return attend(q, CacheView(k, k_name), CacheView(v, v_name), scale)
+
+    logits, Q, K, V = lf.forward_sequence(m, tokens, record=record, attend=attend_stored)
+    layers = None
+    if record:
+        layers = [{"q": Q[i][None], "k": K[i][None], "v": V[i][None], "softmax_scale": 0.0} for i in range(m.n_layers)]
+    return logits, layers

@@ -388,20 +388,20 @@ def test_tokenizer_pre_types(tmp_path):
 # llama_forward against capture_llama2c (the bundled stories260K)
 # ---------------------------------------------------------------------------------------------
 
-def test_llama_forward_is_capture_llama2c_bit_for_bit():
+def test_forward_sequence_matches_decode_on_stories260k():
+    """capture_llama2c runs on llama_forward.forward (its greedy story is checked in test_data_tools);
+    the float32 whole-sequence pass gives the same next tokens and logits within float32 rounding."""
     pytest.importorskip("h5py")  # capture_llama2c's dump writer
     import capture_llama2c
+    assert capture_llama2c.forward is llama_forward.forward
     m = capture_llama2c.Checkpoint(os.path.join(ROOT, "data", "models", "stories260K", "stories260K.bin"))
     tokens, _, _, _ = capture_llama2c.run(m, [capture_llama2c.BOS], 50)
-    a_cache, b_cache = capture_llama2c.KvCache(m, 50), llama_forward.KvCache(m, 50)
-    a_q = np.zeros((m.n_layers, m.n_heads, 50, m.head_dim))
-    b_q = np.zeros_like(a_q)
-    a = np.stack([capture_llama2c.forward(m, t, p, a_cache, a_q) for p, t in enumerate(tokens)])
-    b = np.stack([llama_forward.forward(m, t, p, b_cache, b_q) for p, t in enumerate(tokens)])
-    assert np.array_equal(a, b) and np.array_equal(a_cache.k, b_cache.k) and np.array_equal(a_q, b_q)
+    cache = llama_forward.KvCache(m, 50)
+    a = np.stack([llama_forward.forward(m, t, p, cache) for p, t in enumerate(tokens)])
     seq, _, K, _ = llama_forward.forward_sequence(m, tokens)
     np.testing.assert_allclose(seq, a, atol=1e-3)
     assert (seq.argmax(-1) == a.argmax(-1)).all()
+    np.testing.assert_allclose(K, cache.k, atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------
