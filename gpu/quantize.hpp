@@ -63,13 +63,22 @@ struct DeviceKv {
   }
 };
 
+// Where a quantize call writes when the caller owns the outputs (Python's torch tensors): device
+// pointers of quantized_sizes' byte counts; zeros only for asymmetric planar schemes.
+struct QuantizeOutputs {
+  uint8_t* codes = nullptr;
+  void* scales = nullptr;
+  void* zeros = nullptr;
+};
+
 // Device outputs and workspaces for quantizing one input with one scheme; reusable across launches
 // (timing replays the same launch).
 class QuantizeWorkspace {
  public:
   // seq_lens (+wW schemes): each sequence's length, checked as the CPU quantizer checks them.
+  // outputs: write there instead of buffers of its own (download() then has nothing to return).
   QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme, CodeLayout layout,
-                    const std::vector<int32_t>& seq_lens = {});
+                    const std::vector<int32_t>& seq_lens = {}, const QuantizeOutputs* outputs = nullptr);
   const QuantizeParams& params() const { return params_; }
   // Clears the error flags and poisons the outputs, so that an unwritten byte shows.
   void reset();
@@ -81,6 +90,7 @@ class QuantizeWorkspace {
 
  private:
   DeviceKv input_;
+  bool external_outputs_ = false;
   QuantizeParams params_;
   DeviceBuffer<uint8_t> codes_, scales_, zeros_, scratch_;
   DeviceBuffer<int32_t> seq_lens_;

@@ -46,8 +46,8 @@ float element_on_device(const DeviceKv& in, int64_t b, int64_t h, int64_t t, int
 }  // namespace
 
 QuantizeWorkspace::QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme, CodeLayout layout,
-                                     const std::vector<int32_t>& seq_lens)
-    : input_(input) {
+                                     const std::vector<int32_t>& seq_lens, const QuantizeOutputs* outputs)
+    : input_(input), external_outputs_(outputs != nullptr) {
   require_device();
   if (scheme.block_format())
     throw SchemeError(fmt::format("{}: no GPU quantize kernel implements llama.cpp's or the FP4 block formats yet; the "
@@ -60,9 +60,10 @@ QuantizeWorkspace::QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme
   if (scheme.has_window() && !seq_lens.empty()) seq_lens_ = DeviceBuffer<int32_t>(seq_lens);
   if (scheme.hadamard) rotated_ = DeviceBuffer<float>(s.numel());
   const QuantizedSizes out = quantized_sizes(scheme, s, layout), planar = quantized_sizes(scheme, s, CodeLayout::kPlanar);
-  codes_ = DeviceBuffer<uint8_t>(out.codes);
-  scales_ = DeviceBuffer<uint8_t>(planar.scales);  // FBGEMM: workspace of the generic variant
-  zeros_ = DeviceBuffer<uint8_t>(planar.zeros);
+  const bool planar_outputs = outputs && layout == CodeLayout::kPlanar;
+  codes_ = DeviceBuffer<uint8_t>(outputs ? 0 : out.codes);
+  scales_ = DeviceBuffer<uint8_t>(planar_outputs ? 0 : planar.scales);  // FBGEMM: workspace of the generic variant
+  zeros_ = DeviceBuffer<uint8_t>(planar_outputs ? 0 : planar.zeros);
   scratch_ = DeviceBuffer<uint8_t>(layout == CodeLayout::kFbgemm ? planar.codes : 0);
   stats_ = DeviceBuffer<GroupStats>(std::max<int64_t>(num_groups(scheme, s), 1));  // scale-free FP8: the finiteness pass
   partials_ = DeviceBuffer<GroupStats>(kMaxPartials);
@@ -73,9 +74,9 @@ QuantizeWorkspace::QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme
   params_.in_dtype = input.dtype;
   params_.stride_b = input.stride_b, params_.stride_h = input.stride_h, params_.stride_t = input.stride_t;
   params_.layout = layout;
-  params_.codes = codes_.data();
-  params_.scales = scales_.data();
-  params_.zeros = zeros_.data();
+  params_.codes = outputs ? outputs->codes : codes_.data();
+  params_.scales = planar_outputs ? outputs->scales : scales_.data();
+  params_.zeros = planar_outputs ? outputs->zeros : zeros_.data();
   params_.stats = stats_.data();
   params_.partials = partials_.data();
   params_.scratch = scratch_.data();
@@ -113,6 +114,7 @@ void QuantizeWorkspace::check_flags(const std::string& tensor_name, cudaStream_t
 }
 
 GpuQuantized QuantizeWorkspace::download() const {
+  if (external_outputs_) throw Error("QuantizeWorkspace::download: the outputs are the caller's");
   GpuQuantized out{codes_.download(), {}, {}};
   if (params_.layout == CodeLayout::kPlanar) {
     out.scales = scales_.download();

@@ -13,6 +13,7 @@
 #include "experiments/common/dump_check.hpp"
 #include "experiments/common/gpu_run_info.hpp"
 #include "experiments/sweep/results_writer.hpp"
+#include "experiments/cli/python_gate.hpp"
 #include "experiments/gate/validate_decode.hpp"
 #include "experiments/gate/validate_quantize.hpp"
 #include "gpu/float_formats_check.hpp"
@@ -56,6 +57,7 @@ struct ValidateArgs {
   std::string variant = ".", report = "results/validate/validate.json", dump;
   bool quick = false;
   int reruns = 250;
+  PythonGateArgs python;
 };
 
 int run_validate(const ValidateArgs& a) {
@@ -227,7 +229,15 @@ std::vector<Command> add_gpu_commands(CLI::App& parent) {
                        "(default: the bundled one)");
   validate->add_option("--reruns", va->reruns, "Reruns compared bitwise")->capture_default_str()->check(CLI::PositiveNumber);
   validate->add_flag("--quick", va->quick, "Small shapes only (for compute-sanitizer)");
-  out.push_back({validate, [va] {
+  add_python_gate_options(validate, va->python);
+  out.push_back({validate, [va, validate] {
+                   if (!va->python.target.empty()) {
+                     if (validate->count("--variant") || validate->count("--dump"))
+                       throw InputError("kvq validate --python gates the Python kernel: --variant and --dump are for "
+                                        "kvq's own kernels");
+                     run_python_gate(va->python, va->quick ? "quick" : "full", va->report,
+                                     validate->count("--reruns") ? va->reruns : 0);
+                   }
                    if (va->dump.empty()) va->dump = KVQ_DATA_DIR "/dumps/stories260k.h5";
                    return run_validate(*va);
                  }});

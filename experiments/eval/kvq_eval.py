@@ -116,8 +116,8 @@ class GgufRunner:
     def tokenize(self, text):
         return self.tokenizer.encode(text)
 
-    def run(self, tokens, k_name, v_name, record=False):
-        return sequence_eval.run_sequence(self.model, tokens, k_name, v_name, record)
+    def run(self, tokens, k_name, v_name, record=False, kernel=None):
+        return sequence_eval.run_sequence(self.model, tokens, k_name, v_name, record, kernel)
 
 
 def is_gguf(model):
@@ -271,6 +271,9 @@ COLUMNS = ["source", "tokens", "k_scheme", "v_scheme", "k_bits_per_element", "v_
            "kv_bits_per_element", "k_bytes_per_token_head", "v_bytes_per_token_head", "kld_mean", "kld_max",
            "top1_agreement", "ppl_ref", "ppl", "ppl_delta", "out_rel_l2_mean", "out_rel_l2_max",
            "sweep_out_rel_l2_mean", "seconds"]
+# --attention kvq: the same pair with attention through kvq's GPU kernel, against the pair's own run
+KERNEL_COLUMNS = ["kernel_variant", "kernel_profile", "kernel_kld_mean", "kernel_kld_max", "kernel_top1_agreement",
+                  "kernel_ppl_delta", "kernel_note"]
 
 
 def sweep_errors(path):
@@ -302,11 +305,23 @@ def print_table(rows, out=sys.stdout):
 
 
 def write_csv(rows, path):
+    columns = COLUMNS + (KERNEL_COLUMNS if rows and "kernel_note" in rows[0] else [])
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
         for r in rows:
-            w.writerow({c: (f"{r[c]:.9g}" if isinstance(r[c], float) else r[c]) for c in COLUMNS})
+            w.writerow({c: (f"{r[c]:.9g}" if isinstance(r[c], float) else r[c]) for c in columns})
+
+
+def print_kernel_table(rows, out=sys.stdout):
+    print(f"\n{'K scheme':<23} {'V scheme':<20} {'kernel':<14} {'kernel KLD mean':>15} {'max':>10} {'top-1':>7} "
+          f"{'quant KLD mean':>15}", file=out)
+    for r in rows:
+        if r["kernel_note"]:
+            print(f"{r['k_scheme']:<23} {r['v_scheme']:<20} skipped: {r['kernel_note']}", file=out)
+            continue
+        print(f"{r['k_scheme']:<23} {r['v_scheme']:<20} {r['kernel_variant']:<14} {r['kernel_kld_mean']:>15.3e} "
+              f"{r['kernel_kld_max']:>10.3e} {r['kernel_top1_agreement']:>7.3f} {r['kld_mean']:>15.3e}", file=out)
 
 
 def git_commit():
@@ -319,9 +334,25 @@ def git_commit():
         return "unknown"
 
 
-def evaluate(runner, tokens, pairs, log=print, sweep=None):
+def kernel_columns(runner, tokens, k_name, v_name, pair_logits, variant):
+    """--attention kvq: the pair's run again with attention through kvq's GPU decode kernel over the
+    same stored cache, compared with the pair's float32 run: the kernel's own end-to-end cost."""
+    import kernel_attention
+    why = kernel_attention.unsupported_reason(k_name, v_name, runner.head_dim, variant)
+    if why:
+        return {c: "" for c in KERNEL_COLUMNS} | {"kernel_note": why}
+    kern = kernel_attention.KernelAttention(k_name, v_name, variant)
+    logits, _ = runner.run(tokens, k_name, v_name, kernel=kern)
+    c = compare_logits(Reference(pair_logits, tokens), logits, tokens)
+    return {"kernel_variant": kern.launch["variant"], "kernel_profile": kern.launch["profile"],
+            "kernel_kld_mean": c["kld_mean"], "kernel_kld_max": c["kld_max"],
+            "kernel_top1_agreement": c["top1_agreement"], "kernel_ppl_delta": c["ppl"] - c["ppl_ref"], "kernel_note": ""}
+
+
+def evaluate(runner, tokens, pairs, log=print, sweep=None, attention="reference", variant=None):
     """Runs the reference and every pair; returns one row per pair. sweep: kvq sweep's attention
-    error per pair (sweep_errors), put beside the pair's row where it has one."""
+    error per pair (sweep_errors), put beside the pair's row where it has one. attention "kvq": each
+    pair also runs through kvq's GPU decode kernel (KERNEL_COLUMNS)."""
     shape = (1, runner.kv_heads, len(tokens), runner.head_dim)
     start = time.perf_counter()
     ref_logits, layers = runner.run(tokens, "none", "none", record=True)
@@ -340,6 +371,8 @@ def evaluate(runner, tokens, pairs, log=print, sweep=None):
                "k_bytes_per_token_head": kb * runner.head_dim / 8, "v_bytes_per_token_head": vb * runner.head_dim / 8,
                **compare_logits(ref, logits, tokens), **attention_error(layers, k_name, v_name),
                "sweep_out_rel_l2_mean": (sweep or {}).get((k_name, v_name), "")}
+        if attention == "kvq":
+            row.update(kernel_columns(runner, tokens, k_name, v_name, logits, variant))
         row["seconds"] = time.perf_counter() - start
         rows.append(row)
     return rows
@@ -367,6 +400,11 @@ def main(argv=None):
     ap.add_argument("--no-plot", action="store_true", help="skip eval.png")
     ap.add_argument("--device", default=None, help="Hugging Face models: torch device (default: cuda if available)")
     ap.add_argument("--torch-dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    ap.add_argument("--attention", default="reference", choices=("reference", "kvq"),
+                    help="kvq (GGUF models, a CUDA GPU): also run each pair with decode attention through kvq's GPU "
+                         "kernel over the same stored cache and report its KLD against the pair's float32 run")
+    ap.add_argument("--decode-variant", help="--attention kvq: the decode variant (default: decode-tc, else "
+                                             "decode-splitk)")
     args = ap.parse_args(argv)
 
     if args.model in BUNDLED_NAMES:
@@ -395,6 +433,13 @@ def main(argv=None):
         import torch
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         runner = HfRunner(args.model, device, args.torch_dtype)
+    if args.attention == "kvq":
+        from kvq import gpu as kvq_gpu
+        if not gguf:
+            ap.error("--attention kvq runs on GGUF models (the whole-sequence path)")
+        if not kvq_gpu.available():
+            print(f"kvq eval: error: --attention kvq: {kvq_gpu.why_unavailable()}", file=sys.stderr)
+            return 2
     tokens = runner.tokenize(text)
     limits = [n for n in (args.max_tokens, runner.context) if n]
     tokens = tokens[:min(limits)] if limits else tokens
@@ -408,7 +453,7 @@ def main(argv=None):
         return 2
 
     started = time.perf_counter()
-    rows = evaluate(runner, tokens, pairs, sweep=sweep)
+    rows = evaluate(runner, tokens, pairs, sweep=sweep, attention=args.attention, variant=args.decode_variant)
     os.makedirs(args.out, exist_ok=True)
     write_csv(rows, os.path.join(args.out, "eval.csv"))
     meta = {"command": "eval", "kvq_version": kvq.__version__, "kvq_commit": git_commit(), "source": runner.source,
@@ -418,6 +463,10 @@ def main(argv=None):
     print(f"\n{runner.source}, {len(tokens)} tokens of {os.path.relpath(args.text)}: next-token distributions with the "
           "KV cache quantized on append vs the unquantized model (KLD in nats), and the attention-level error\n")
     print_table(rows)
+    if args.attention == "kvq":
+        print("\nthe decode kernel inside the model: KLD of the run attending through kvq's GPU kernel (bf16 Q and O) "
+              "against the same pair attending in float32 over the same stored cache")
+        print_kernel_table(rows)
     if not args.no_plot:
         import kvq_plots
         meta["plot"] = os.path.basename(kvq_plots.plot_eval(rows, args.out, title=f"{runner.source}, {len(tokens)} tokens"))

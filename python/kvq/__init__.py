@@ -8,7 +8,8 @@ K/V cache that quantizes tokens as they are appended (`AppendQuantizer`).
     o, lse = kvq.attention(q, k, v)               # fp64 reference, q [B, Hq, Tq, D]
 
 Errors are kvq.InputError (a ValueError) or kvq.SchemeError with kvq's one-line messages.
-kvq.gate (loaded on first use) runs kvq's decode gate on a kernel written elsewhere (docs/gate.md).
+kvq.gate (loaded on first use) runs kvq's decode gate on a kernel written elsewhere (docs/gate.md);
+kvq.gpu runs kvq's GPU kernels on torch CUDA tensors (built when nvcc was found).
 """
 from ._core import (Error, HeadError, InputError, OutputError, ProbabilityError, QuantizeResult, Scheme, SchemeError,
                     __version__, alibi_slopes, attention, bits_per_element, bytes_per_token_per_head, default_pairs,
@@ -29,7 +30,7 @@ __all__ += ["from_ggml_blocks", "to_ggml_blocks"]
 def __getattr__(name):
     # kvq.gate and kvq.gate_examples load on first use: `python -m kvq.gate` then runs the module
     # without a second copy of it already imported by the package.
-    if name in ("gate", "gate_examples"):
+    if name in ("gate", "gate_examples", "gate_kvq", "gate_peers", "gpu"):
         import importlib
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'kvq' has no attribute '{name}'")

@@ -13,8 +13,10 @@ scales, garbage codes), and judges O and LSE against kvq's fp64 reference over t
 DESIGN.md's rule, `max|O - ref| <= 2 max|mimic - ref| + floor` and the same for the mean, where mimic
 is the reference redone in the kernel's declared precision profile (docs/gate.md). The same rule as
 check_tolerance in experiments/gate/validate_decode.cpp. `python -m kvq.gate module:function` is the
-command line. Arrays are numpy on the CPU; every array goes to the kernel through one conversion
-(_Cpu.put), where a torch-on-GPU device will plug in.
+command line. With device="cpu" the kernel gets numpy arrays, with device="cuda" torch CUDA tensors
+(Q and raw K/V in bf16 / fp16, codes and scales in their own dtypes); every array passes through one
+conversion (_Cpu.put / _Cuda.put). kvq's own GPU kernels are gated this way by kvq.gate_kvq, and the
+peers (torch SDPA, FBGEMM, FlashInfer) by kvq.gate_peers.
 """
 import argparse
 import importlib
@@ -99,7 +101,39 @@ class _Cpu:
         return np.asarray(x)
 
 
-DEVICES = {"cpu": _Cpu}
+class _Cuda:
+    """The GPU device: torch CUDA tensors. Float arrays holding bf16 / fp16 values are allocated in
+    that dtype (Q, raw K/V), the rest keep their numpy dtype (codes, scales, lengths, slopes)."""
+    name = "cuda"
+
+    @staticmethod
+    def put(a, values_format=None):
+        if a is None:
+            return None
+        import torch
+        t = torch.from_numpy(np.ascontiguousarray(a)).to("cuda")
+        if values_format in ("bf16", "fp16"):
+            t = t.to(torch.bfloat16 if values_format == "bf16" else torch.float16)
+        return t
+
+    @staticmethod
+    def get(x):
+        import torch
+        if isinstance(x, torch.Tensor):
+            x = x.detach()
+            return (x.float() if x.is_floating_point() and x.dtype != torch.float64 else x).cpu().numpy()
+        return np.asarray(x)
+
+    @staticmethod
+    def why_unavailable():
+        try:
+            import torch
+        except ImportError:
+            return "device 'cuda' hands kernels torch CUDA tensors: torch is not installed"
+        return "" if torch.cuda.is_available() else "device 'cuda': torch sees no CUDA device"
+
+
+DEVICES = {"cpu": _Cpu, "cuda": _Cuda}
 
 
 # ---- what a kernel declares ----
@@ -108,25 +142,33 @@ def _canonical_storage(name):
     return name if name in RAW_STORAGES else parse_scheme(name).name
 
 
+def _check_profile(profile):
+    try:  # kvq parses the profile (reference/attention.hpp): its message names what is wrong
+        z = np.zeros((1, 1, 1, 1), np.float32)
+        attention(z, z, z, precision=profile)
+    except Error as e:
+        raise ValueError(f"kvq.gate.Kernel: {e}") from None
+
+
 class Kernel:
     """A decode kernel and what it declares; cases outside the declarations are SKIPPED with the reason.
 
     fn(case: DecodeCase) returns O [B, Hq, D], or (O, LSE [B, Hq]) when returns_lse.
     head_dims / storages: None for any, else a set; max_tokens: the largest cache length T, or None.
-    page_size: tokens per page of the paged layout.
+    profile: a precision profile name, or profile(k, v) -> name for one that depends on the K and V
+    storages. page_size: tokens per page of the paged layout. why_not(spec, k, v): the kernel's own reason for
+    not taking a case (a gate_cases.CaseSpec and the K/V storage names), or "" — for limits the other
+    declarations cannot say.
     """
 
     def __init__(self, fn, *, name=None, layout="bnsh", profile="fp32-obf16", head_dims=None, max_tokens=None,
-                 alibi=True, deterministic=True, returns_lse=True, page_size=16, storages=None):
+                 alibi=True, deterministic=True, returns_lse=True, page_size=16, storages=None, why_not=None):
         if not callable(fn):
             raise TypeError(f"kvq.gate.Kernel: fn must be callable, got {type(fn).__name__}")
         if layout not in LAYOUTS:
             raise ValueError(f"kvq.gate.Kernel: layout '{layout}' is not one of {', '.join(LAYOUTS)}")
-        try:  # kvq parses the profile (reference/attention.hpp): its message names what is wrong
-            z = np.zeros((1, 1, 1, 1), np.float32)
-            attention(z, z, z, precision=profile)
-        except Error as e:
-            raise ValueError(f"kvq.gate.Kernel: {e}") from None
+        if not callable(profile):
+            _check_profile(profile)
         if not isinstance(page_size, int) or page_size <= 0:
             raise ValueError(f"kvq.gate.Kernel: page_size must be a positive int, got {page_size!r}")
         self.fn = fn
@@ -136,9 +178,22 @@ class Kernel:
         self.max_tokens = max_tokens
         self.alibi, self.deterministic, self.returns_lse = bool(alibi), bool(deterministic), bool(returns_lse)
         self.storages = None if storages is None else frozenset(_canonical_storage(s) for s in storages)
+        if why_not is not None and not callable(why_not):
+            raise TypeError(f"kvq.gate.Kernel: why_not must be callable(spec, k, v) -> str, got {type(why_not).__name__}")
+        self.why_not = why_not
 
     def __call__(self, case):
         return self.fn(case)
+
+    def for_storages(self, k, v):
+        """This kernel with a profile that depends on the storages (a callable) resolved for K = k, V = v."""
+        if not callable(self.profile):
+            return self
+        import copy
+        out = copy.copy(self)
+        out.profile = self.profile(k, v)
+        _check_profile(out.profile)
+        return out
 
     def __repr__(self):
         return f"kvq.gate.Kernel({self.name!r}, {self.declarations()})"
@@ -147,7 +202,8 @@ class Kernel:
         return {"layout": self.layout, "profile": self.profile, "page_size": self.page_size,
                 "head_dims": None if self.head_dims is None else sorted(self.head_dims),
                 "max_tokens": self.max_tokens, "alibi": self.alibi, "deterministic": self.deterministic,
-                "returns_lse": self.returns_lse, "storages": None if self.storages is None else sorted(self.storages)}
+                "returns_lse": self.returns_lse, "storages": None if self.storages is None else sorted(self.storages),
+                "why_not": None if self.why_not is None else getattr(self.why_not, "__qualname__", repr(self.why_not))}
 
     def unsupported_reason(self, spec, k, v):
         """The kernel's own reason for not taking the case, or ""."""
@@ -161,7 +217,7 @@ class Kernel:
             return f"T = {spec.tokens} (the kernel declares max_tokens {self.max_tokens})"
         if spec.alibi and not self.alibi:
             return "ALiBi (the kernel declares alibi=False)"
-        return ""
+        return self.why_not(spec, k, v) if self.why_not else ""
 
 
 def kernel(fn=None, **declarations):
@@ -342,7 +398,7 @@ class GateReport:
     def to_json(self):
         """The document `kvq validate --report` writes (gpu, dump, variants, cases), for the CPU."""
         failed, skipped = len(self.with_status("FAIL")), len(self.with_status("SKIP"))
-        return {"gpu": None, "dump": None,
+        return {"gpu": _gpu_info() if self.device == "cuda" else None, "dump": None,
                 "gate": {"device": self.device, "kvq_version": __version__, "k": self.k, "v": self.v,
                          "kernel": self.kernel, "declarations": self.declarations},
                 "variants": [{"variant": self.kernel, "cases": len(self.cases) - skipped, "failed": failed,
@@ -355,6 +411,14 @@ class GateReport:
         with open(path, "w") as f:
             json.dump(self.to_json(), f, indent=2, allow_nan=False)
             f.write("\n")
+
+
+def _gpu_info():
+    """The GPU fields of kvq validate's report that torch can tell."""
+    import torch
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {"name": p.name, "sm_count": p.multi_processor_count, "compute_capability": f"{p.major}.{p.minor}",
+            "torch": torch.__version__, "cuda_runtime": torch.version.cuda}
 
 
 # ---- running a case ----
@@ -515,7 +579,11 @@ def _run_case(kern, spec, k, v, seed, device):
 def _prepare(kernel, k, v, layout, profile, cases, reruns, device, name):
     """Validates the arguments (ValueError) and returns (Kernel, case specs, device)."""
     if device not in DEVICES:
-        raise ValueError(f"device '{device}': kvq.gate runs on {', '.join(DEVICES)} (numpy arrays) for now")
+        raise ValueError(f"device '{device}': kvq.gate runs on {' or '.join(DEVICES)} (numpy arrays / torch CUDA "
+                         "tensors)")
+    why = getattr(DEVICES[device], "why_unavailable", lambda: "")()
+    if why:
+        raise ValueError(why)
     if isinstance(kernel, Kernel):
         for what, given, declared in (("layout", layout, kernel.layout), ("profile", profile, kernel.profile)):
             if given is not None and given != declared:
@@ -525,6 +593,7 @@ def _prepare(kernel, k, v, layout, profile, cases, reruns, device, name):
         kern = Kernel(kernel, name=name, layout=layout or "bnsh", profile=profile or "fp32-obf16")
     for storage in (k, v):
         check_storage_name(storage, kern.layout)
+    kern = kern.for_storages(k, v)
     if reruns is not None and (not isinstance(reruns, int) or reruns < 2):
         raise ValueError(f"reruns must be an int >= 2, got {reruns!r}")
     return kern, case_specs(cases, reruns), DEVICES[device]
@@ -553,7 +622,8 @@ def check(kernel, k="bf16", v="bf16", *, layout=None, profile=None, cases="full"
     k, v: "bf16", "fp16" or a kvq scheme name (no +had / +w<W>). cases: "quick", "full" or a list of
     family names (kvq.gate.FAMILIES, at the full sizes). reruns: calls in the reruns family (default 3
     quick, 50 full). report: a path for the JSON report. log: called with each line (None: quiet).
-    device: "cpu" (numpy arrays). Returns a GateReport; raises ValueError for arguments it cannot run.
+    device: "cpu" (numpy arrays) or "cuda" (torch CUDA tensors). Returns a GateReport; raises ValueError
+    for arguments it cannot run.
     """
     kern, specs, dev = _prepare(kernel, k, v, layout, profile, cases, reruns, device, name)
     return _run(kern, specs, k, v, seed, dev, report, log)
@@ -616,10 +686,13 @@ def main(argv=None):
     p.add_argument("--report", help="write the JSON report here")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reruns", type=int, help="calls in the reruns family (default 3 quick, 50 full)")
+    p.add_argument("--device", choices=list(DEVICES), default="cpu",
+                   help="cpu: numpy arrays; cuda: torch CUDA tensors (default cpu)")
     a = p.parse_args(argv)
     cases = a.cases if a.cases in ("quick", "full") else [c for c in a.cases.split(",") if c]
     try:
-        kern, specs, dev = _prepare(load_kernel(a.kernel), a.k, a.v, a.layout, a.profile, cases, a.reruns, "cpu", None)
+        kern, specs, dev = _prepare(load_kernel(a.kernel), a.k, a.v, a.layout, a.profile, cases, a.reruns, a.device,
+                                    None)
     except (_UsageError, ValueError, TypeError) as e:
         print(f"{p.prog}: {e}", file=sys.stderr)
         return 2

@@ -178,6 +178,42 @@ def test_declared_limits_are_skipped_with_the_reason():
                                  "head_dim 96")
 
 
+def test_why_not_and_a_profile_per_storage_pair_are_declarations():
+    def why_not(spec, k, v):
+        return "no GQA groups of 16" if spec.q_heads // spec.kv_heads == 16 else ""
+
+    def profile(k, v):
+        return "fp32-obf16" if k == v else "fp32-pbf16-obf16"
+    kern = gate.Kernel(numpy_decode, name="declared", why_not=why_not, profile=profile)
+    r = run(kern, "bf16", "bf16", cases=["group16", "mha"])
+    got = {c.family: (c.status, c.detail) for c in r.cases}
+    assert got["group16"] == ("SKIP", "skipped: no GQA groups of 16") and got["mha"][0] == "OK"
+    assert r.to_json()["gate"]["declarations"]["profile"] == "fp32-obf16"
+    assert run(kern, "bf16", "fp16", cases=["mha"]).to_json()["gate"]["declarations"]["profile"] == "fp32-pbf16-obf16"
+    with pytest.raises(ValueError, match="precision profile 'nope'"):
+        run(gate.Kernel(numpy_decode, profile=lambda k, v: "nope"), cases=["mha"])
+    with pytest.raises(TypeError, match="why_not must be callable"):
+        gate.Kernel(numpy_decode, why_not="no")
+
+
+def test_kvq_validate_python_runs_the_gate(tmp_path):
+    kvq_bin = os.environ.get("KVQ_BIN", os.path.join(ROOT, "build", "experiments", "kvq"))
+    if not os.path.exists(kvq_bin):
+        pytest.skip(f"no kvq binary at {kvq_bin}")
+    report = tmp_path / "v.json"
+    r = subprocess.run([kvq_bin, "validate", "--python", "kvq.gate_examples:numpy_paged", "--k", "int8-head", "--v",
+                        "bf16", "--quick", "--report", str(report)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[OK]   numpy-paged varlen GQA K int8-head / V bf16 paged" in r.stdout
+    assert json.loads(report.read_text())["variants"][0]["failed"] == 0
+    r = subprocess.run([kvq_bin, "validate", "--python", os.path.join(HERE, "gate_kernels.py") + ":off_by_one",
+                        "--layout", "bsnh", "--quick", "--report", str(report)], capture_output=True, text=True)
+    assert r.returncode == 1 and "[FAIL] off_by_one" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([kvq_bin, "validate", "--python", "kvq.gate_examples:nothing", "--quick"], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "has no attribute 'nothing'" in r.stderr, r.stdout + r.stderr
+
+
 def test_arguments_the_gate_cannot_run_are_errors():
     with pytest.raises(ValueError, match="layout 'bsnh' given, but kernel numpy-bnsh declares 'bnsh'"):
         gate.check(numpy_bnsh, layout="bsnh", log=None)
@@ -196,8 +232,11 @@ def test_arguments_the_gate_cannot_run_are_errors():
         gate.check(numpy_bnsh, cases=["varlen", "nope"], log=None)
     with pytest.raises(ValueError, match="precision profile 'fp32-pbf8'"):
         gate.Kernel(numpy_decode, profile="fp32-pbf8")
-    with pytest.raises(ValueError, match="device 'cuda'"):
-        gate.check(numpy_bnsh, device="cuda", log=None)
+    with pytest.raises(ValueError, match="device 'tpu': kvq.gate runs on cpu or cuda"):
+        gate.check(numpy_bnsh, device="tpu", log=None)
+    if gate._Cuda.why_unavailable():  # no torch or no GPU here: the reason, before any case runs
+        with pytest.raises(ValueError, match="device 'cuda'"):
+            gate.check(numpy_bnsh, device="cuda", log=None)
 
 
 # ---- what the kernel is given ----

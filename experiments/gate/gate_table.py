@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""The gate for any kernel, on the GPU machine: kvq.gate's decode cases on the peers (torch SDPA's
+backends, FBGEMM's INT4 kernel, FlashInfer's paged decode: python/kvq/gate_peers.py) and on kvq's own
+decode variants called from Python (python/kvq/gate_kvq.py), one gate run per (kernel, K/V storage
+pair). Writes OUT/<kernel>__<k>__<v>.json (kvq validate's report), OUT/table.csv and OUT/table.md
+(kernel x case family -> OK / FAIL / SKIP counts) and OUT/failures.md (each failing case: its shape,
+lengths and what went wrong: the minimal reproduction). With --cpp VALIDATE.json (kvq validate's report
+of the same commit) it compares the verdicts of kvq's variants through both paths, case by case.
+
+    python3 experiments/gate/gate_table.py --out results/gate --peers sdpa_flash,flashinfer_paged \
+        --kvq decode-tc --cpp results/device/validate.json
+
+A peer whose library is missing (FBGEMM, FlashInfer) is reported skipped with the import error.
+"""
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+
+import kvq.gate as gate
+import kvq.gate_kvq as gate_kvq
+import kvq.gate_peers as gate_peers
+
+# kvq's variants through Python: (variant, layout) -> the storage pairs (a subset of the C++ gate's)
+KVQ_PAIRS = {
+    "bnsh": [("bf16", "bf16"), ("fp16", "fp16"), ("int8-head", "int8-head"), ("int8-token-asym", "int8-token-asym"),
+             ("int4-g32-asym", "int4-g32-asym"), ("int4-head-asym", "int4-head-asym"), ("fp8-e4m3-head", "fp8-e4m3-head"),
+             ("fp8-e4m3", "fp8-e5m2"), ("int4-g32-asym", "int8-head"), ("int8-head", "int4-g32-asym"),
+             ("int4-chan-t32-asym", "int4-g32-asym"), ("bf16", "int4-g32-asym")],
+    "fbgemm": [("int4-head-asym", "int4-head-asym"), ("int4-g32-asym", "int4-g32-asym")],
+}
+
+
+def run_one(kern, name, k, v, args, rows, failures):
+    path = os.path.join(args.out, f"{name}__{k}__{v}.json".replace("/", "_"))
+    start = time.perf_counter()
+    try:
+        rep = gate.check(kern, k, v, cases=args.cases, reruns=args.reruns, device="cuda", report=path, log=None)
+    except (ValueError, RuntimeError) as e:
+        print(f"[SKIP] {name} K {k} / V {v}: {e}", flush=True)
+        rows.append({"kernel": name, "k": k, "v": v, "family": "(all)", "OK": 0, "FAIL": 0, "SKIP": 0, "note": str(e)})
+        return None
+    print(f"{rep.summary()} K {k} / V {v} ({time.perf_counter() - start:.0f} s)", flush=True)
+    by_family = defaultdict(lambda: {"OK": 0, "FAIL": 0, "SKIP": 0})
+    for c in rep.cases:
+        by_family[c.family][c.status] += 1
+        if c.status == "FAIL":
+            failures.append((name, k, v, c))
+    for family, counts in by_family.items():
+        rows.append({"kernel": name, "k": k, "v": v, "family": family, **counts, "note": ""})
+    return rep
+
+
+def write_tables(rows, failures, out):
+    with open(os.path.join(out, "table.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["kernel", "k", "v", "family", "OK", "FAIL", "SKIP", "note"])
+        w.writeheader()
+        w.writerows(rows)
+    families = [f for f in gate.FAMILIES if any(r["family"] == f for r in rows)]
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write("| kernel | K / V | " + " | ".join(families) + " |\n|---|---|" + "---|" * len(families) + "\n")
+        keyed = defaultdict(dict)
+        notes = {}
+        for r in rows:
+            keyed[(r["kernel"], r["k"], r["v"])][r["family"]] = r
+            if r["note"]:
+                notes[(r["kernel"], r["k"], r["v"])] = r["note"]
+        for (kernel, k, v), fams in keyed.items():
+            if (kernel, k, v) in notes:
+                f.write(f"| {kernel} | {k} / {v} | skipped: {notes[(kernel, k, v)][:120]} |\n")
+                continue
+            cells = []
+            for fam in families:
+                r = fams.get(fam)
+                cells.append("" if r is None else "FAIL" if r["FAIL"] else "skip" if r["SKIP"] and not r["OK"] else "OK")
+            f.write(f"| {kernel} | {k} / {v} | " + " | ".join(cells) + " |\n")
+    with open(os.path.join(out, "failures.md"), "w") as f:
+        f.write("# Failing cases: each is a reproduction (kvq.gate, seed 0: the case's shape, lengths and storage)\n\n")
+        for name, k, v, c in failures:
+            f.write(f"- **{name}**, K {k} / V {v}, {c.name} ({c.shape}): {c.detail}\n")
+            f.write(f"  `python -m kvq.gate <{name}> --k {k} --v {v} --cases {c.family} --device cuda`\n")
+
+
+def compare_with_cpp(cpp_path, reports):
+    """kvq validate's verdict of each case kvq's variants ran through both paths (same case name and storages)."""
+    with open(cpp_path) as f:
+        cpp = json.load(f)["cases"]
+
+    def key(variant, case, scheme):
+        return variant, case, " ".join(w for w in scheme.split() if w not in ("BNSH", "BSNH", "FBGEMM", "paged"))
+    cpp_verdict = {key(c["variant"], c["case"], c["scheme"]): ("SKIP" if c.get("skipped") else "OK" if c["ok"] else "FAIL")
+                   for c in cpp}
+    same, differ, unmatched = 0, [], 0
+    for name, rep in reports:
+        variant = name.split(":")[0]
+        for c in rep.cases:
+            scheme = c.scheme + (":fbgemm" if ":fbgemm" in name and ":fbgemm" not in c.scheme else "")
+            want = cpp_verdict.get(key(variant, c.name, c.scheme)) or cpp_verdict.get(key(variant, c.name, scheme))
+            if want is None:
+                unmatched += 1
+            elif want == c.status:
+                same += 1
+            else:
+                differ.append(f"{name} {c.name} {c.scheme}: Python {c.status}, C++ {want}")
+    print(f"kvq's variants, Python path vs kvq validate: {same} cases with the same verdict, {len(differ)} differ, "
+          f"{unmatched} with no C++ counterpart (families only the Python gate runs)")
+    for d in differ:
+        print("  differs: " + d)
+    return not differ
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="results/gate")
+    ap.add_argument("--peers", default=",".join(gate_peers.PEERS), help="comma-separated names of gate_peers.PEERS")
+    ap.add_argument("--kvq", default="decode-tc", help="kvq decode variants to gate through Python (comma-separated)")
+    ap.add_argument("--cases", default="full")
+    ap.add_argument("--reruns", type=int, default=10)
+    ap.add_argument("--cpp", help="kvq validate's report of the same build, to compare verdicts with")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    rows, failures, kvq_reports = [], [], []
+    for peer in [p for p in args.peers.split(",") if p]:
+        try:
+            kern = getattr(gate_peers, peer)
+        except Exception as e:  # noqa: BLE001  the peer's library is missing or fails to load
+            print(f"[SKIP] {peer}: cannot load: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+            rows.append({"kernel": peer, "k": "", "v": "", "family": "(all)", "OK": 0, "FAIL": 0, "SKIP": 0,
+                         "note": f"cannot load: {type(e).__name__}: {str(e).splitlines()[0][:200]}"})
+            continue
+        for k, v in gate_peers.PEERS[peer]:
+            run_one(kern, kern.name, k, v, args, rows, failures)
+    for variant in [v for v in args.kvq.split(",") if v]:
+        for layout, pairs in KVQ_PAIRS.items():
+            kern = gate_kvq.kernel(variant, layout)
+            for k, v in pairs:
+                rep = run_one(kern, kern.name, k, v, args, rows, failures)
+                if rep is not None:
+                    kvq_reports.append((kern.name, rep))
+    write_tables(rows, failures, args.out)
+    print(f"wrote {args.out}/table.md, table.csv, failures.md ({len(failures)} failing cases)")
+    ok = True
+    if args.cpp and kvq_reports:
+        ok = compare_with_cpp(args.cpp, kvq_reports)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,411 @@
+// kvq._gpu: kvq's GPU quantize and decode kernels on the caller's CUDA tensors (torch, CuPy, JAX:
+// anything with DLPack), in place, on the caller's stream. The variants, storages and messages are
+// those of the `kvq` tools (gpu/registry.hpp); this file checks tensors and fills the params structs.
+// The Python side (kvq/gpu.py) allocates the outputs and names the stream.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <map>
+#include <optional>
+#include <tuple>
+#include <string>
+#include <vector>
+
+#include "gpu/decode.hpp"
+#include "gpu/quantize.hpp"
+#include "gpu/registry.hpp"
+#include "quant/fbgemm_layout.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace kvq {
+namespace {
+
+using Tensor = nb::ndarray<>;  // any device and dtype: checked here, with messages that say what is wrong
+
+namespace dt {
+constexpr nb::dlpack::dtype make(nb::dlpack::dtype_code c, int bits) { return {static_cast<uint8_t>(c), static_cast<uint8_t>(bits), 1}; }
+constexpr auto kBf16 = make(nb::dlpack::dtype_code::Bfloat, 16);
+constexpr auto kFp16 = make(nb::dlpack::dtype_code::Float, 16);
+constexpr auto kFp32 = make(nb::dlpack::dtype_code::Float, 32);
+constexpr auto kUint8 = make(nb::dlpack::dtype_code::UInt, 8);
+constexpr auto kInt8 = make(nb::dlpack::dtype_code::Int, 8);
+constexpr auto kInt32 = make(nb::dlpack::dtype_code::Int, 32);
+}  // namespace dt
+
+std::string dtype_name(nb::dlpack::dtype d) {
+  static const std::map<std::pair<int, int>, std::string> names = {
+      {{(int)nb::dlpack::dtype_code::Bfloat, 16}, "bfloat16"}, {{(int)nb::dlpack::dtype_code::Float, 16}, "float16"},
+      {{(int)nb::dlpack::dtype_code::Float, 32}, "float32"},   {{(int)nb::dlpack::dtype_code::Float, 64}, "float64"},
+      {{(int)nb::dlpack::dtype_code::UInt, 8}, "uint8"},       {{(int)nb::dlpack::dtype_code::Int, 8}, "int8"},
+      {{(int)nb::dlpack::dtype_code::Int, 32}, "int32"},       {{(int)nb::dlpack::dtype_code::Int, 64}, "int64"}};
+  auto it = names.find({d.code, d.bits});
+  return it != names.end() ? it->second : fmt::format("dtype(code {}, {} bits)", d.code, d.bits);
+}
+
+std::string shape_of(const Tensor& t) {
+  std::vector<int64_t> s;
+  for (size_t i = 0; i < t.ndim(); ++i) s.push_back(static_cast<int64_t>(t.shape(i)));
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
+
+// Checks that `t` is a CUDA tensor on the current device, of one of `dtypes` and rank `rank`
+// (-1: any) with a unit stride on its last axis; InputError naming `what` otherwise.
+void require(const Tensor& t, const std::string& what, std::initializer_list<nb::dlpack::dtype> dtypes, int rank) {
+  if (t.device_type() != nb::device::cuda::value)
+    throw InputError(fmt::format("{}: expected a CUDA tensor, got one on device type {} (move it with .cuda())", what,
+                                 t.device_type()));
+  int device = 0;
+  KVQ_CUDA_CHECK(cudaGetDevice(&device));
+  if (t.device_id() != device)
+    throw InputError(fmt::format("{}: on CUDA device {}, but the current device is {} (torch.cuda.set_device)", what,
+                                 t.device_id(), device));
+  bool ok = false;
+  std::vector<std::string> names;
+  for (auto d : dtypes) ok |= t.dtype() == d, names.push_back(dtype_name(d));
+  if (!ok)
+    throw InputError(fmt::format("{}: dtype {}, expected {}", what, dtype_name(t.dtype()), fmt::join(names, " or ")));
+  if (rank >= 0 && static_cast<int>(t.ndim()) != rank)
+    throw InputError(fmt::format("{}: rank {} (shape {}), expected rank {}", what, t.ndim(), shape_of(t), rank));
+  if (t.ndim() && t.shape(t.ndim() - 1) > 1 && t.stride(t.ndim() - 1) != 1)
+    throw InputError(fmt::format("{}: the last axis must be contiguous (stride {}; call .contiguous())", what,
+                                 t.stride(t.ndim() - 1)));
+}
+
+bool contiguous(const Tensor& t) {
+  int64_t want = 1;
+  for (size_t i = t.ndim(); i-- > 0;) {
+    if (t.shape(i) != 1 && t.stride(i) != want) return false;
+    want *= static_cast<int64_t>(t.shape(i));
+  }
+  return true;
+}
+
+// A contiguous buffer of exactly `bytes` bytes (scales, zero points, quantize outputs).
+void require_buffer(const Tensor& t, const std::string& what, int64_t bytes) {
+  require(t, what, {dt::kUint8, dt::kInt8, dt::kFp16, dt::kFp32, dt::kBf16}, -1);
+  if (!contiguous(t)) throw InputError(fmt::format("{}: must be contiguous", what));
+  if (static_cast<int64_t>(t.nbytes()) != bytes)
+    throw InputError(fmt::format("{}: {} bytes (shape {}, {}), expected {}", what, t.nbytes(), shape_of(t),
+                                 dtype_name(t.dtype()), bytes));
+}
+
+void check_dim(const Tensor& t, const std::string& what, size_t axis, int64_t want, const char* name) {
+  if (static_cast<int64_t>(t.shape(axis)) != want)
+    throw InputError(fmt::format("{}: shape {}, expected {} = {} on axis {}", what, shape_of(t), name, want, axis));
+}
+
+cudaStream_t to_stream(uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
+
+// ---- quantize ----
+
+const QuantizeVariant& quantize_variant_for(const std::string& name, const Scheme& s, int64_t head_dim,
+                                            CodeLayout layout, InputDtype dtype) {
+  if (!name.empty()) {
+    for (const auto& v : quantize_variants())
+      if (v.name == name) {
+        if (!v.accepts(s, head_dim, layout, dtype))
+          throw InputError(fmt::format("quantize variant {} does not take {} at D = {} ({} layout); it supports: {}", name,
+                                       to_string(s), head_dim, to_string(layout), v.supports));
+        return v;
+      }
+    throw InputError(fmt::format("no quantize variant named '{}' (kvq.gpu.variants())", name));
+  }
+  for (const auto& v : quantize_variants())  // the specialised variants first: all are bit-exact
+    if (!v.incumbent && v.accepts(s, head_dim, layout, dtype)) return v;
+  return incumbent_quantize_variant();
+}
+
+// x: [B, H, T, D] (any strides but D's); outputs sized by quantized_sizes. Returns the variant used.
+std::string quantize_py(const Tensor& x, const std::string& scheme_name, const Tensor& codes, nb::object scales,
+                     nb::object zeros, const std::string& layout_name, const std::string& variant,
+                     const std::vector<int32_t>& seq_lens, uintptr_t stream) {
+  require(x, "x", {dt::kFp32, dt::kFp16, dt::kBf16}, 4);
+  const Scheme s = parse_scheme(scheme_name);
+  if (layout_name != "planar" && layout_name != "fbgemm")
+    throw InputError(fmt::format("layout '{}': expected planar or fbgemm", layout_name));
+  const CodeLayout layout = layout_name == "fbgemm" ? CodeLayout::kFbgemm : CodeLayout::kPlanar;
+  const InputDtype in = x.dtype() == dt::kFp32 ? InputDtype::kFp32 : x.dtype() == dt::kFp16 ? InputDtype::kFp16
+                                                                                              : InputDtype::kBf16;
+  const KvShape shape{static_cast<int64_t>(x.shape(0)), static_cast<int64_t>(x.shape(1)),
+                      static_cast<int64_t>(x.shape(2)), static_cast<int64_t>(x.shape(3))};
+  const QuantizedSizes sizes = quantized_sizes(s, shape, layout);
+  QuantizeOutputs out;
+  require_buffer(codes, layout == CodeLayout::kFbgemm ? "rows" : "codes", sizes.codes);
+  out.codes = static_cast<uint8_t*>(codes.data());
+  if (layout == CodeLayout::kPlanar) {
+    for (auto [obj, bytes, what, ptr] : {std::tuple{scales, sizes.scales, "scales", &out.scales},
+                                         std::tuple{zeros, sizes.zeros, "zero_points", &out.zeros}}) {
+      if (bytes == 0) continue;
+      if (obj.is_none()) throw InputError(fmt::format("{} needs {} ({} bytes)", to_string(s), what, bytes));
+      const Tensor t = nb::cast<Tensor>(obj);
+      require_buffer(t, what, bytes);
+      *ptr = t.data();
+    }
+  }
+  const QuantizeVariant& v = quantize_variant_for(variant, s, shape.head_dim, layout, in);
+  const DeviceKv input{x.data(), in, shape, x.stride(0), x.stride(1), x.stride(2)};
+  QuantizeWorkspace ws(input, s, layout, seq_lens, &out);
+  v.launch(ws.params(), to_stream(stream));
+  KVQ_CHECK_LAUNCH();
+  ws.check_flags("x", to_stream(stream));
+  return v.name;
+}
+
+nb::dict sizes_of(const std::string& scheme_name, int64_t b, int64_t h, int64_t t, int64_t d, const std::string& layout) {
+  if (layout != "planar" && layout != "fbgemm") throw InputError(fmt::format("layout '{}': expected planar or fbgemm", layout));
+  const Scheme s = parse_scheme(scheme_name);
+  check_scheme_fits(s, static_cast<int>(d));
+  const QuantizedSizes q = quantized_sizes(s, {b, h, t, d}, layout == "fbgemm" ? CodeLayout::kFbgemm : CodeLayout::kPlanar);
+  nb::dict r;
+  r["codes"] = q.codes, r["scales"] = layout == "fbgemm" ? 0 : q.scales, r["zeros"] = layout == "fbgemm" ? 0 : q.zeros;
+  r["row_bytes"] = layout == "fbgemm" ? fbgemm_row_bytes(s, d) : code_bytes_per_row(s, d);
+  return r;
+}
+
+// ---- decode ----
+
+// One of K or V from the Python side: {"storage", "layout" (bnsh | bsnh | fbgemm), "data", "scales",
+// "zero_points"}. Strides come from the tensor (a batch stride of 0 shares one cache among queries).
+struct Operand {
+  KvOperand op;
+  KvFormat format = KvFormat::kBf16;
+  int64_t batch = 0, heads = 0, tokens = 0;
+};
+
+Operand operand(const nb::dict& d, const char* which, int64_t head_dim) {
+  const std::string storage = nb::cast<std::string>(d["storage"]), layout = nb::cast<std::string>(d["layout"]);
+  if (layout != "bnsh" && layout != "bsnh" && layout != "fbgemm")
+    throw InputError(fmt::format("{}: layout '{}', expected bnsh, bsnh or fbgemm", which, layout));
+  Operand r;
+  const bool fbgemm = layout == "fbgemm", bsnh = layout != "bnsh";  // FBGEMM rows are [B, T, H, row]
+  const std::optional<Scheme> s = parse_storage_operand(storage, fbgemm, r.format);
+  if (s && s->has_window())
+    throw SchemeError(fmt::format("{}: {}: +wW schemes keep their window raw; kvq.gpu.decode does not take them yet",
+                                  which, storage));
+  const Tensor data = nb::cast<Tensor>(d["data"]);
+  const std::string what = fmt::format("{} {}", which, s ? (fbgemm ? "rows" : "codes") : "values");
+  if (!s) {
+    require(data, what, {r.format == KvFormat::kBf16 ? dt::kBf16 : dt::kFp16}, 4);
+  } else {
+    require(data, what, {dt::kUint8, dt::kInt8}, 4);
+  }
+  r.batch = static_cast<int64_t>(data.shape(0));
+  r.heads = static_cast<int64_t>(data.shape(bsnh ? 2 : 1));
+  r.tokens = static_cast<int64_t>(data.shape(bsnh ? 1 : 2));
+  const int64_t row = !s ? head_dim : fbgemm ? fbgemm_row_bytes(*s, head_dim) : code_bytes_per_row(*s, head_dim);
+  check_dim(data, what, 3, row, !s ? "D" : "bytes per row");
+  const int64_t bytes = static_cast<int64_t>(data.itemsize());
+  if (!s) {
+    r.op.data = static_cast<const uint8_t*>(data.data());
+  } else {
+    const KvShape shape{r.batch, r.heads, r.tokens, head_dim};
+    const QuantizedSizes sizes = quantized_sizes(*s, shape, CodeLayout::kPlanar);
+    const void* scales = nullptr;
+    const void* zeros = nullptr;
+    if (!fbgemm) {
+      for (auto [key, want, ptr] : {std::tuple{"scales", sizes.scales, &scales}, std::tuple{"zero_points", sizes.zeros, &zeros}}) {
+        if (want == 0) continue;
+        if (!d.contains(key) || d[key].is_none())
+          throw InputError(fmt::format("{}: {} needs {} ({} bytes)", which, storage, key, want));
+        const Tensor t = nb::cast<Tensor>(d[key]);
+        require_buffer(t, fmt::format("{} {}", which, key), want);
+        *ptr = t.data();
+      }
+    }
+    r.op = quantized_operand(*s, r.batch, r.heads, r.tokens, static_cast<int>(head_dim), fbgemm,
+                             static_cast<const uint8_t*>(data.data()), scales, zeros);
+  }
+  const int b_axis = 0, h_axis = bsnh ? 2 : 1, t_axis = bsnh ? 1 : 2;
+  r.op.stride_b = data.stride(b_axis) * bytes, r.op.stride_h = data.stride(h_axis) * bytes;
+  r.op.stride_t = data.stride(t_axis) * bytes;
+  if (s && !fbgemm && r.op.stride_b == 0 && r.op.mode != ParamMode::kNone && r.batch > 1)
+    throw InputError(fmt::format("{}: a batch stride of 0 shares the codes but not their scales (kept per sequence "
+                                 "in group order): repeat the cache instead", which));
+  return r;
+}
+
+const DecodeVariant& decode_variant_for(const std::string& name, const DecodeParams& p) {
+  if (name.empty()) return default_decode_variant(p);
+  for (const auto& v : decode_variants())
+    if (v.name == name) return v;
+  throw InputError(fmt::format("no decode variant named '{}' (kvq.gpu.variants())", name));
+}
+
+int sm_count() {
+  static std::map<int, int> counts;  // per device
+  int device = 0;
+  KVQ_CUDA_CHECK(cudaGetDevice(&device));
+  auto it = counts.find(device);
+  if (it == counts.end()) it = counts.emplace(device, device_info().sm_count).first;
+  return it->second;
+}
+
+DecodeParams decode_problem(const Tensor& q, const nb::dict& k, const nb::dict& v, const Tensor& out, const Tensor& lse,
+                            nb::object seq_lens, nb::object alibi_slopes, double softmax_scale) {
+  require(q, "q", {dt::kBf16}, 3);
+  if (!contiguous(q)) throw InputError("q: must be contiguous [B, Hq, D]");
+  DecodeParams p;
+  p.batch = static_cast<int64_t>(q.shape(0)), p.q_heads = static_cast<int64_t>(q.shape(1));
+  p.head_dim = static_cast<int>(q.shape(2));
+  const Operand ko = operand(k, "k", p.head_dim), vo = operand(v, "v", p.head_dim);
+  for (const Operand* o : {&ko, &vo}) {
+    const char* which = o == &ko ? "k" : "v";
+    if (o->batch != p.batch) throw InputError(fmt::format("{}: batch {}, but q has B = {}", which, o->batch, p.batch));
+  }
+  if (ko.heads != vo.heads || ko.tokens != vo.tokens)
+    throw InputError(fmt::format("k has Hkv = {}, T = {} but v has Hkv = {}, T = {}", ko.heads, ko.tokens, vo.heads, vo.tokens));
+  p.kv_heads = ko.heads, p.tokens = ko.tokens;
+  p.k = ko.op, p.v = vo.op, p.k_format = ko.format, p.v_format = vo.format;
+  p.q = static_cast<const uint16_t*>(q.data());
+  require(out, "out", {dt::kBf16}, 3);
+  require(lse, "lse", {dt::kFp32}, 2);
+  if (!contiguous(out) || out.shape(0) != q.shape(0) || out.shape(1) != q.shape(1) || out.shape(2) != q.shape(2))
+    throw InputError(fmt::format("out: shape {}, expected contiguous {} like q", shape_of(out), shape_of(q)));
+  if (!contiguous(lse) || static_cast<int64_t>(lse.shape(0)) != p.batch || static_cast<int64_t>(lse.shape(1)) != p.q_heads)
+    throw InputError(fmt::format("lse: shape {}, expected contiguous [{}, {}]", shape_of(lse), p.batch, p.q_heads));
+  p.out = static_cast<uint16_t*>(out.data()), p.lse = static_cast<float*>(lse.data());
+  if (!seq_lens.is_none()) {
+    const Tensor t = nb::cast<Tensor>(seq_lens);
+    require(t, "seq_lens", {dt::kInt32}, 1);
+    check_dim(t, "seq_lens", 0, p.batch, "B");
+    p.seq_lens = static_cast<const int32_t*>(t.data());
+  }
+  if (!alibi_slopes.is_none()) {
+    const Tensor t = nb::cast<Tensor>(alibi_slopes);
+    require(t, "alibi_slopes", {dt::kFp32}, 1);
+    check_dim(t, "alibi_slopes", 0, p.q_heads, "Hq");
+    p.alibi_slopes = static_cast<const float*>(t.data());
+  }
+  p.softmax_scale = static_cast<float>(softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(double(p.head_dim)));
+  check_decode_params(p);
+  return p;
+}
+
+// Writes O (bf16) and LSE (fp32) for q over (k, v). Returns the launch: variant, splits, profile.
+nb::dict decode_py(const Tensor& q, const nb::dict& k, const nb::dict& v, const Tensor& out, const Tensor& lse,
+                nb::object seq_lens, nb::object alibi_slopes, double softmax_scale, const std::string& variant, int splits,
+                uintptr_t stream_handle) {
+  require_device();
+  DecodeParams p = decode_problem(q, k, v, out, lse, seq_lens, alibi_slopes, softmax_scale);
+  const DecodeVariant& var = decode_variant_for(variant, p);
+  if (splits < 0) throw InputError(fmt::format("splits {}: expected 0 (the variant's choice) or more", splits));
+  if (splits > 0 && !var.split_k) throw InputError(fmt::format("splits {}: {} does not split keys", splits, var.name));
+  const std::string why = var.unsupported_reason(p);
+  if (!why.empty()) throw InputError(fmt::format("decode variant {}: {}", var.name, why));
+  p = var.plan(p, sm_count(), splits);
+  const cudaStream_t stream = to_stream(stream_handle);
+  const int64_t floats = partial_o_floats(p) + partial_lse_floats(p);
+  float* partials = nullptr;
+  if (floats) KVQ_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partials), floats * sizeof(float), stream));
+  p.partial_o = partials, p.partial_lse = partials ? partials + partial_o_floats(p) : nullptr;
+  try {
+    launch_decode(p, stream);
+  } catch (...) {
+    if (partials) cudaFreeAsync(partials, stream);
+    throw;
+  }
+  if (partials) KVQ_CUDA_CHECK(cudaFreeAsync(partials, stream));
+  nb::dict r;
+  r["variant"] = var.name, r["splits"] = total_splits(p), r["heads_per_cta"] = p.heads_per_cta;
+  r["profile"] = std::string(decode_precision_profile(p));
+  return r;
+}
+
+// What `variant` says about a K/V storage pair at head_dim D before any tensor exists: the reason it
+// cannot read them ("" when it can) and the precision profile of its arithmetic (the gate's tolerance).
+nb::dict decode_support(const std::string& variant, const std::string& k, const std::string& v, const std::string& layout,
+                        int head_dim) {
+  const DecodeVariant* var = nullptr;
+  for (const auto& d : decode_variants())
+    if (d.name == variant) var = &d;
+  if (!var) throw InputError(fmt::format("no decode variant named '{}' (kvq.gpu.variants())", variant));
+  nb::dict r;
+  r["reason"] = "", r["profile"] = "";
+  DecodeParams p;
+  p.batch = p.q_heads = p.kv_heads = p.tokens = 1, p.head_dim = head_dim;
+  p.family = var->family;
+  const bool fbgemm = layout == "fbgemm";
+  try {
+    for (auto [name, op, format] : {std::tuple{&k, &p.k, &p.k_format}, std::tuple{&v, &p.v, &p.v_format}}) {
+      const std::optional<Scheme> s = parse_storage_operand(*name, fbgemm, *format);
+      *op = s ? quantized_operand(*s, 1, 1, 1, head_dim, fbgemm, nullptr, nullptr, nullptr)
+              : raw_operand(nullptr, 1, 1, head_dim, layout != "bnsh");
+    }
+  } catch (const SchemeError& e) {
+    r["reason"] = std::string(e.what());
+    return r;
+  }
+  r["reason"] = var->unsupported_reason(p);
+  r["profile"] = std::string(decode_precision_profile(p));
+  return r;
+}
+
+nb::list variants() {
+  nb::list r;
+  for (const auto& v : quantize_variants()) {
+    nb::dict d;
+    d["kind"] = "quantize", d["name"] = v.name, d["summary"] = v.summary, d["supports"] = v.supports;
+    d["incumbent"] = v.incumbent;
+    r.append(d);
+  }
+  for (const auto& v : decode_variants()) {
+    nb::dict d;
+    d["kind"] = "decode", d["name"] = v.name, d["summary"] = v.summary, d["supports"] = v.supports;
+    d["incumbent"] = v.incumbent;
+    r.append(d);
+  }
+  return r;
+}
+
+nb::dict device() {
+  require_device();
+  const DeviceInfo i = device_info();
+  nb::dict d;
+  d["name"] = i.name, d["sm_count"] = i.sm_count, d["compute_capability"] = fmt::format("{}.{}", i.cc_major, i.cc_minor);
+  d["driver"] = i.driver_string(), d["runtime"] = i.runtime_string();
+  return d;
+}
+
+// The same exception classes as kvq._core, so `except kvq.InputError` catches both modules' errors.
+void bind_errors() {
+  nb::module_ core = nb::module_::import_("kvq._core");
+  static PyObject* error = core.attr("Error").inc_ref().ptr();
+  static PyObject* input_error = core.attr("InputError").inc_ref().ptr();
+  static PyObject* scheme_error = core.attr("SchemeError").inc_ref().ptr();
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const SchemeError& e) {
+      PyErr_SetString(scheme_error, e.what());
+    } catch (const InputError& e) {
+      PyErr_SetString(input_error, e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(error, e.what());
+    }
+  });
+}
+
+}  // namespace
+}  // namespace kvq
+
+NB_MODULE(_gpu, m) {
+  m.doc() = "kvq's GPU quantize and decode kernels on CUDA tensors (DLPack), in place; kvq/gpu.py is the interface";
+  kvq::bind_errors();
+  m.def("available", &kvq::cuda_device_available);
+  m.def("device", &kvq::device);
+  m.def("variants", &kvq::variants);
+  m.def("decode_support", &kvq::decode_support, "variant"_a, "k"_a, "v"_a, "layout"_a, "head_dim"_a);
+  m.def("quantized_sizes", &kvq::sizes_of, "scheme"_a, "batch"_a, "heads"_a, "tokens"_a, "head_dim"_a, "layout"_a);
+  m.def("quantize", &kvq::quantize_py, "x"_a, "scheme"_a, "codes"_a, "scales"_a.none(), "zeros"_a.none(), "layout"_a,
+        "variant"_a, "seq_lens"_a, "stream"_a);
+  m.def("decode", &kvq::decode_py, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "seq_lens"_a.none(), "alibi_slopes"_a.none(),
+        "softmax_scale"_a, "variant"_a, "splits"_a, "stream"_a);
+}

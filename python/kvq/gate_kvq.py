@@ -1,0 +1,70 @@
+"""kvq's own decode kernels as kvq.gate kernels: the same variants `kvq validate` gates in C++, called
+through kvq.gpu on the torch CUDA tensors kvq.gate hands them, so both paths can be compared.
+
+    import kvq.gate, kvq.gate_kvq
+    kvq.gate.check(kvq.gate_kvq.kernel("decode-tc"), k="int8-head", v="int4-g32-asym", device="cuda")
+    # or: python -m kvq.gate kvq.gate_kvq:decode_tc --k int8-head --v int8-head --device cuda
+
+Each kernel declares what its variant declares in C++ (gpu/registry.hpp): the storages and head
+dims it reads (DecodeVariant::unsupported_reason) and the precision profile of its arithmetic for the
+storage pair (decode_precision_profile). Layouts: "bnsh" (planar codes, raw values BNSH) or "fbgemm"
+(int4 inline rows); paged caches are not read by kvq's kernels.
+"""
+from . import gpu
+from .gate import Kernel
+
+__all__ = ["kernel"]
+
+
+def _support(variant, k, v, layout, head_dim):
+    if not gpu.available():
+        raise RuntimeError(f"kvq.gate_kvq: {gpu.why_unavailable()}")
+    return gpu._gpu.decode_support(variant, k, v, layout, head_dim)
+
+
+def _cache(op, layout):
+    if op.scheme is None:  # raw values: BNSH, or BSNH beside FBGEMM rows (kvq.gate's layouts)
+        return gpu.Cache(op.storage, op.values, layout="bnsh" if layout == "bnsh" else "bsnh")
+    if layout == "fbgemm":
+        return gpu.Cache(op.storage, op.rows, layout="fbgemm")
+    return gpu.Cache(op.storage, op.codes, op.scales, op.zero_points, layout="bnsh")
+
+
+def kernel(variant="decode-tc", layout="bnsh", splits=0):
+    """The registered decode variant `variant` as a kvq.gate.Kernel (layout "bnsh" or "fbgemm");
+    splits > 0 forces that many key splits (split-K variants)."""
+    if layout not in ("bnsh", "fbgemm"):
+        raise ValueError(f"kvq.gate_kvq: layout '{layout}': kvq's decode kernels read bnsh or fbgemm caches")
+
+    def run(case):
+        o, lse = gpu.decode(case.q, _cache(case.k, case.layout), _cache(case.v, case.layout), seq_lens=case.seq_lens,
+                            alibi_slopes=case.alibi_slopes, softmax_scale=case.softmax_scale, variant=variant,
+                            splits=splits)
+        return o, lse
+
+    def why_not(spec, k, v):
+        why = _support(variant, k, v, layout, spec.head_dim)["reason"]
+        return f"{variant}: {why}" if why else ""
+
+    def profile(k, v):  # the profile does not depend on D where the variant runs at all
+        for d in (128, 64, 256, 8):
+            s = _support(variant, k, v, layout, d)
+            if not s["reason"]:
+                return s["profile"]
+        return s["profile"] or "fp32-obf16"
+
+    name = variant + (":fbgemm" if layout == "fbgemm" else "") + (f" splits={splits}" if splits else "")
+    return Kernel(run, name=name, layout=layout, profile=profile, why_not=why_not)
+
+
+def __getattr__(name):
+    """Module attributes for the command line: decode_tc, decode_splitk, decode_tc_fbgemm, ... (a variant
+    name with '_' for '-', and '_fbgemm' for the FBGEMM-row layout)."""
+    layout = "bnsh"
+    if name.endswith("_fbgemm"):
+        name, layout = name[:-len("_fbgemm")], "fbgemm"
+    variant = name.replace("_", "-")
+    if name.startswith("decode_") and gpu.available() and any(v["name"] == variant for v in gpu.variants("decode")):
+        return kernel(variant, layout)
+    raise AttributeError(f"module 'kvq.gate_kvq' has no attribute '{name}' (kernel(variant) takes any of "
+                         "kvq.gpu.variants('decode'))")

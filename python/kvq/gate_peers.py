@@ -1,0 +1,138 @@
+"""The decode kernels teams adopt instead of kvq's, as kvq.gate kernels (device "cuda"), each with its
+own declarations and the arithmetic it is documented to do:
+
+- sdpa_cudnn, sdpa_flash, sdpa_efficient, sdpa_math: torch.nn.functional.scaled_dot_product_attention
+  under one backend each, bf16 / fp16 K and V in BNSH, GQA native (enable_gqa). SDPA has no sequence
+  lengths: a batch of equal lengths is one call, otherwise each sequence is its own call over its
+  keys (how a user decodes ragged batches with it). No LSE, no ALiBi (a bias tensor is another kernel).
+- fbgemm_int4: FBGEMM's torch.ops.fbgemm.gqa_attn_splitk over its INT4 inline rows (int4-head-asym:
+  1 group, int4-g32-asym: 4 groups at D = 128); one KV head, D = 128, T <= 16384; the position of
+  each query is seq_len - 1. Needs the fbgemm-gpu-genai wheel.
+- flashinfer_paged: FlashInfer's BatchDecodeWithPagedKVCacheWrapper over a paged NHD cache (pages of 16
+  tokens, shuffled), bf16 or FP8 e4m3 (scale-free) K/V, bf16 Q and O, the tensor-core kernel where
+  query heads share a KV head; its LSE (base 2) is returned in natural log. Needs flashinfer-python.
+
+    python -m kvq.gate kvq.gate_peers:sdpa_flash --device cuda --cases full
+    python -m kvq.gate kvq.gate_peers:fbgemm_int4 --k int4-head-asym --v int4-head-asym --device cuda
+
+PEERS names them all; experiments/gate/gate_peers_table.py runs each over its storages and writes the
+table. A peer whose library is missing raises ImportError when its attribute is read.
+"""
+import math
+
+from .gate import Kernel
+
+__all__ = ["PEERS", "make_sdpa", "make_fbgemm_int4", "make_flashinfer_paged"]
+
+# peer -> the K/V storage pairs it is gated on (one gate run each)
+PEERS = {
+    "sdpa_cudnn": [("bf16", "bf16")],
+    "sdpa_flash": [("bf16", "bf16")],
+    "sdpa_efficient": [("bf16", "bf16")],
+    "sdpa_math": [("bf16", "bf16")],
+    "fbgemm_int4": [("int4-head-asym", "int4-head-asym"), ("int4-g32-asym", "int4-g32-asym")],
+    "flashinfer_paged": [("bf16", "bf16"), ("fp8-e4m3", "fp8-e4m3")],
+}
+
+
+def make_sdpa(backend):
+    """SDPA under `backend` ("cudnn", "flash", "efficient", "math") as a gate Kernel."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    chosen = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+              "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend]
+
+    def attend(q, k, v, scale):  # q [b, Hq, D], k / v [b, Hkv, t, D] -> [b, Hq, D]
+        with sdpa_kernel(chosen):
+            return F.scaled_dot_product_attention(q[:, :, None, :], k, v, scale=scale, enable_gqa=True)[:, :, 0, :]
+
+    def run(case):
+        k, v = case.k.values, case.v.values
+        lens = case.seq_lens.tolist()
+        if all(n == case.tokens for n in lens):
+            return attend(case.q, k, v, case.softmax_scale)
+        return torch.cat([attend(case.q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], case.softmax_scale)
+                          for b, n in enumerate(lens)])
+
+    # flash and cuDNN round P to bf16 for P.V on the tensor cores; efficient and math are described alike
+    # (math rounds the logits to bf16 too, which no profile describes: it may fail by that much)
+    return Kernel(run, name=f"sdpa-{backend}", layout="bnsh", profile="fp32-pbf16-obf16", alibi=False,
+                  returns_lse=False, storages=("bf16", "fp16"))
+
+
+def _fbgemm_op():
+    import torch
+    import fbgemm_gpu.experimental.gen_ai  # noqa: F401  registers torch.ops.fbgemm.gqa_attn_splitk
+    return torch.ops.fbgemm.gqa_attn_splitk
+
+
+def make_fbgemm_int4(splits=4):
+    """FBGEMM's INT4 GQA decode kernel on kvq's FBGEMM rows (the same bytes) as a gate Kernel."""
+    import torch
+    op = _fbgemm_op()
+
+    def run(case):
+        groups = (case.k.rows.shape[-1] - case.head_dim // 2) // 4
+        pos = (case.seq_lens - 1).to(torch.int32)
+        o = op(case.q[:, None], case.k.rows, case.v.rows, pos, case.softmax_scale, splits,
+               kv_cache_quant_num_groups=groups, use_tensor_cores=True, cache_logical_dtype_int=1)[0]
+        return o[:, 0]
+
+    def why_not(spec, k, v):
+        if spec.kv_heads != 1:
+            return f"Hkv = {spec.kv_heads} (gqa_attn_splitk takes one KV head)"
+        return ""
+
+    # K and V dequantized to bf16 on the way to the tensor cores, P rounded to bf16, O written in bf16
+    return Kernel(run, name="fbgemm-gqa_attn_splitk", layout="fbgemm", profile="fp32-kbf16-pbf16-obf16",
+                  head_dims=(128,), max_tokens=16384, alibi=False, returns_lse=False,
+                  storages=("int4-head-asym", "int4-g32-asym"), why_not=why_not)
+
+
+def make_flashinfer_paged(page_size=16):
+    """FlashInfer's paged batch decode as a gate Kernel (layout "paged")."""
+    import torch
+    from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+
+    def cache(op):
+        if op.scheme is None:
+            return op.values
+        return op.codes.view(torch.float8_e4m3fn)  # scale-free e4m3: the codes are the values
+
+    def run(case):
+        lens = case.seq_lens.tolist()
+        P = case.page_size
+        counts = [(n + P - 1) // P for n in lens]
+        table = case.block_table.tolist()
+        indptr = [0]
+        indices = []
+        for b, c in enumerate(counts):
+            indices += table[b][:c]
+            indptr.append(indptr[-1] + c)
+        last = [n - (c - 1) * P if c else 0 for n, c in zip(lens, counts)]
+        dev = case.q.device
+        k, v = cache(case.k), cache(case.v)
+        decoder = BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=case.group > 1)
+        decoder.plan(torch.tensor(indptr, dtype=torch.int32, device=dev),
+                     torch.tensor(indices or [0], dtype=torch.int32, device=dev)[:len(indices)],
+                     torch.tensor(last, dtype=torch.int32, device=dev), case.num_q_heads, case.num_kv_heads,
+                     case.head_dim, P, q_data_type=torch.bfloat16, kv_data_type=k.dtype,
+                     sm_scale=case.softmax_scale)
+        o, lse = decoder.run(case.q, (k, v), return_lse=True)
+        return o, lse * math.log(2.0)  # FlashInfer's LSE is log2-sum-exp2
+
+    return Kernel(run, name="flashinfer-paged-decode", layout="paged", profile="fp32-pbf16-obf16",
+                  head_dims=(64, 128, 256), alibi=False, page_size=page_size, storages=("bf16", "fp8-e4m3"))
+
+
+def __getattr__(name):
+    """The peers of PEERS as module attributes, for the command line (built on first use)."""
+    if name.startswith("sdpa_") and name[5:] in ("cudnn", "flash", "efficient", "math"):
+        return make_sdpa(name[5:])
+    if name == "fbgemm_int4":
+        return make_fbgemm_int4()
+    if name == "flashinfer_paged":
+        return make_flashinfer_paged()
+    raise AttributeError(f"module 'kvq.gate_peers' has no attribute '{name}'")

@@ -1,0 +1,142 @@
+"""kvq's GPU kernels on torch CUDA tensors: the quantize and decode variants of `kvq variants`, with
+the same storages, names and errors as the command line. Tensors go in and out through DLPack (no
+copies) and every launch is enqueued on torch's current stream.
+
+    import torch, kvq.gpu
+    k = torch.randn(8, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)         # [B, Hkv, T, D]
+    kc = kvq.gpu.quantize(k, "int8-head")                    # Cache: codes, scales (, zero_points)
+    o, lse = kvq.gpu.decode(q, kc, vc, seq_lens=lens)        # q bf16 [B, Hq, D]; O bf16, LSE fp32
+
+Needs the module kvq._gpu, built with the kernels when nvcc is found (`pip install .` or the developer
+build); available() says whether it and a CUDA device are there, and why_unavailable() why not.
+"""
+from dataclasses import dataclass
+from typing import Any
+
+from ._core import InputError
+
+try:
+    from . import _gpu
+    _IMPORT_ERROR = None
+except ImportError as e:  # a CPU-only build
+    _gpu, _IMPORT_ERROR = None, e
+
+__all__ = ["Cache", "available", "why_unavailable", "device", "variants", "quantize", "decode", "raw"]
+
+
+def why_unavailable():
+    """Why the GPU kernels cannot run here, or "" when they can."""
+    if _gpu is None:
+        return (f"kvq was built without its CUDA kernels (no nvcc at build time: {_IMPORT_ERROR}); rebuild with nvcc "
+                "on PATH")
+    try:
+        import torch
+    except ImportError:
+        return "kvq.gpu takes torch CUDA tensors: torch is not installed"
+    if not torch.cuda.is_available() or not _gpu.available():
+        return "no CUDA device"
+    return ""
+
+
+def available():
+    return why_unavailable() == ""
+
+
+def _require():
+    why = why_unavailable()
+    if why:
+        raise RuntimeError(f"kvq.gpu: {why}")
+    import torch
+    return torch
+
+
+def device():
+    """The current device: name, SM count, compute capability, driver and runtime."""
+    _require()
+    return _gpu.device()
+
+
+def variants(kind=None):
+    """Registered variants as dicts (kind, name, summary, supports, incumbent); kind "quantize" / "decode"."""
+    _require()
+    return [v for v in _gpu.variants() if kind is None or v["kind"] == kind]
+
+
+@dataclass(frozen=True)
+class Cache:
+    """K or V on the device as a kernel reads it. Raw storages ("bf16", "fp16") hold `data` (values);
+    kvq schemes hold `data` (codes: planar [B, H, T, D*bits/8]; "fbgemm": rows [B, T, H, D/2 + 4n]),
+    `scales` and `zero_points` in group order (quant/groups.hpp; None where the scheme has none).
+    layout: "bnsh" or "bsnh" (raw and planar codes), or "fbgemm"."""
+    storage: str
+    data: Any
+    scales: Any = None
+    zero_points: Any = None
+    layout: str = "bnsh"
+
+    def _as_dict(self):
+        return {"storage": self.storage, "layout": self.layout, "data": self.data, "scales": self.scales,
+                "zero_points": self.zero_points}
+
+
+def raw(x, layout="bnsh"):
+    """A bf16 / fp16 tensor as a Cache of its own dtype."""
+    torch = _require()
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+    if x.dtype not in names:
+        raise InputError(f"kvq.gpu.raw: dtype {x.dtype}, expected torch.bfloat16 or torch.float16")
+    return Cache(names[x.dtype], x, layout=layout)
+
+
+def _stream(torch, x):
+    return torch.cuda.current_stream(x.device).cuda_stream
+
+
+def quantize(x, scheme, *, layout="planar", variant=None, seq_lens=None):
+    """x [B, H, T, D] (fp32 / fp16 / bf16, any strides but D's) quantized with `scheme` by a GPU
+    variant (None: the first specialised one that takes it, else quantize-generic; all are bit-exact
+    with the CPU codec). layout "planar" or "fbgemm". seq_lens (+wW schemes): per-sequence lengths.
+    Returns a Cache; raises kvq.InputError / SchemeError with the CLI's messages."""
+    torch = _require()
+    if x.dim() != 4:
+        raise InputError(f"kvq.gpu.quantize: x has shape {list(x.shape)}, expected [B, H, T, D]")
+    B, H, T, D = (int(n) for n in x.shape)
+    sizes = _gpu.quantized_sizes(scheme, B, H, T, D, layout)
+    with torch.cuda.device(x.device):
+        new = lambda n: torch.empty(n, dtype=torch.uint8, device=x.device)  # noqa: E731
+        codes = new(sizes["codes"])
+        scales = new(sizes["scales"]) if sizes["scales"] else None
+        zeros = new(sizes["zeros"]) if sizes["zeros"] else None
+        lens = [] if seq_lens is None else [int(n) for n in seq_lens]
+        _gpu.quantize(x, scheme, codes, scales, zeros, layout, variant or "", lens, _stream(torch, x))
+    if layout == "fbgemm":
+        return Cache(scheme, codes.view(B, T, H, sizes["row_bytes"]), layout="fbgemm")
+    scale_dtype = _scale_dtype(torch, scheme)
+    return Cache(scheme, codes.view(B, H, T, sizes["row_bytes"]),
+                 None if scales is None else scales.view(scale_dtype),
+                 None if zeros is None else zeros.view(scale_dtype))
+
+
+def _scale_dtype(torch, scheme):
+    from ._core import parse_scheme
+    return {"float16": torch.float16, "float32": torch.float32}.get(parse_scheme(scheme).scale_dtype, torch.uint8)
+
+
+def decode(q, k, v, *, seq_lens=None, alibi_slopes=None, softmax_scale=None, variant=None, splits=0, out=None,
+           lse=None, info=False):
+    """Decode attention (one query per sequence): q bf16 [B, Hq, D] over k, v (Cache, or bf16 / fp16
+    tensors [B, Hkv, T, D]); seq_lens int32 [B] on the device (None: all T), alibi_slopes fp32 [Hq].
+    variant None: decode-tc where it reads the storages, else decode-splitk (`kvq variants`); splits > 0
+    forces the key splits of a split-K variant. Returns (O bf16 [B, Hq, D], LSE fp32 [B, Hq], natural
+    log, -inf for an empty sequence), and the launch (variant, splits, profile) when info."""
+    torch = _require()
+    k, v = (c if isinstance(c, Cache) else raw(c) for c in (k, v))
+    if q.dim() != 3:
+        raise InputError(f"kvq.gpu.decode: q has shape {list(q.shape)}, expected [B, Hq, D]")
+    B, Hq = int(q.shape[0]), int(q.shape[1])
+    with torch.cuda.device(q.device):
+        out = torch.empty_like(q) if out is None else out
+        lse = torch.empty(B, Hq, dtype=torch.float32, device=q.device) if lse is None else lse
+        launch = _gpu.decode(q, k._as_dict(), v._as_dict(), out, lse, seq_lens, alibi_slopes, float(softmax_scale or 0),
+                             variant or "", int(splits), _stream(torch, q))
+    return (out, lse, launch) if info else (out, lse)

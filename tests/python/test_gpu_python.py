@@ -1,0 +1,135 @@
+"""kvq.gpu on torch CUDA tensors: the quantize variants bit-exact with the CPU codec, decode through
+kvq.gate_kvq passing the gate, errors named like the CLI's, the current stream honoured, and the
+in-model kernel path (experiments/eval/kernel_attention.py) against float32 attention. Skipped where
+kvq was built without its kernels or there is no CUDA device (CI); scripts/device_run.sh runs it."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import kvq
+import kvq.gpu
+
+if not kvq.gpu.available():
+    pytest.skip(kvq.gpu.why_unavailable(), allow_module_level=True)
+
+import torch  # noqa: E402
+
+import kvq.gate as gate  # noqa: E402
+import kvq.gate_kvq as gate_kvq  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "experiments", "eval"))
+sys.path.insert(0, os.path.join(ROOT, "data"))
+
+
+def random_kv(shape, seed, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * (1 + 6 * (torch.rand(shape[-1], generator=g) > 0.9))  # outlier channels
+    return x.to(dtype).cuda()
+
+
+@pytest.mark.parametrize("scheme", ["int8-head", "int4-g32-asym", "int8-token-asym", "int4-tensor", "fp8-e4m3-head",
+                                    "int8-g64-asym-fp32", "int4-g32-asym+had", "int4-chan-t32-asym"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quantize_is_bit_exact_with_the_cpu_codec(scheme, dtype):
+    x = random_kv((2, 3, 70, 64), 1, dtype)
+    c = kvq.gpu.quantize(x, scheme)
+    r = kvq.quantize(x.float().cpu().numpy(), scheme)
+    assert np.array_equal(c.data.cpu().numpy().reshape(-1).view(np.uint8), np.asarray(r.codes).reshape(-1).view(np.uint8))
+    if r.scales is not None:
+        assert np.array_equal(c.scales.cpu().numpy().reshape(-1).view(np.uint8),
+                              np.asarray(r.scales).reshape(-1).view(np.uint8))
+    if r.zero_points is not None:
+        assert np.array_equal(c.zero_points.cpu().numpy().reshape(-1).view(np.uint8),
+                              np.asarray(r.zero_points).reshape(-1).view(np.uint8))
+
+
+@pytest.mark.parametrize("scheme", ["int4-head-asym", "int4-g32-asym"])
+def test_fbgemm_rows_are_the_cpu_rows(scheme):
+    x = random_kv((2, 2, 33, 128), 2)
+    c = kvq.gpu.quantize(x, scheme, layout="fbgemm")
+    assert c.layout == "fbgemm" and tuple(c.data.shape[:3]) == (2, 33, 2)
+    assert np.array_equal(c.data.cpu().numpy(), np.asarray(kvq.fbgemm_rows(x.float().cpu().numpy(), scheme)))
+
+
+def test_every_quantize_variant_that_takes_a_scheme_agrees():
+    x = random_kv((1, 8, 64, 128), 3)
+    ref = kvq.gpu.quantize(x, "int8-head", variant="quantize-generic")
+    for v in kvq.gpu.variants("quantize"):
+        try:
+            c = kvq.gpu.quantize(x, "int8-head", variant=v["name"])
+        except kvq.InputError as e:
+            assert "does not take int8-head" in str(e)
+            continue
+        assert torch.equal(c.data, ref.data) and torch.equal(c.scales, ref.scales), v["name"]
+
+
+@pytest.mark.parametrize("k,v,layout", [("bf16", "bf16", "bnsh"), ("int8-head", "int4-g32-asym", "bnsh"),
+                                        ("fp8-e4m3", "fp8-e5m2", "bnsh"), ("int4-head-asym", "int4-head-asym", "fbgemm")])
+def test_decode_tc_from_python_passes_the_gate(k, v, layout):
+    r = gate.check(gate_kvq.kernel("decode-tc", layout), k, v, cases="quick", device="cuda", log=None)
+    assert r.ok, "\n".join(c.line("decode-tc") for c in r.cases if not c.ok)
+    assert not r.with_status("SKIP") or all("head_dim 96" in c.detail for c in r.with_status("SKIP"))
+
+
+def test_a_wrong_kernel_on_the_gpu_fails():
+    def off_by_one(case):  # reads one key fewer than seq_len
+        lens = (case.seq_lens - 1).clamp(min=0)
+        return kvq.gpu.decode(case.q, case.k.values, case.v.values, seq_lens=lens.to(torch.int32),
+                              softmax_scale=case.softmax_scale)
+    r = gate.check(gate.Kernel(off_by_one, name="off-by-one", profile="fp32-pbf16-obf16"), cases=["varlen", "mha"],
+                   device="cuda", log=None)
+    assert not r.ok and {c.status for c in r.cases} == {"FAIL"}
+
+
+def test_errors_say_what_is_wrong():
+    q = torch.zeros(2, 4, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.zeros(2, 2, 16, 128, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(kvq.InputError, match="q: expected a CUDA tensor"):
+        kvq.gpu.decode(q.cpu(), k, k)
+    with pytest.raises(kvq.InputError, match="q: dtype float32, expected bfloat16"):
+        kvq.gpu.decode(q.float(), k, k)
+    with pytest.raises(kvq.InputError, match="k: batch 1, but q has B = 2"):
+        kvq.gpu.decode(q, k[:1], k[:1])
+    with pytest.raises(kvq.InputError, match="no decode variant named 'decode-nope'"):
+        kvq.gpu.decode(q, k, k, variant="decode-nope")
+    with pytest.raises(kvq.InputError, match="CUDA-core kernels read K and V in one format"):
+        kvq.gpu.decode(q, kvq.gpu.quantize(k, "int8-head"), k, variant="decode-splitk")
+    with pytest.raises(kvq.SchemeError):
+        kvq.gpu.quantize(k, "int4-g3x")
+    bad = k.clone()
+    bad[1, 0, 5, 7] = float("nan")
+    with pytest.raises(kvq.InputError, match="x: non-finite value nan"):
+        kvq.gpu.quantize(bad, "int8-head")
+    codes = kvq.gpu.quantize(k, "int8-head")
+    with pytest.raises(kvq.InputError, match="k scales: 4 bytes"):
+        kvq.gpu.decode(q, kvq.gpu.Cache("int8-head", codes.data, codes.scales[:2]), k)
+
+
+def test_the_current_stream_is_used():
+    q = random_kv((4, 8, 128), 5)
+    k, v = random_kv((4, 2, 500, 128), 6), random_kv((4, 2, 500, 128), 7)
+    o, lse = kvq.gpu.decode(q, k, v)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        o2, lse2 = kvq.gpu.decode(q, k, v)
+    s.synchronize()
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+
+
+def test_kernel_attention_inside_a_model_matches_float32_attention():
+    import kernel_attention
+    import sequence_eval
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((6, 40, 64), dtype=np.float32)
+    k = rng.standard_normal((2, 40, 64), dtype=np.float32)
+    v = rng.standard_normal((2, 40, 64), dtype=np.float32)
+    for name in ("bf16", "int8-head", "int4-g32-asym"):
+        assert kernel_attention.unsupported_reason(name, name, 64) == ""
+        ref = sequence_eval.attend(q, sequence_eval.CacheView(k, name), sequence_eval.CacheView(v, name), 0.125)
+        got = kernel_attention.KernelAttention(name, name, budget_bytes=1 << 16)(q, k, v, 0.125)  # several chunks
+        assert np.abs(got - ref).max() < 0.02 * np.abs(ref).max(), name
+    assert "keeps recent tokens" in kernel_attention.unsupported_reason("int4-g32-asym+w16", "bf16", 64)
+    assert "fp32" in kernel_attention.unsupported_reason("fp32", "bf16", 64)
