@@ -285,8 +285,7 @@ DecodeParams decode_problem(const Tensor& q, const nb::dict& k, const nb::dict& 
     p.alibi_slopes = static_cast<const float*>(t.data());
   }
   p.softmax_scale = static_cast<float>(softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(double(p.head_dim)));
-  check_decode_params(p);
-  return p;
+  return p;  // launch_decode checks the planned problem (check_decode_params)
 }
 
 // Writes O (bf16) and LSE (fp32) for q over (k, v). Returns the launch: variant, splits, profile.

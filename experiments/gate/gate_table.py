@@ -16,6 +16,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import sys
 import time
 from collections import defaultdict
@@ -89,16 +90,22 @@ def compare_with_cpp(cpp_path, reports):
     with open(cpp_path) as f:
         cpp = json.load(f)["cases"]
 
-    def key(variant, case, scheme):
-        return variant, case, " ".join(w for w in scheme.split() if w not in ("BNSH", "BSNH", "FBGEMM", "paged"))
-    cpp_verdict = {key(c["variant"], c["case"], c["scheme"]): ("SKIP" if c.get("skipped") else "OK" if c["ok"] else "FAIL")
-                   for c in cpp}
+    def key(variant, case, scheme, shape):
+        """(variant, case, K, V, layout, D): "K a / V b LAYOUT" and "a LAYOUT" name the same pair."""
+        w = scheme.split()
+        k, v = (w[1], w[4]) if w[0] == "K" else (w[0], w[0])
+        d = re.search(r"\bD=(\d+)", shape)
+        return variant, case, k, v, w[-1], d.group(1) if d else ""
+    cpp_verdict = {}
+    for c in cpp:  # kvq validate writes no scheme or shape for its non-decode checks
+        if "scheme" in c and "shape" in c:
+            cpp_verdict[key(c["variant"], c["case"], c["scheme"], c["shape"])] = (
+                "SKIP" if c.get("skipped") else "OK" if c["ok"] else "FAIL")
     same, differ, unmatched = 0, [], 0
     for name, rep in reports:
         variant = name.split(":")[0]
         for c in rep.cases:
-            scheme = c.scheme + (":fbgemm" if ":fbgemm" in name and ":fbgemm" not in c.scheme else "")
-            want = cpp_verdict.get(key(variant, c.name, c.scheme)) or cpp_verdict.get(key(variant, c.name, scheme))
+            want = cpp_verdict.get(key(variant, c.name, c.scheme, c.shape))
             if want is None:
                 unmatched += 1
             elif want == c.status:
@@ -142,6 +149,8 @@ def main(argv=None):
                     kvq_reports.append((kern.name, rep))
     write_tables(rows, failures, args.out)
     print(f"wrote {args.out}/table.md, table.csv, failures.md ({len(failures)} failing cases)")
+    for name, k, v, c in failures[:40]:
+        print(f"  FAIL {name} K {k} / V {v} {c.name} ({c.shape}): {c.detail[:300]}")
     ok = True
     if args.cpp and kvq_reports:
         ok = compare_with_cpp(args.cpp, kvq_reports)

@@ -19,6 +19,7 @@ PEERS names them all; experiments/gate/gate_peers_table.py runs each over its st
 table. A peer whose library is missing raises ImportError when its attribute is read.
 """
 import math
+import warnings
 
 from .gate import Kernel
 
@@ -44,8 +45,16 @@ def make_sdpa(backend):
               "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend]
 
     def attend(q, k, v, scale):  # q [b, Hq, D], k / v [b, Hkv, t, D] -> [b, Hq, D]
-        with sdpa_kernel(chosen):
-            return F.scaled_dot_product_attention(q[:, :, None, :], k, v, scale=scale, enable_gqa=True)[:, :, 0, :]
+        if backend == "efficient" and q.shape[1] != k.shape[1]:  # its fused kernel takes no GQA: heads expanded
+            k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
+        with warnings.catch_warnings(record=True) as caught, sdpa_kernel(chosen):
+            warnings.simplefilter("always")
+            try:
+                return F.scaled_dot_product_attention(q[:, :, None, :], k, v, scale=scale,
+                                                      enable_gqa=q.shape[1] != k.shape[1])[:, :, 0, :]
+            except RuntimeError as e:  # "no available kernel": torch's reasons came as warnings
+                why = "; ".join(str(w.message).split(" (Triggered")[0] for w in caught)
+                raise RuntimeError(f"{str(e).splitlines()[0]} ({why})") from None
 
     def run(case):
         k, v = case.k.values, case.v.values
