@@ -74,12 +74,13 @@ void require(const Tensor& t, const std::string& what, std::initializer_list<nb:
     throw InputError(fmt::format("{}: dtype {}, expected {}", what, dtype_name(t.dtype()), fmt::join(names, " or ")));
   if (rank >= 0 && static_cast<int>(t.ndim()) != rank)
     throw InputError(fmt::format("{}: rank {} (shape {}), expected rank {}", what, t.ndim(), shape_of(t), rank));
-  if (t.ndim() && t.shape(t.ndim() - 1) > 1 && t.stride(t.ndim() - 1) != 1)
+  if (t.ndim() && t.size() > 0 && t.shape(t.ndim() - 1) > 1 && t.stride(t.ndim() - 1) != 1)  // (empty: any strides)
     throw InputError(fmt::format("{}: the last axis must be contiguous (stride {}; call .contiguous())", what,
                                  t.stride(t.ndim() - 1)));
 }
 
 bool contiguous(const Tensor& t) {
+  if (t.size() == 0) return true;
   int64_t want = 1;
   for (size_t i = t.ndim(); i-- > 0;) {
     if (t.shape(i) != 1 && t.stride(i) != want) return false;

@@ -92,12 +92,20 @@ def _stream(torch, x):
     return torch.cuda.current_stream(x.device).cuda_stream
 
 
+def _on_cuda(x, what):
+    """Raises kvq.InputError unless x is a torch CUDA tensor (the kernels' own check names the rest)."""
+    if not getattr(x, "is_cuda", False):
+        where = getattr(x, "device", type(x).__name__)
+        raise InputError(f"{what}: expected a CUDA tensor, got one on {where} (move it with .cuda())")
+
+
 def quantize(x, scheme, *, layout="planar", variant=None, seq_lens=None):
     """x [B, H, T, D] (fp32 / fp16 / bf16, any strides but D's) quantized with `scheme` by a GPU
     variant (None: the first specialised one that takes it, else quantize-generic; all are bit-exact
     with the CPU codec). layout "planar" or "fbgemm". seq_lens (+wW schemes): per-sequence lengths.
     Returns a Cache; raises kvq.InputError / SchemeError with the CLI's messages."""
     torch = _require()
+    _on_cuda(x, "x")
     if x.dim() != 4:
         raise InputError(f"kvq.gpu.quantize: x has shape {list(x.shape)}, expected [B, H, T, D]")
     B, H, T, D = (int(n) for n in x.shape)
@@ -131,6 +139,7 @@ def decode(q, k, v, *, seq_lens=None, alibi_slopes=None, softmax_scale=None, var
     log, -inf for an empty sequence), and the launch (variant, splits, profile) when info."""
     torch = _require()
     k, v = (c if isinstance(c, Cache) else raw(c) for c in (k, v))
+    _on_cuda(q, "q")
     if q.dim() != 3:
         raise InputError(f"kvq.gpu.decode: q has shape {list(q.shape)}, expected [B, Hq, D]")
     B, Hq = int(q.shape[0]), int(q.shape[1])
