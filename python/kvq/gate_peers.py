@@ -85,7 +85,8 @@ def make_fbgemm_int4(splits=4):
         groups = (case.k.rows.shape[-1] - case.head_dim // 2) // 4
         pos = (case.seq_lens - 1).to(torch.int32)
         o = op(case.q[:, None], case.k.rows, case.v.rows, pos, case.softmax_scale, splits,
-               kv_cache_quant_num_groups=groups, use_tensor_cores=True, cache_logical_dtype_int=1)[0]
+               kv_cache_quant_num_groups=groups, use_tensor_cores=True,
+               cache_logical_dtype_int=2)[0]  # CacheLogicalDtype::INT4
         return o[:, 0]
 
     def why_not(spec, k, v):
