@@ -18,6 +18,7 @@
 #include <variant>
 
 #include "python/arrays.hpp"
+#include "python/errors.hpp"
 #include "quant/fbgemm_layout.hpp"
 #include "quant/block_quantize.hpp"
 #include "quant/ggml_layout.hpp"
@@ -468,17 +469,7 @@ void bind_errors(nb::module_& m) {
   m.attr("Error") = nb::handle(error);
   m.attr("InputError") = nb::handle(input_error);
   m.attr("SchemeError") = nb::handle(scheme_error);
-  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
-    try {
-      std::rethrow_exception(p);
-    } catch (const SchemeError& e) {
-      PyErr_SetString(scheme_error, e.what());
-    } catch (const InputError& e) {
-      PyErr_SetString(input_error, e.what());
-    } catch (const Error& e) {
-      PyErr_SetString(error, e.what());
-    }
-  });
+  translate_kvq_errors(error, input_error, scheme_error);
 }
 
 }  // namespace

@@ -20,6 +20,8 @@
 #include "gpu/decode.hpp"
 #include "gpu/quantize.hpp"
 #include "gpu/registry.hpp"
+#include "python/arrays.hpp"
+#include "python/errors.hpp"
 #include "quant/fbgemm_layout.hpp"
 
 namespace nb = nanobind;
@@ -40,21 +42,7 @@ constexpr auto kInt8 = make(nb::dlpack::dtype_code::Int, 8);
 constexpr auto kInt32 = make(nb::dlpack::dtype_code::Int, 32);
 }  // namespace dt
 
-std::string dtype_name(nb::dlpack::dtype d) {
-  static const std::map<std::pair<int, int>, std::string> names = {
-      {{(int)nb::dlpack::dtype_code::Bfloat, 16}, "bfloat16"}, {{(int)nb::dlpack::dtype_code::Float, 16}, "float16"},
-      {{(int)nb::dlpack::dtype_code::Float, 32}, "float32"},   {{(int)nb::dlpack::dtype_code::Float, 64}, "float64"},
-      {{(int)nb::dlpack::dtype_code::UInt, 8}, "uint8"},       {{(int)nb::dlpack::dtype_code::Int, 8}, "int8"},
-      {{(int)nb::dlpack::dtype_code::Int, 32}, "int32"},       {{(int)nb::dlpack::dtype_code::Int, 64}, "int64"}};
-  auto it = names.find({d.code, d.bits});
-  return it != names.end() ? it->second : fmt::format("dtype(code {}, {} bits)", d.code, d.bits);
-}
-
-std::string shape_of(const Tensor& t) {
-  std::vector<int64_t> s;
-  for (size_t i = 0; i < t.ndim(); ++i) s.push_back(static_cast<int64_t>(t.shape(i)));
-  return fmt::format("[{}]", fmt::join(s, ", "));
-}
+std::string shape_of(const Tensor& t) { return shape_string(AnyArray(t)); }
 
 // Checks that `t` is a CUDA tensor on the current device, of one of `dtypes` and rank `rank`
 // (-1: any) with a unit stride on its last axis; InputError naming `what` otherwise.
@@ -377,20 +365,8 @@ nb::dict device() {
 // The same exception classes as kvq._core, so `except kvq.InputError` catches both modules' errors.
 void bind_errors() {
   nb::module_ core = nb::module_::import_("kvq._core");
-  static PyObject* error = core.attr("Error").inc_ref().ptr();
-  static PyObject* input_error = core.attr("InputError").inc_ref().ptr();
-  static PyObject* scheme_error = core.attr("SchemeError").inc_ref().ptr();
-  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
-    try {
-      std::rethrow_exception(p);
-    } catch (const SchemeError& e) {
-      PyErr_SetString(scheme_error, e.what());
-    } catch (const InputError& e) {
-      PyErr_SetString(input_error, e.what());
-    } catch (const Error& e) {
-      PyErr_SetString(error, e.what());
-    }
-  });
+  translate_kvq_errors(core.attr("Error").inc_ref().ptr(), core.attr("InputError").inc_ref().ptr(),
+                       core.attr("SchemeError").inc_ref().ptr());
 }
 
 }  // namespace

@@ -59,12 +59,11 @@ class KernelAttention:
         size = sum(a.numel() * a.element_size() for a in (c.data, c.scales, c.zero_points) if a is not None)
         return c, size
 
-    def _repeat(self, cache, n):
-        """The cache of one sequence as a batch of n identical ones (raw values: a stride-0 view)."""
+    def _repeat(self, cache, n, D):
+        """The cache of one sequence (head_dim D) as a batch of n identical ones (raw values: a stride-0 view)."""
         if cache.scales is None and cache.storage in RAW:
             return self.gpu.Cache(cache.storage, cache.data.expand(n, -1, -1, -1))
         B, H, T, _ = cache.data.shape
-        D = self.head_dim
         one = kvq.gpu._gpu.quantized_sizes(cache.storage, 1, H, T, D, "planar")
         many = kvq.gpu._gpu.quantized_sizes(cache.storage, n, H, T, D, "planar")
 
@@ -78,7 +77,6 @@ class KernelAttention:
     def __call__(self, q, k, v, scale):
         torch = self.torch
         Hq, T, D = q.shape
-        self.head_dim = D
         dev = torch.device("cuda")
         kc, kbytes = self._store(torch.from_numpy(np.ascontiguousarray(k[None])).to(dev), self.k_name)
         vc, vbytes = self._store(torch.from_numpy(np.ascontiguousarray(v[None])).to(dev), self.v_name)
@@ -89,7 +87,7 @@ class KernelAttention:
             stop = min(T, start + chunk)
             n = stop - start
             lens = torch.arange(start + 1, stop + 1, dtype=torch.int32, device=dev)
-            o, _, self.launch = self.gpu.decode(qd[start:stop].contiguous(), self._repeat(kc, n), self._repeat(vc, n),
+            o, _, self.launch = self.gpu.decode(qd[start:stop].contiguous(), self._repeat(kc, n, D), self._repeat(vc, n, D),
                                                 seq_lens=lens, softmax_scale=float(scale), variant=self.variant,
                                                 info=True)
             out[start:stop] = o.float()
