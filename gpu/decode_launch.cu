@@ -124,7 +124,13 @@ void launch_tc(const DecodeParams& p, cudaStream_t stream) {
   const int64_t head_blocks = (p.q_heads / p.kv_heads + 7) / 8;
   const int64_t ctas = p.batch * p.kv_heads * p.splits * head_blocks;
   if (ctas == 0) return;
-  void* args[] = {const_cast<DecodeParams*>(&p)};
+  // The kernel takes its CTA index and key spans apart with 32-bit dividers (TcPlan's FastDiv).
+  constexpr int64_t kLimit = int64_t{1} << 31;
+  if (ctas >= kLimit || p.tokens + kMaxSplits >= kLimit)
+    throw InputError(fmt::format("decode (tensor cores): {} CTAs for B={} Hkv={} and {} splits, T={}: expected fewer "
+                                 "than 2^31 of each", ctas, p.batch, p.kv_heads, p.splits, p.tokens));
+  TcPlan plan = e.plan(p);
+  void* args[] = {const_cast<DecodeParams*>(&p), &plan};
   KVQ_CUDA_CHECK(cudaLaunchKernel(fn, dim3(static_cast<unsigned>(ctas)), dim3(128), args,
                                   static_cast<size_t>(e.smem_bytes(p)), stream));
 }

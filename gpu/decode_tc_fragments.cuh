@@ -53,28 +53,25 @@ struct TcSource {
   bool params_inside = false;
 };
 
-// The words of row (b, h) rows and params of `op` for this CTA.
+// The words of row (b, h) rows and params of `op` for this CTA; what is the same for every CTA comes
+// from the host's plan (`pl`), so no thread divides.
 template <int D>
-__device__ __forceinline__ TcSource tc_source(const KvOperand& op, const DecodeParams& p, int64_t b, int64_t h,
-                                              int row_words, int step_tokens, int64_t t_origin) {
+__device__ __forceinline__ TcSource tc_source(const KvOperand& op, const TcOperandPlan& pl, const DecodeParams& p,
+                                              int64_t b, int64_t h, int row_words, int64_t t_origin) {
   TcSource s;
   s.rows = op.data + b * op.stride_b + h * op.stride_h;
   s.stride_t = op.stride_t;
   s.mode = op.mode;
   s.asymmetric = op.asymmetric, s.fp32_params = op.fp32_params;
-  s.groups = op.group > 0 && op.mode != ParamMode::kChannel ? D / op.group : 1;
-  s.inline_words = op.inline_bytes / 4;
-  s.vec16 = s.inline_words == 0 && row_words % 4 == 0 && (reinterpret_cast<uintptr_t>(s.rows) % 16 == 0) &&
-            op.stride_t % 16 == 0;
-  const bool aligned = reinterpret_cast<uintptr_t>(s.rows) % 16 == 0 && op.stride_t % 16 == 0;
-  if (s.inline_words > 0 && s.inline_words % 4 == 0 && row_words % 4 == 0 && aligned) s.copy_words = 4;
+  s.groups = pl.groups;
+  s.inline_words = pl.inline_words;
+  s.vec16 = pl.vec16;
+  s.copy_words = pl.copy_words;
   if (s.vec16) {
     const int chunks = row_words / 4, lane = threadIdx.x % 32;
     s.lane_src = s.rows + (lane / chunks) * op.stride_t + (lane % chunks) * 16;
     s.pass_bytes = (32 / chunks) * op.stride_t;
   }
-  const int pbytes = op.fp32_params ? 4 : 2;
-  int64_t param_bytes = 0;  // the whole scale (or zero) array
   switch (op.mode) {
     case ParamMode::kTensor:
       s.tensor_scale = op.fp32_params ? __ldg(static_cast<const float*>(op.scales))
@@ -83,37 +80,30 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const DecodeP
         s.tensor_zero = op.fp32_params ? __ldg(static_cast<const float*>(op.zeros))
                                        : __half2float(__ushort_as_half(__ldg(static_cast<const uint16_t*>(op.zeros))));
       break;
-    case ParamMode::kToken:
-      s.first_param = b * p.tokens, param_bytes = p.batch * p.tokens * pbytes;
-      break;
+    case ParamMode::kToken: s.first_param = b * p.tokens; break;
     case ParamMode::kHead:
-    case ParamMode::kGroup:
-      s.first_param = (b * p.kv_heads + h) * p.tokens * s.groups;
-      param_bytes = p.batch * p.kv_heads * p.tokens * s.groups * pbytes;
+    case ParamMode::kGroup: s.first_param = (b * p.kv_heads + h) * pl.params_per_head; break;
+    case ParamMode::kChannel:
+      s.first_param = (b * p.kv_heads + h) * pl.params_per_head;
+      s.channel_tokens = op.group, s.channel_bytes = D * (op.fp32_params ? 4 : 2);
       break;
-    case ParamMode::kChannel: {
-      const int64_t token_groups = (p.tokens + op.group - 1) / op.group;
-      s.first_param = (b * p.kv_heads + h) * token_groups * D;
-      param_bytes = p.batch * p.kv_heads * token_groups * D * pbytes;
-      s.channel_tokens = op.group, s.channel_bytes = D * pbytes;
-      break;
-    }
     default: break;
   }
   s.scales = static_cast<const uint8_t*>(op.scales), s.zeros = static_cast<const uint8_t*>(op.zeros);
-  if (param_bytes > 0) {
+  if (pl.param_bytes > 0) {
+    const int pbytes = op.fp32_params ? 4 : 2;
     s.t_origin = op.mode == ParamMode::kChannel ? 0 : t_origin;
     const int64_t origin = s.first_param + s.t_origin * s.groups;  // the element of (t_origin, group 0)
     const int64_t first_word = origin * pbytes / 4, lane = threadIdx.x % 32;
-    s.param_offset = static_cast<int>(origin * pbytes % 4) / pbytes;
-    s.param_words = tc_param_words(op, step_tokens, D) / (op.asymmetric ? 2 : 1);
-    s.param_row_bytes = op.mode == ParamMode::kChannel ? 0 : s.groups * pbytes;
-    s.scale_lane = s.scales + 4 * (first_word + lane), s.scale_end = s.scales + param_bytes;
-    if (op.asymmetric) s.zero_lane = s.zeros + 4 * (first_word + lane), s.zero_end = s.zeros + param_bytes;
+    s.param_offset = op.fp32_params ? 0 : static_cast<int>(origin & 1);
+    s.param_words = pl.param_words;
+    s.param_row_bytes = pl.param_row_bytes;
+    s.scale_lane = s.scales + 4 * (first_word + lane), s.scale_end = s.scales + pl.param_bytes;
+    if (op.asymmetric) s.zero_lane = s.zeros + 4 * (first_word + lane), s.zero_end = s.zeros + pl.param_bytes;
     const int64_t last_span = op.mode == ParamMode::kChannel
-                                  ? (s.first_param + (p.tokens - 1) / op.group * D) * pbytes  // a span's first byte
+                                  ? (s.first_param + pl.params_per_head - D) * pbytes  // the last group's span
                                   : 4 * first_word + (p.tokens - s.t_origin) * s.param_row_bytes;
-    s.params_inside = last_span + 4 * s.param_words <= param_bytes;
+    s.params_inside = last_span + 4 * s.param_words <= pl.param_bytes;
   }
   return s;
 }

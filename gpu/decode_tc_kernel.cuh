@@ -81,8 +81,9 @@ __device__ __forceinline__ void hadamard_across_lanes(float (&x)[E], int lane) {
 // Q of the CTA's heads as MMA operands, per-head logit factors and sum(q) per K scale group. A warp
 // per head, each lane E = D/32 consecutive elements: one load, shuffles for the max and the sums.
 template <typename Tr, int D>
-__device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b, int64_t hk, int64_t hb,
-                            int64_t group_size, int k_groups) {
+__device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, const TcPlan& plan, int64_t b, int64_t hk,
+                            int64_t hb) {
+  const int64_t group_size = plan.group_size;
   constexpr bool kBf16Q = Tr::K::kBf16Mma;
   constexpr int E = D / 32;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -109,7 +110,7 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b
       pro.q[i][(pos & ~3) | q_perm<Tr::K::kFormat>(pos & 3)] = op;
       sum += kBf16Q ? bf16_bits_to_fp32(op) : fp16_bits_to_fp32(op);
     }
-    const int lanes_per_group = D / k_groups / E;  // groups hold whole lanes (G >= 16 >= E)
+    const int lanes_per_group = plan.q_lanes_per_group;  // groups hold whole lanes (G >= 16 >= E)
     for (int o = 1; o < lanes_per_group; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (lane % lanes_per_group == 0) pro.q_sum[lane / lanes_per_group][i] = sum;
     if (lane == 0) {
@@ -126,7 +127,7 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, int64_t b
 // in the fragments (a step lies in one token group), then multiplied as raw fp16 K.
 template <KvFormat FK, KvFormat FV, int D, int kKSlicesPerGroup, int kVPairsPerGroup>
 __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV, D>::kMinCtas)
-    decode_tc_kernel(const DecodeParams p) {
+    decode_tc_kernel(const DecodeParams p, const TcPlan plan) {
   using Tr = TcTraits<FK, FV, D>;
   constexpr bool kChanK = kKSlicesPerGroup < 0;
   constexpr bool kKQuant = Tr::K::kQuantized && !kChanK, kVQuant = Tr::V::kQuantized;  // kKQuant: scales after QK
@@ -139,14 +140,12 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   uint32_t* stages = reinterpret_cast<uint32_t*>(tc_smem) + sizeof(TcPrologue<D>) / 4;
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
-  const int64_t group_size = p.q_heads / p.kv_heads;
-  const int64_t head_blocks = (group_size + Tr::kHeads - 1) / Tr::kHeads;
-  int64_t cta = blockIdx.x;
-  const int64_t hb = cta % head_blocks;
-  cta /= head_blocks;
-  const int split = static_cast<int>(cta % p.splits);
-  cta /= p.splits;
-  const int64_t hk = cta % p.kv_heads, b = cta / p.kv_heads;
+  // blockIdx.x = ((b * Hkv + hk) * splits + split) * head_blocks + hb, taken apart without dividing
+  const uint32_t cta = blockIdx.x, bh_split = plan.by_head_blocks.div(cta), bh = plan.by_splits.div(bh_split);
+  const int64_t hb = cta - bh_split * static_cast<uint32_t>(plan.head_blocks);
+  const int split = static_cast<int>(bh_split - bh * static_cast<uint32_t>(p.splits));
+  const uint32_t b32 = plan.by_kv_heads.div(bh);
+  const int64_t b = b32, hk = bh - b32 * static_cast<uint32_t>(p.kv_heads);
   const int64_t len = p.seq_lens ? p.seq_lens[b] : p.tokens;
   // The region's keys [lo, hi). Steps start at lo, except for chan-tN K, whose steps must each lie
   // in one token group: they start at a multiple of 32 below lo, the keys below lo masked (in the
@@ -156,19 +155,20 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   key_region_bounds(p.region, p.k_window, p.v_window, len, lo, hi);
   const int64_t base = kChanK ? lo / 32 * 32 : lo, span = hi > base ? hi - base : 0;
   constexpr int kRound = Tr::kWarps * kST;
-  const int64_t per_split = ((span + p.splits - 1) / p.splits + kRound - 1) / kRound * kRound;
+  // span < 2^31 (plan_decode checks T): the split's keys by the plan's divider
+  const int64_t per_split =
+      (static_cast<int64_t>(plan.by_splits.div(static_cast<uint32_t>(span + p.splits - 1))) + kRound - 1) / kRound * kRound;
   const int64_t t_begin = base + split * per_split;
   const int64_t t_end = t_begin + per_split < hi ? t_begin + per_split : hi;
   const int first_masked = kChanK && split == 0 ? static_cast<int>(lo - base) : 0;  // constant 0 unless chan-tN
 
-  const TcStageLayout lay = tc_stage_layout<FK, FV, D>(p);
-  const TcSource ks = tc_source<D>(p.k, p, b, hk, Tr::kKRowWords, kST, t_begin);
-  const TcSource vs = tc_source<D>(p.v, p, b, hk, Tr::kVRowWords, kST, t_begin);
-  const int k_groups = kKQuant ? ks.groups : 1, v_groups = kVQuant ? vs.groups : 1;
+  const TcStageLayout lay{plan.k_params, plan.v_params, plan.stage_words};
+  const TcSource ks = tc_source<D>(p.k, plan.k, p, b, hk, Tr::kKRowWords, t_begin);
+  const TcSource vs = tc_source<D>(p.v, plan.v, p, b, hk, Tr::kVRowWords, t_begin);
   // Groups are powers of two (they divide D and hold whole k-slices): shifts, not divisions, in the loops.
-  const int k_shift = kKSlicesPerGroup > 0 ? ilog2(kKSlicesPerGroup) : __ffs(Tr::kSlices / k_groups) - 1;
-  const int v_shift = kVPairsPerGroup > 0 ? ilog2(kVPairsPerGroup) : __ffs(Tr::kSlices / 2 / v_groups) - 1;
-  tc_prologue<Tr, D>(pro, p, b, hk, hb, group_size, k_groups);
+  const int k_shift = kKSlicesPerGroup > 0 ? ilog2(kKSlicesPerGroup) : plan.k.group_shift;
+  const int v_shift = kVPairsPerGroup > 0 ? ilog2(kVPairsPerGroup) : plan.v.group_shift;
+  tc_prologue<Tr, D>(pro, p, plan, b, hk, hb);
   __syncthreads();
 
   // This lane's Q operands (head g) of k-slice j. Kept in registers by the one-group-per-row kernels;
@@ -208,9 +208,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   const int64_t all_steps = (keys + kST - 1) / kST;
   const int my_steps = static_cast<int>(all_steps > warp ? (all_steps - warp + Tr::kWarps - 1) / Tr::kWarps : 0);
   uint32_t* ring = stages + warp * kS * lay.stage_words;
-  // 2^24 / (copies per row) + 1: copy index -> row by a multiply (exact for the step's indices)
-  const uint32_t k_magic = (1u << 24) / static_cast<uint32_t>((ks.inline_words + Tr::kKRowWords) / ks.copy_words) + 1;
-  const uint32_t v_magic = (1u << 24) / static_cast<uint32_t>((vs.inline_words + Tr::kVRowWords) / vs.copy_words) + 1;
+  const uint32_t k_magic = plan.k.units_magic, v_magic = plan.v.units_magic;
   auto step_start = [&](int s) { return t_begin + (static_cast<int64_t>(s) * Tr::kWarps + warp) * kST; };
   // n_lo > 0 only for step 0 (chan-tN), issued before the loop: the loop's copies carry no lower mask.
   auto issue = [&](int s, int n_lo) {
@@ -443,8 +441,8 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   for (int idx = threadIdx.x; idx < Tr::kHeads * D; idx += Tr::kThreads) {
     const int i = idx / D, d = idx % D;
     const int64_t in_group = hb * Tr::kHeads + i;
-    if (in_group >= group_size) continue;
-    const int64_t h = hk * group_size + in_group;
+    if (in_group >= plan.group_size) continue;
+    const int64_t h = hk * plan.group_size + in_group;
     float out = 0.0f;
 #pragma unroll
     for (int w = 0; w < Tr::kWarps; ++w) out = __fmaf_rn(w_weight[i * Tr::kWarps + w], w_o[(w * Tr::kHeads + i) * D + d], out);
@@ -474,10 +472,63 @@ inline TcGroupShape tc_group_shape(const DecodeParams& p) {
   return TcGroupShape::kAny;
 }
 
+// One operand's share of a launch's plan (what tc_source and the copies would otherwise compute per thread).
+template <KvFormat FK, KvFormat FV, int D>
+TcOperandPlan tc_operand_plan(const KvOperand& op, const DecodeParams& p, int row_words, bool is_k) {
+  using Tr = TcTraits<FK, FV, D>;
+  TcOperandPlan pl;
+  pl.groups = op.group > 0 && op.mode != ParamMode::kChannel ? D / op.group : 1;
+  pl.inline_words = op.inline_bytes / 4;
+  // Every CTA's rows 16-byte aligned (a stride that never moves the pointer does not count).
+  auto moves = [](int64_t count, int64_t stride) { return count > 1 && stride % 16 != 0; };
+  const bool aligned = reinterpret_cast<uintptr_t>(op.data) % 16 == 0 && op.stride_t % 16 == 0 &&
+                       !moves(p.batch, op.stride_b) && !moves(p.kv_heads, op.stride_h);
+  pl.vec16 = pl.inline_words == 0 && row_words % 4 == 0 && aligned;
+  if (pl.inline_words > 0 && pl.inline_words % 4 == 0 && row_words % 4 == 0 && aligned) pl.copy_words = 4;
+  pl.units_magic = (1u << 24) / static_cast<uint32_t>((pl.inline_words + row_words) / pl.copy_words) + 1;
+  const int pbytes = op.fp32_params ? 4 : 2;
+  switch (op.mode) {
+    case ParamMode::kToken: pl.param_bytes = p.batch * p.tokens * pbytes; break;
+    case ParamMode::kHead:
+    case ParamMode::kGroup: pl.params_per_head = p.tokens * pl.groups; break;
+    case ParamMode::kChannel: pl.params_per_head = (p.tokens + op.group - 1) / op.group * D; break;
+    default: break;
+  }
+  if (pl.params_per_head > 0) pl.param_bytes = p.batch * p.kv_heads * pl.params_per_head * pbytes;
+  if (pl.param_bytes > 0) {
+    pl.param_words = tc_param_words(op, Tr::kStepTokens, D) / (op.asymmetric ? 2 : 1);
+    pl.param_row_bytes = op.mode == ParamMode::kChannel ? 0 : pl.groups * pbytes;
+  }
+  // Operands read without scale groups (raw, chan-tN K) count as one group per row.
+  const bool grouped = is_k ? Tr::K::kQuantized && op.mode != ParamMode::kChannel : Tr::V::kQuantized;
+  const int groups = grouped ? pl.groups : 1;
+  pl.group_shift = ilog2(is_k ? Tr::kSlices / groups : Tr::kSlices / 2 / groups);
+  return pl;
+}
+
+template <KvFormat FK, KvFormat FV, int D>
+TcPlan tc_plan(const DecodeParams& p) {
+  using Tr = TcTraits<FK, FV, D>;
+  TcPlan plan;
+  const TcStageLayout lay = tc_stage_layout<FK, FV, D>(p);
+  plan.k_params = lay.k_params, plan.v_params = lay.v_params, plan.stage_words = lay.stage_words;
+  plan.k = tc_operand_plan<FK, FV, D>(p.k, p, Tr::kKRowWords, true);
+  plan.v = tc_operand_plan<FK, FV, D>(p.v, p, Tr::kVRowWords, false);
+  plan.group_size = static_cast<int>(p.q_heads / p.kv_heads);
+  plan.head_blocks = (plan.group_size + Tr::kHeads - 1) / Tr::kHeads;
+  const bool k_grouped = Tr::K::kQuantized && p.k.mode != ParamMode::kChannel;
+  plan.q_lanes_per_group = D / (k_grouped ? plan.k.groups : 1) / (D / 32);
+  plan.by_head_blocks = FastDiv(static_cast<uint32_t>(plan.head_blocks));
+  plan.by_splits = FastDiv(static_cast<uint32_t>(p.splits));
+  plan.by_kv_heads = FastDiv(static_cast<uint32_t>(p.kv_heads));
+  return plan;
+}
+
 // The kernels of one (K, V) storage pair, over D and the group shape.
 struct TcEntry {
   const void* (*kernel)(const DecodeParams&) = nullptr;
   int (*smem_bytes)(const DecodeParams&) = nullptr;
+  TcPlan (*plan)(const DecodeParams&) = nullptr;
   // Every kernel of the pair, for the one-time shared-memory opt-in.
   std::vector<const void*> (*kernels)() = nullptr;
 };
@@ -526,6 +577,14 @@ TcEntry tc_entry() {
       case 256: return tc_smem_bytes<FK, FV, 256>(p);
     }
     return 0;
+  };
+  e.plan = [](const DecodeParams& p) {
+    switch (p.head_dim) {
+      case 64: return tc_plan<FK, FV, 64>(p);
+      case 128: return tc_plan<FK, FV, 128>(p);
+      case 256: return tc_plan<FK, FV, 256>(p);
+    }
+    return TcPlan{};
   };
   e.kernels = [] {
     std::vector<const void*> all;

@@ -138,6 +138,49 @@ KVQ_HD int tc_smem_bytes(const DecodeParams& p) {
   return static_cast<int>(sizeof(TcPrologue<D>)) + Tr::kWarps * Tr::kStages * tc_stage_layout<FK, FV, D>(p).stage_words * 4;
 }
 
+// n / d for 0 <= n < 2^31 by a multiply-high, an add and a shift (Granlund-Montgomery), d fixed per
+// launch and prepared on the host: a run-time division costs ~20 dependent instructions, and at small
+// batches a CTA's whole life is a chain of them.
+struct FastDiv {
+  uint32_t d = 1, m = 1, s = 0;
+  FastDiv() = default;
+  explicit FastDiv(uint32_t divisor) : d(divisor) {
+    while ((uint64_t{1} << s) < d) ++s;
+    m = static_cast<uint32_t>((uint64_t{1} << 32) * ((uint64_t{1} << s) - d) / d + 1);
+  }
+  KVQ_HD uint32_t div(uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    return (__umulhi(n, m) + n) >> s;
+#else
+    return static_cast<uint32_t>(((static_cast<uint64_t>(n) * m >> 32) + n) >> s);
+#endif
+  }
+};
+
+// What one operand's copies and parameter reads need that is the same for every CTA of a launch.
+struct TcOperandPlan {
+  int groups = 1;        // scale groups per row (1 without per-group parameters)
+  int group_shift = 0;   // K: log2(k-slices per group); V: log2(m-tile pairs per group)
+  int inline_words = 0;  // FBGEMM rows: one (scale, shift) word per group before the codes
+  int copy_words = 1;    // words per copy of rows that are not copied in 16-byte chunks per lane
+  bool vec16 = false;    // 16-byte copies: rows without inline parameters, every row 16-byte aligned
+  int param_words = 0;   // words of one step's span of scales (the zero points' as many)
+  int param_row_bytes = 0;  // parameter bytes per key (kChannel: 0)
+  int64_t param_bytes = 0;  // the whole scale (or zero) array
+  int64_t params_per_head = 0;  // parameters of one (b, KV head): its first is (b * Hkv + h) times this
+  uint32_t units_magic = 0;     // 2^24 / (copies per row) + 1: copy index -> row by a multiply
+};
+
+// A launch's uniform numbers, computed once on the host (tc_plan) instead of by every thread.
+struct TcPlan {
+  int k_params = 0, v_params = 0, stage_words = 0;  // the stage layout (tc_stage_layout)
+  TcOperandPlan k, v;
+  int group_size = 1;         // query heads per KV head
+  int head_blocks = 1;        // blocks of 8 query heads per KV head
+  int q_lanes_per_group = 1;  // lanes holding one K scale group of a Q row (the prologue's sums)
+  FastDiv by_head_blocks, by_splits, by_kv_heads;
+};
+
 #if defined(__CUDACC__)
 // ---- PTX ------------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_address(const void* p) {

@@ -15,6 +15,8 @@ __global__ void read_kernel(const uint4* data, size_t n, unsigned* sink) {
   if (x == 0x9e3779b9u) sink[blockIdx.x] = x;  // practically never: no write traffic
 }
 
+__global__ void empty_kernel() {}
+
 }  // namespace
 
 double read_bandwidth_gbps(size_t bytes, int reps) {
@@ -30,6 +32,16 @@ double read_bandwidth_gbps(size_t bytes, int reps) {
       },
       1, reps);
   return static_cast<double>(data.bytes()) / (t.median_us * 1e3);
+}
+
+double empty_kernel_us(int calls_per_graph, int reps) {
+  const GpuTiming t = time_graph_replays(
+      [&](cudaStream_t s, int) {
+        empty_kernel<<<1, 32, 0, s>>>();
+        KVQ_CHECK_LAUNCH();
+      },
+      1, reps, 5, calls_per_graph);
+  return t.median_us;
 }
 
 }  // namespace kvq

@@ -28,4 +28,8 @@ double copy_bandwidth_gbps(size_t bytes, int reps = 30);
 // the ceiling of a decode kernel, which reads K/V and writes almost nothing.
 double read_bandwidth_gbps(size_t bytes, int reps = 30);
 
+// Per-call time of an empty kernel launched `calls_per_graph` times per graph, as the decode calls
+// are timed: the fixed cost every kernel of a call pays, the latency floor's other half.
+double empty_kernel_us(int calls_per_graph, int reps = 50);
+
 }  // namespace kvq

@@ -3,14 +3,38 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "experiments/bench/bench_shapes.hpp"
 #include "experiments/gate/validate_decode.hpp"
+#include "gpu/decode_tc_traits.cuh"
 #include "quant/groups.hpp"
 #include "reference/attention.hpp"
 #include "test_util.hpp"
 
 using namespace kvq;
+
+TEST_CASE("the decode kernels' divider agrees with division for every divisor they use") {
+  // Divisors: head blocks, splits (<= kMaxSplits), KV heads; dividends up to the 2^31 the launch allows.
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 300; ++d) divisors.push_back(d);
+  for (uint32_t d : {1000u, 4095u, 4096u, 65535u, 65536u, 1000003u, (1u << 30) + 1, (1u << 31) - 1}) divisors.push_back(d);
+  std::vector<uint32_t> dividends = {0, 1, 2, 3, 7, 8, 127, 128, 129, 65535, 65536, (1u << 31) - 1, (1u << 31) - 2};
+  uint64_t x = 88172645463325252ull;
+  for (int i = 0; i < 2000; ++i) {  // xorshift: dividends spread over [0, 2^31)
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    dividends.push_back(static_cast<uint32_t>(x % (uint64_t{1} << 31)));
+  }
+  int wrong = 0;
+  for (uint32_t d : divisors) {
+    const detail::FastDiv div(d);
+    for (uint32_t n : dividends) wrong += div.div(n) != n / d;
+    for (uint32_t k : {1u, 2u, 3u, 1000u})  // around multiples of d
+      for (int64_t n : {int64_t{k} * d - 1, int64_t{k} * d, int64_t{k} * d + 1})
+        if (n >= 0 && n < (int64_t{1} << 31)) wrong += div.div(static_cast<uint32_t>(n)) != static_cast<uint32_t>(n) / d;
+  }
+  CHECK(wrong == 0);
+}
 
 TEST_CASE("decode operands carry the layouts' strides and parameter modes") {
   const KvOperand planar = quantized_operand(parse_scheme("int4-g32-asym"), 2, 3, 10, 128, false, nullptr, nullptr, nullptr);

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 # kvq bench's CSV columns, in order; tests/python/test_bench_peers.py checks them against cmd_bench.cpp.
 COLUMNS = ("shape,B,HQ,HKV,T,D,kernel,k_scheme,v_scheme,layout,splits,heads_per_cta,median_us,p10_us,p90_us,reps,"
-           "calls_per_graph,input_sets,bytes,GBps,pct_of_read,read_GBps,copy_GBps,vs_cudnn,gpu,driver,cuda,"
-           "commit").split(",")
+           "calls_per_graph,input_sets,bytes,GBps,pct_of_read,read_GBps,copy_GBps,vs_cudnn,floor_us,gpu,driver,"
+           "cuda,commit").split(",")
 
 
 @dataclass(frozen=True)
@@ -175,5 +175,5 @@ def make_row(shape, kernel, scheme, us, *, splits, calls_per_graph, sets, nbytes
            "input_sets": sets, "bytes": nbytes, "GBps": f"{gbps:.1f}",
            "pct_of_read": f"{100 * gbps / machine.read_gbps:.2f}", "read_GBps": f"{machine.read_gbps:.1f}",
            "copy_GBps": f"{machine.copy_gbps:.1f}", "vs_cudnn": f"{med / cudnn_us:.3f}" if cudnn_us else "",
-           "gpu": machine.gpu, "driver": machine.driver, "cuda": machine.cuda, "commit": machine.commit}
+           "floor_us": "", "gpu": machine.gpu, "driver": machine.driver, "cuda": machine.cuda, "commit": machine.commit}
     return row

@@ -30,7 +30,7 @@ struct BenchArgs {
 
 const char* kColumns =
     "shape,B,HQ,HKV,T,D,kernel,k_scheme,v_scheme,layout,splits,heads_per_cta,median_us,p10_us,p90_us,reps,calls_per_graph,"
-    "input_sets,bytes,GBps,pct_of_read,read_GBps,copy_GBps,vs_cudnn,gpu,driver,cuda,commit";
+    "input_sets,bytes,GBps,pct_of_read,read_GBps,copy_GBps,vs_cudnn,floor_us,gpu,driver,cuda,commit";
 
 struct Row {
   Row(const DecodeShape& sh, std::string kernel_name, std::string storage_name)
@@ -79,10 +79,14 @@ int run_bench(const BenchArgs& a) {
   auto peer_number = [&](size_t row, const char* column) { return peers_table->number(row, peers_table->column(column)); };
 
   const double copy_gbps = copy_bandwidth_gbps(size_t(2) << 30), read_gbps = read_bandwidth_gbps(size_t(2) << 30);
+  // The latency floor of a call: an empty kernel in the same graph plus the call's bytes at the read bandwidth.
+  const double empty_us = empty_kernel_us(a.calls_per_graph);
+  auto floor_us = [&](int64_t bytes) { return empty_us + static_cast<double>(bytes) / (read_gbps * 1e3); };
   fmt::print("{} ({} SMs, L2 {} MiB), driver {}, CUDA {}, commit {}\n", dev.name, dev.sm_count, dev.l2_bytes >> 20,
              info["driver"].get<std::string>(), dev.driver_string(), kvq_commit());
-  fmt::print("read-only bandwidth {:.0f} GB/s; device-to-device copy {:.0f} GB/s (read + write); {} calls per graph\n\n",
-             read_gbps, copy_gbps, a.calls_per_graph);
+  fmt::print("read-only bandwidth {:.0f} GB/s; device-to-device copy {:.0f} GB/s (read + write); {} calls per graph; "
+             "an empty kernel {:.2f} us per call\nfloor: the empty kernel plus the call's bytes at the read bandwidth\n\n",
+             read_gbps, copy_gbps, a.calls_per_graph, empty_us);
   std::filesystem::create_directories(std::filesystem::path(a.csv).parent_path().empty()
                                           ? std::filesystem::path(".")
                                           : std::filesystem::path(a.csv).parent_path());
@@ -96,20 +100,21 @@ int run_bench(const BenchArgs& a) {
     const auto cudnn = peers.find({r.shape, r.B, r.T, "cudnn"});
     const std::string ratio =
         cudnn == peers.end() ? "" : fmt::format("{:.3f}", r.t.median_us / peer_number(cudnn->second, "median_us"));
-    fmt::print("{:<8} {:>4} {:>3} {:>3} {:>6} {:<17} {:<28} {:>4} {:>2} {:>9.2f} {:>9.2f} {:>9.2f} {:>6.0f} {:>5.1f}% {:>6}\n",
+    const double floor = floor_us(r.bytes);
+    fmt::print("{:<8} {:>4} {:>3} {:>3} {:>6} {:<17} {:<28} {:>4} {:>2} {:>9.2f} {:>9.2f} {:>9.2f} {:>6.0f} {:>5.1f}% {:>6} {:>7.2f} {:>5.2f}\n",
                r.shape, r.B, r.HQ, r.HKV, r.T, r.kernel, r.storage, r.splits, r.heads_per_cta, r.t.median_us,
-               r.t.p10_us, r.t.p90_us, gbps, 100 * gbps / read_gbps, ratio);
+               r.t.p10_us, r.t.p90_us, gbps, 100 * gbps / read_gbps, ratio, floor, r.t.median_us / floor);
     std::fflush(stdout);
-    csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{},{},{},{},{:.1f},{:.2f},{:.1f},{:.1f},{},{},{},{},{}\n",
+    csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{:.3f},{:.3f},{},{},{},{},{:.1f},{:.2f},{:.1f},{:.1f},{},{:.3f},{},{},{},{}\n",
                        r.shape, r.B, r.HQ, r.HKV, r.T, r.D, r.kernel, k_scheme, v_scheme, fbgemm_rows ? "fbgemm-rows" : "",
                        r.splits, r.heads_per_cta,
                        r.t.median_us, r.t.p10_us, r.t.p90_us, r.t.reps, a.calls_per_graph, r.sets, r.bytes, gbps,
-                       100 * gbps / read_gbps, read_gbps, copy_gbps, ratio, csv_quoted(dev.name),
+                       100 * gbps / read_gbps, read_gbps, copy_gbps, ratio, floor, csv_quoted(dev.name),
                        info["driver"].get<std::string>(), dev.runtime_string(), kvq_commit());
   };
-  fmt::print("{:<8} {:>4} {:>3} {:>3} {:>6} {:<17} {:<28} {:>4} {:>2} {:>9} {:>9} {:>9} {:>6} {:>6} {:>6}\n", "shape", "B",
-             "Hq", "Hkv", "T", "kernel", "K/V storage", "spl", "hc", "median us", "p10 us", "p90 us", "GB/s", "%read",
-             "/cuDNN");
+  fmt::print("{:<8} {:>4} {:>3} {:>3} {:>6} {:<17} {:<28} {:>4} {:>2} {:>9} {:>9} {:>9} {:>6} {:>6} {:>6} {:>7} {:>5}\n",
+             "shape", "B", "Hq", "Hkv", "T", "kernel", "K/V storage", "spl", "hc", "median us", "p10 us", "p90 us", "GB/s",
+             "%read", "/cuDNN", "floor", "/flr");
   // best[(shape, B, T)][storage] = fastest variant's median
   std::map<std::tuple<std::string, int64_t, int64_t>, std::map<std::string, double>> best;
   std::set<std::string> peers_seen;
