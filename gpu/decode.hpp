@@ -139,9 +139,10 @@ const char* decode_precision_profile(const DecodeParams& p);
 // the device, each split at least 256 keys; tensor cores, tensor_core_splits. Returns p with both set.
 DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta = 8, double waves = 2.0);
 
-// Key splits of a tensor-core launch with `base_ctas` CTAs per split on a device holding
-// `resident_ctas` at once: the fewest (each at least 128 keys) whose last wave is >= 85% full.
-int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens);
+// Key splits of a tensor-core launch with `base_ctas` CTAs per split on a device of `sm_count` SMs
+// holding `resident_ctas` at once: the fewest (each at least 128 keys) whose last wave is >= 85%
+// full; for tiny grids (<= 16 CTAs per split) whose splits stay <= 1024 keys, one CTA per SM.
+int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens, int64_t sm_count);
 
 // The launches of a planned `p`: one (region kAll) without windows; with windows one per region an
 // operand pair can have, p.splits divided over them by their expected share of the keys (at

@@ -36,18 +36,32 @@ extern template TcEntry tc_entry_for_v<KvFormat::kFp8E5m2>(KvFormat);
 KVQ_HD constexpr int merge_smem_floats(int splits) { return (splits + 7) / 8 * 8; }
 
 __global__ void merge_splits_kernel(const DecodeParams p) {
-  extern __shared__ float split_lse[];  // [splits]: LSE_s, then the weights exp(LSE_s - LSE)
+  // [padded splits]: LSE_s, then the weights exp(LSE_s - LSE); then [splits] exp(LSE_s - max). The
+  // splits of a windowed decode (its regions') may exceed kMaxSplits: both arrays are sized per launch.
+  extern __shared__ float split_lse[];
+  float* split_exp = split_lse + merge_smem_floats(p.splits);
   __shared__ float merged_lse;
+  __shared__ float warp_max[4];
   const int64_t bh = blockIdx.x;
   const int64_t stride = p.batch * p.q_heads;
-  for (int s = threadIdx.x; s < p.splits; s += blockDim.x) split_lse[s] = p.partial_lse[s * stride + bh];
+  float mx = -INFINITY;
+  for (int s = threadIdx.x; s < p.splits; s += blockDim.x) {
+    split_lse[s] = p.partial_lse[s * stride + bh];
+    mx = fmaxf(mx, split_lse[s]);
+  }
+  // The max in any order is the same number; the exps in parallel, their sum serial and in split
+  // order as before (the same bits), so thread 0 no longer walks the splits through exp one by one.
+  for (int o = 16; o >= 1; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = mx;
+  __syncthreads();
+  for (int w = 0; w < static_cast<int>(blockDim.x + 31) / 32; ++w) mx = fmaxf(mx, warp_max[w]);
+  if (mx != -INFINITY)
+    for (int s = threadIdx.x; s < p.splits; s += blockDim.x) split_exp[s] = exp_natural(split_lse[s] - mx);
   __syncthreads();
   if (threadIdx.x == 0) {
-    float mx = -INFINITY;
-    for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, split_lse[s]);
     float lse = -INFINITY, sum = 0.0f;
     if (mx != -INFINITY) {
-      for (int s = 0; s < p.splits; ++s) sum += exp_natural(split_lse[s] - mx);
+      for (int s = 0; s < p.splits; ++s) sum += split_exp[s];
       lse = mx + logf(sum);
     }
     merged_lse = lse;
@@ -351,7 +365,7 @@ void check_decode_params(const DecodeParams& p) {
   if (total_splits(p) > 1 && (!p.partial_o || !p.partial_lse)) throw InputError("decode: split-K needs partial buffers");
 }
 
-int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens) {
+int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens, int64_t sm_count) {
   // Each split re-reads Q and pays a prologue and a merge: at least 128 keys (one step per warp)
   // per split. Among the counts allowed, the first whose last wave is at least 85% full; else the
   // fullest.
@@ -364,6 +378,14 @@ int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens)
     if (fill > best_fill + 1e-9) best_fill = fill, best = static_cast<int>(s);
     if (fill >= 0.85) break;
   }
+  // A tiny grid (B = 1 or 2: at most 16 CTAs per split) whose splits stay short (<= 1024 keys) is a
+  // latency chain, not a bandwidth problem: one CTA per SM beats filling every resident slot, whose
+  // CTAs only slow each other (H100, llama8b B=1 T=8K: 16 splits 17.0 us vs 29 splits 19.3 us for
+  // int8-head; at T=32K the resident slots win again for INT4).
+  if (base_ctas > 0 && base_ctas <= 16 && sm_count > 0) {
+    const int64_t one_per_sm = std::clamp<int64_t>(sm_count / base_ctas, 1, most);
+    if (one_per_sm < best && tokens / one_per_sm <= 1024) best = static_cast<int>(one_per_sm);
+  }
   return best;
 }
 
@@ -375,7 +397,7 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
   p.heads_per_cta = hpc;
   if (p.splits == 0 && p.family == DecodeFamily::kTensorCore) {
     const int64_t base = p.batch * p.kv_heads * ((group + hpc - 1) / hpc);
-    p.splits = tensor_core_splits(base, sm_count * detail::ctas_per_sm(p), p.tokens);
+    p.splits = tensor_core_splits(base, sm_count * detail::ctas_per_sm(p), p.tokens, sm_count);
   } else if (p.splits == 0) {
     const int per_sm = detail::ctas_per_sm(p);
     const int64_t base = p.batch * p.kv_heads * ((group + hpc - 1) / hpc);
@@ -455,9 +477,9 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (splits > 1) {
     DecodeParams merge = p;
     merge.splits = splits;
-    const int threads = std::min(p.head_dim, 128);
+    const int threads = std::max(32, std::min(p.head_dim, 128));  // whole warps: the LSE max is a shuffle
     detail::merge_splits_kernel<<<static_cast<unsigned>(p.batch * p.q_heads), threads,
-                                  static_cast<size_t>(detail::merge_smem_floats(splits)) * sizeof(float),
+                                  2 * static_cast<size_t>(detail::merge_smem_floats(splits)) * sizeof(float),
                                   stream>>>(merge);
     KVQ_CHECK_LAUNCH();
   }

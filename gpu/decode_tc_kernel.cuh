@@ -87,14 +87,22 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, const TcP
   constexpr bool kBf16Q = Tr::K::kBf16Mma;
   constexpr int E = D / 32;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lanes_per_group = plan.q_lanes_per_group;  // groups hold whole lanes (G >= 16 >= E)
   for (int i = warp; i < Tr::kHeads; i += Tr::kWarps) {
     const int64_t in_group = hb * Tr::kHeads + i;
     const bool ok = in_group < group_size;
+    if (!ok) {  // a padding head (GQA < 8): the values zeros would give, without loads or conversions
+#pragma unroll
+      for (int e = 0; e < E; ++e) pro.q[i][E * lane + e] = 0;
+      if (lane % lanes_per_group == 0) pro.q_sum[lane / lanes_per_group][i] = 0.0f;
+      if (lane == 0) pro.factor[i] = p.softmax_scale * kTcLog2e, pro.slope[i] = 0.0f;
+      continue;
+    }
     const uint16_t* q = p.q + (b * p.q_heads + hk * group_size + in_group) * D + E * lane;
     uint16_t bits[E];
     float x[E], amax = 0.0f;
 #pragma unroll
-    for (int e = 0; e < E; ++e) bits[e] = ok ? q[e] : uint16_t{0}, x[e] = bf16_bits_to_fp32(bits[e]);
+    for (int e = 0; e < E; ++e) bits[e] = q[e], x[e] = bf16_bits_to_fp32(bits[e]);
     if constexpr (!kBf16Q)
       if (p.k.hadamard) hadamard_across_lanes<E, D>(x, lane);  // K stored rotated (+had): Q alike
 #pragma unroll
@@ -105,17 +113,17 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, const TcP
     float sum = 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      const uint16_t op = kBf16Q ? bits[e] : fp32_to_fp16_bits(x[e] * pow2(exponent));
+      // cvt.rn straight (the codec's fp32_to_fp16_bits for every non-NaN value; a NaN Q gives NaN either way)
+      const uint16_t op = kBf16Q ? bits[e] : __half_as_ushort(__float2half_rn(x[e] * pow2(exponent)));
       const int pos = E * lane + e;  // stored in the fragment's order: a lane's 4 operands in one 8-byte word
       pro.q[i][(pos & ~3) | q_perm<Tr::K::kFormat>(pos & 3)] = op;
-      sum += kBf16Q ? bf16_bits_to_fp32(op) : fp16_bits_to_fp32(op);
+      sum += kBf16Q ? bf16_bits_to_fp32(op) : __half2float(__ushort_as_half(op));
     }
-    const int lanes_per_group = plan.q_lanes_per_group;  // groups hold whole lanes (G >= 16 >= E)
     for (int o = 1; o < lanes_per_group; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (lane % lanes_per_group == 0) pro.q_sum[lane / lanes_per_group][i] = sum;
     if (lane == 0) {
       pro.factor[i] = p.softmax_scale * kTcLog2e * pow2(-exponent);
-      pro.slope[i] = ok && p.alibi_slopes ? p.alibi_slopes[hk * group_size + in_group] * kTcLog2e : 0.0f;
+      pro.slope[i] = p.alibi_slopes ? p.alibi_slopes[hk * group_size + in_group] * kTcLog2e : 0.0f;
     }
   }
 }
@@ -168,6 +176,17 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   // Groups are powers of two (they divide D and hold whole k-slices): shifts, not divisions, in the loops.
   const int k_shift = kKSlicesPerGroup > 0 ? ilog2(kKSlicesPerGroup) : plan.k.group_shift;
   const int v_shift = kVPairsPerGroup > 0 ? ilog2(kVPairsPerGroup) : plan.v.group_shift;
+  // The split's first V scale (2^Ev below) loaded before the prologue: its latency overlaps Q's.
+  float first_v_scale = 0.0f;
+  if (kVQuant && t_begin < t_end) {
+    first_v_scale = vs.tensor_scale;
+    if (vs.mode == ParamMode::kInlineRow)
+      first_v_scale = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.rows + t_begin * vs.stride_t))));
+    else if (vs.mode != ParamMode::kTensor && vs.mode != ParamMode::kNone)
+      first_v_scale = vs.fp32_params ? __ldg(reinterpret_cast<const float*>(vs.scales) + vs.first_param + t_begin * vs.groups)
+                                     : __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.scales) +
+                                                                          vs.first_param + t_begin * vs.groups)));
+  }
   tc_prologue<Tr, D>(pro, p, plan, b, hk, hb);
   __syncthreads();
 
@@ -183,17 +202,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   const float slope[2] = {pro.slope[2 * c], pro.slope[2 * c + 1]};
 
   // 2^Ev: the V scale of the split's first key brings P' = p * s * 2^Ev near 1.
-  float v_fold = 1.0f;
-  if (kVQuant && t_begin < t_end) {
-    RowParams first{vs.tensor_scale, 0.0f};
-    if (vs.mode == ParamMode::kInlineRow)
-      first.scale = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.rows + t_begin * vs.stride_t))));
-    else if (vs.mode != ParamMode::kTensor && vs.mode != ParamMode::kNone)
-      first.scale = vs.fp32_params ? __ldg(reinterpret_cast<const float*>(vs.scales) + vs.first_param + t_begin * vs.groups)
-                                   : __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.scales) +
-                                                                        vs.first_param + t_begin * vs.groups)));
-    if (first.scale > 0.0f) v_fold = pow2(fp16_operand_exponent(first.scale) - 14);  // 2^-floor(log2 s)
-  }
+  const float v_fold = first_v_scale > 0.0f ? pow2(fp16_operand_exponent(first_v_scale) - 14) : 1.0f;  // 2^-floor(log2 s)
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float o[Tr::kSlices][4];
@@ -438,23 +447,22 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   }
   __syncthreads();
 
-  for (int idx = threadIdx.x; idx < Tr::kHeads * D; idx += Tr::kThreads) {
+  // The CTA's heads are consecutive rows of O (or of a partial slot): element idx of the block is
+  // row base + idx, so the loop carries no per-element index arithmetic.
+  const int64_t first_head = hb * Tr::kHeads;
+  const int heads = static_cast<int>(plan.group_size - first_head < Tr::kHeads ? plan.group_size - first_head : Tr::kHeads);
+  const int64_t row = b * p.q_heads + hk * plan.group_size + first_head;  // (b, first head)
+  const bool direct = p.splits == 1 && p.region_count == 1;
+  const int64_t slot_row = (static_cast<int64_t>(p.split_base + split) * p.batch) * p.q_heads + row;
+  for (int idx = threadIdx.x; idx < heads * D; idx += Tr::kThreads) {
     const int i = idx / D, d = idx % D;
-    const int64_t in_group = hb * Tr::kHeads + i;
-    if (in_group >= plan.group_size) continue;
-    const int64_t h = hk * plan.group_size + in_group;
     float out = 0.0f;
 #pragma unroll
     for (int w = 0; w < Tr::kWarps; ++w) out = __fmaf_rn(w_weight[i * Tr::kWarps + w], w_o[(w * Tr::kHeads + i) * D + d], out);
-    if (p.splits == 1 && p.region_count == 1) {
-      p.out[(b * p.q_heads + h) * D + d] = fp32_to_bf16_bits(out);
-      if (d == 0) p.lse[b * p.q_heads + h] = head_lse[i];
-    } else {
-      const int64_t slot = p.split_base + split;
-      p.partial_o[((slot * p.batch + b) * p.q_heads + h) * D + d] = out;
-      if (d == 0) p.partial_lse[(slot * p.batch + b) * p.q_heads + h] = head_lse[i];
-    }
+    if (direct) p.out[row * D + idx] = fp32_to_bf16_bits(out);
+    else p.partial_o[slot_row * D + idx] = out;
   }
+  if (threadIdx.x < heads) (direct ? p.lse[row + threadIdx.x] : p.partial_lse[slot_row + threadIdx.x]) = head_lse[threadIdx.x];
 }
 
 // The scale-group shapes with kernels of their own (decode_tc_kernel's template arguments). Only

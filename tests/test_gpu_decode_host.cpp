@@ -240,12 +240,18 @@ TEST_CASE("the tensor-core family names what it cannot read and its precision pr
 }
 
 TEST_CASE("tensor-core split counts fill whole waves with splits of at least 128 keys") {
-  CHECK(tensor_core_splits(32, 396, 8192) == 11);   // 352 CTAs: one wave 89% full
-  CHECK(tensor_core_splits(512, 396, 8192) == 2);   // 2.6 of 3 waves (86%) beat 1.3 of 2 (65%)
-  CHECK(tensor_core_splits(396, 396, 8192) == 1);
-  CHECK(tensor_core_splits(8, 396, 1024) == 8);     // 128 keys per split: at most 8 splits
-  CHECK(tensor_core_splits(8, 396, 100) == 1);
-  CHECK(tensor_core_splits(0, 396, 8192) == 1);
+  CHECK(tensor_core_splits(32, 396, 8192, 132) == 11);   // 352 CTAs: one wave 89% full
+  CHECK(tensor_core_splits(512, 396, 8192, 132) == 2);   // 2.6 of 3 waves (86%) beat 1.3 of 2 (65%)
+  CHECK(tensor_core_splits(396, 396, 8192, 132) == 1);
+  CHECK(tensor_core_splits(8, 396, 1024, 132) == 8);     // 128 keys per split: at most 8 splits
+  CHECK(tensor_core_splits(8, 396, 100, 132) == 1);
+  CHECK(tensor_core_splits(0, 396, 8192, 132) == 1);
+  // Tiny grids: one CTA per SM while the splits stay <= 1024 keys, else the resident slots
+  CHECK(tensor_core_splits(8, 396, 8192, 132) == 16);    // B=1, Hkv=8: 128 CTAs of 512 keys (fill rule: 43)
+  CHECK(tensor_core_splits(8, 264, 8192, 132) == 16);
+  CHECK(tensor_core_splits(8, 396, 32768, 132) == 43);   // 2048 keys per split: the fill rule
+  CHECK(tensor_core_splits(3, 396, 8192, 132) == 44);    // SmolLM2 B=1 (Hkv=3): 132 CTAs of 187 keys
+  CHECK(tensor_core_splits(64, 396, 1024, 132) == 6);    // B=8, Hkv=8: not tiny, the fill rule
 }
 
 TEST_CASE("decode parameters are checked before a launch") {
