@@ -24,6 +24,7 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
   const KvShape& s = p.shape;
   Scheme scheme = p.scheme;
   scheme.asymmetric = ASYM;
+  scheme.format = CodeFormat::kInt;  // integer schemes only (groupthread_accepts): encode() folds its FP8 branch
   const int64_t D = s.head_dim;
   const int G = scheme.granularity == Granularity::kHead ? static_cast<int>(D) : scheme.group;
   const int64_t groups_per_row = D / G, groups = s.rows() * groups_per_row;
@@ -66,7 +67,7 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
         if (!is_finite_float(detail::load_as_float(src, DT, d)))
           atomicMin(p.first_bad, static_cast<unsigned long long>(r * D + d0 + d));
     }
-    const GroupParams gp = group_params(st, scheme);
+    const GroupParams gp = integer_group_params(st, scheme);  // an active lane added >= 8 elements: never empty
     const bool leader = part == 0;
     if (gp.overflow && leader) atomicMin(p.first_overflow, static_cast<unsigned long long>(g));
 

@@ -103,6 +103,7 @@ __global__ void __launch_bounds__(kThreads) rowwarp_kernel(QuantizeParams p) {
   const KvShape& s = p.shape;
   Scheme scheme = p.scheme;
   scheme.asymmetric = ASYM;  // a compile-time symmetry lets the compiler drop the other branch
+  scheme.format = CodeFormat::kInt;  // integer schemes only (rowwarp_accepts): encode() folds its FP8 branch
   const int G = scheme.granularity == Granularity::kHead ? D : scheme.group;
   const int groups_per_row = D / G;
   const bool fbgemm = p.layout == CodeLayout::kFbgemm;
@@ -151,7 +152,7 @@ __global__ void __launch_bounds__(kThreads) rowwarp_kernel(QuantizeParams p) {
 #pragma unroll
         for (int e = 0; e < EPL; ++e) st.add(x[e]);  // a non-finite input fails the call anyway
         st = detail::shuffle_merge(st, G / EPL, ASYM);
-        const GroupParams gp = group_params(st, scheme);
+        const GroupParams gp = integer_group_params(st, scheme);  // whole groups of a row: never empty
         const int group_in_row = lane * EPL / G;
         if ((lane * EPL) % G == 0) store_group_params(p, r * groups_per_row + group_in_row, gp, row_out, group_in_row);
 #pragma unroll
@@ -162,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) rowwarp_kernel(QuantizeParams p) {
 #pragma unroll
           for (int e = 0; e < EPL; ++e)  // constant indices keep x[] in registers
             if (e >= g0 && e < g0 + G) st.add(x[e]);
-          const GroupParams gp = group_params(st, scheme);
+          const GroupParams gp = integer_group_params(st, scheme);
           const int group_in_row = (lane * EPL + g0) / G;
           store_group_params(p, r * groups_per_row + group_in_row, gp, row_out, group_in_row);
 #pragma unroll
