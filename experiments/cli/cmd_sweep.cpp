@@ -16,6 +16,7 @@
 #include "experiments/sweep/sweep_checkpoint.hpp"
 #include "experiments/sweep/sweep_latency.hpp"
 #include "experiments/cli/synthetic_options.hpp"
+#include "experiments/cluster/sweep_shards.hpp"
 
 namespace kvq {
 namespace {
@@ -30,6 +31,7 @@ struct SweepArgs {
   double max_rel_l2 = 0.0;  // > 0: print recommendations within this budget
   std::string latency_shape = "seed000:128";
   bool no_latency = false;
+  std::string plan, shard;  // --shard: one shard of a study (experiments/cluster/sweep_shards.hpp)
 };
 
 // A progress line on stderr, only when it is a terminal.
@@ -39,10 +41,7 @@ void progress(const std::string& text) {
 }
 
 std::vector<SchemePair> pairs_for(const SweepArgs& a, int64_t head_dim) {
-  if (a.k_schemes.empty() && a.v_schemes.empty()) return default_pairs(head_dim);
-  const std::string k = a.k_schemes.empty() ? a.v_schemes : a.k_schemes;
-  const std::string v = a.v_schemes.empty() ? a.k_schemes : a.v_schemes;
-  return cross_pairs(parse_scheme_list(k), parse_scheme_list(v));
+  return sweep_pairs(a.k_schemes, a.v_schemes, head_dim);
 }
 
 // A dump that could not be swept: its one-line error, printed after the results are written.
@@ -50,13 +49,6 @@ struct FailedDump {
   std::string message;
   bool corrupt = false;
 };
-
-// Writes through a temporary file and a rename, so an interrupted sweep never leaves half a file.
-template <typename Write>
-void write_atomically(const std::string& path, Write&& write) {
-  write(path + ".tmp");
-  std::filesystem::rename(path + ".tmp", path);
-}
 
 int run(const SweepArgs& a) {
   for (const std::string& list : {a.k_schemes, a.v_schemes})  // unknown names: before any work
@@ -70,19 +62,8 @@ int run(const SweepArgs& a) {
 
   const std::string csv = a.out_dir + "/sweep.csv", heads = a.out_dir + "/sweep_heads.csv",
                     json = a.out_dir + "/sweep.json";
-  // One flat record per source, so that pandas.read_json reads the file as a table.
   auto write_results = [&](const std::vector<SweepRow>& done, const nlohmann::json& done_sources, bool complete) {
-    std::filesystem::create_directories(a.out_dir);
-    write_atomically(csv, [&](const std::string& p) { write_sweep_csv(done, p); });
-    write_atomically(heads, [&](const std::string& p) { write_head_csv(done, p); });
-    nlohmann::json records = nlohmann::json::array();
-    for (nlohmann::json source : done_sources) {
-      source.update(run_info());
-      source.update({{"command", "sweep"}, {"result_rows", done.size()}, {"top_k", a.top_k}, {"csv", "sweep.csv"},
-                     {"heads_csv", "sweep_heads.csv"}, {"complete", complete}});
-      records.push_back(source);
-    }
-    write_atomically(json, [&](const std::string& p) { write_json(records, p); });
+    write_sweep_results(a.out_dir, done, done_sources, a.top_k, complete);
   };
 
   auto sweep_one = [&](const KvLayer& layer, const SweepOptions& options) {
@@ -112,7 +93,7 @@ int run(const SweepArgs& a) {
       for (size_t i : select_layers(info, a.layers)) {
         const LayerInfo& li = info.layers[i];
         const std::string where = fmt::format("{}: /layers/{}", path, li.name);
-        SweepOptions options{a.top_k, where + "/k", where + "/v", where + "/q"};
+        SweepOptions options{a.top_k, where + "/k", where + "/v", where + "/q", {}};
         const SweepUnitKey key{sha256, li.index, sweep_settings(pairs_for(a, li.head_dim), options)};
         std::vector<SweepRow> part;
         const SweepCheckpoint::Found found = checkpoint.find(key, &part);
@@ -208,10 +189,24 @@ Command add_sweep_command(CLI::App& parent) {
                 "Skip the latency columns a GPU adds (each pair's decode time with the default decode variant)");
   cmd->add_option("--latency-shape", a->latency_shape, "Decode shape of the latency columns: NAME:B of a kvq bench shape")
       ->capture_default_str();
+  cmd->add_option("--plan", a->plan, "A study's plan.json (kvq plan sweep): run one shard of it (--shard)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--shard", a->shard, "I/N (or I with --plan): run shard I of N into --out, skipping units "
+                                       "already there; kvq merge joins the shards");
   add_synthetic_options(*cmd, a->spec);
   return {cmd, [a] {
+            if (!a->plan.empty() && a->shard.empty()) throw InputError("sweep --plan: give --shard I (which shard to run)");
             if (a->dumps.empty() && !a->synthetic)  // relative to here when it can be: results stay portable
               a->dumps.push_back(std::filesystem::proximate(KVQ_DATA_DIR "/dumps/stories260k.h5").string());
+            if (!a->shard.empty()) {
+              if (a->synthetic) throw InputError("sweep --shard: shards run dumps (kvq synth writes one)");
+              const WorkPlan plan = a->plan.empty() ? plan_sweep({a->dumps, a->layers, a->k_schemes, a->v_schemes, a->top_k},
+                                                                 parse_shard(a->shard, 0).count)
+                                                    : read_plan(a->plan);
+              if (plan.kind != "sweep") throw InputError(fmt::format("{}: a {} plan, not a sweep's", a->plan, plan.kind));
+              run_sweep_shard(plan, parse_shard(a->shard, plan.shards), a->out_dir);
+              return 0;
+            }
             return run(*a);
           }};
 }

@@ -14,7 +14,8 @@ int main(int argc, char** argv) {
   std::vector<kvq::Command> commands = {
       kvq::add_sweep_command(app),     kvq::add_recommend_command(app), kvq::add_quantize_command(app),
       kvq::add_reference_command(app), kvq::add_inspect_command(app),   kvq::add_synth_command(app),
-      kvq::add_bench_cpu_command(app), kvq::add_check_dump_command(app)};
+      kvq::add_bench_cpu_command(app), kvq::add_check_dump_command(app),
+      kvq::add_plan_command(app),      kvq::add_merge_command(app),     kvq::add_slurm_command(app)};
   for (kvq::Command& c : kvq::add_gpu_commands(app)) commands.push_back(std::move(c));
   try {
     app.parse(argc, argv);

@@ -34,13 +34,18 @@ std::string gate_python() {
 }  // namespace
 
 void run_python_gate(const PythonGateArgs& a, const std::string& cases, const std::string& report, int reruns) {
-  std::vector<std::string> args = {gate_python(), "-m", "kvq.gate", a.target, "--k", a.k, "--v", a.v,
+  std::vector<std::string> args = {"-m", "kvq.gate", a.target, "--k", a.k, "--v", a.v,
                                    "--cases", cases, "--device", a.device};
   if (!a.layout.empty()) args.insert(args.end(), {"--layout", a.layout});
   if (!a.profile.empty()) args.insert(args.end(), {"--profile", a.profile});
   if (!report.empty()) args.insert(args.end(), {"--report", report});
   if (reruns > 0) args.insert(args.end(), {"--reruns", std::to_string(reruns)});
-  // The package beside this binary (build/python) comes first, so that the gate is this build's.
+  exec_python(args, "kvq validate --python");
+}
+
+void exec_python(std::vector<std::string> args, const std::string& what) {
+  args.insert(args.begin(), gate_python());
+  // The package beside this binary (build/python) comes first, so that the Python side is this build's.
   if (access(KVQ_BUILD_PACKAGE "/kvq/__init__.py", R_OK) == 0) {
     const char* old = std::getenv("PYTHONPATH");
     const std::string path = old && *old ? fmt::format("{}:{}", KVQ_BUILD_PACKAGE, old) : std::string(KVQ_BUILD_PACKAGE);
@@ -51,8 +56,8 @@ void run_python_gate(const PythonGateArgs& a, const std::string& cases, const st
   argv.push_back(nullptr);
   std::fflush(stdout);
   execvp(argv[0], argv.data());
-  throw InputError(fmt::format("kvq validate --python: cannot run {}: {} (set KVQ_PYTHON to a Python with kvq "
-                               "installed)", args[0], std::strerror(errno)));
+  throw InputError(fmt::format("{}: cannot run {}: {} (set KVQ_PYTHON to a Python with kvq installed)", what, args[0],
+                               std::strerror(errno)));
 }
 
 }  // namespace kvq

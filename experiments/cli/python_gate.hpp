@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 namespace kvq {
 
@@ -18,5 +19,9 @@ void add_python_gate_options(CLI::App* validate, PythonGateArgs& a);
 // Replaces this process with `python -m kvq.gate ...` (KVQ_PYTHON, else the build's Python); the
 // gate's exit code is kvq's. cases: "quick" or "full"; reruns 0: the gate's default.
 [[noreturn]] void run_python_gate(const PythonGateArgs& a, const std::string& cases, const std::string& report, int reruns);
+
+// Replaces this process with `python ARGS...` (KVQ_PYTHON, else the build's Python, else python3),
+// this build's kvq package first on PYTHONPATH. `what` names the command in the error if it cannot.
+[[noreturn]] void exec_python(std::vector<std::string> args, const std::string& what);
 
 }  // namespace kvq

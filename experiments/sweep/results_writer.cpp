@@ -4,8 +4,10 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <fstream>
 
+#include "experiments/common/run_info.hpp"
 #include "quant/errors.hpp"
 
 namespace kvq {
@@ -88,6 +90,26 @@ void write_json(const nlohmann::json& document, const std::string& path) {
   std::ofstream out = open_for_writing(path);
   out << document.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";  // U+FFFD for bad UTF-8
   finish(out, path);
+}
+
+void write_sweep_results(const std::string& dir, const std::vector<SweepRow>& rows, const nlohmann::json& sources,
+                         int64_t top_k, bool complete) {
+  std::filesystem::create_directories(dir);
+  auto atomically = [](const std::string& path, auto&& write) {
+    write(path + ".tmp");
+    std::filesystem::rename(path + ".tmp", path);
+  };
+  atomically(dir + "/sweep.csv", [&](const std::string& p) { write_sweep_csv(rows, p); });
+  atomically(dir + "/sweep_heads.csv", [&](const std::string& p) { write_head_csv(rows, p); });
+  // One flat record per source, so that pandas.read_json reads the file as a table.
+  nlohmann::json records = nlohmann::json::array();
+  for (nlohmann::json source : sources) {
+    source.update(run_info());
+    source.update({{"command", "sweep"}, {"result_rows", rows.size()}, {"top_k", top_k}, {"csv", "sweep.csv"},
+                   {"heads_csv", "sweep_heads.csv"}, {"complete", complete}});
+    records.push_back(source);
+  }
+  atomically(dir + "/sweep.json", [&](const std::string& p) { write_json(records, p); });
 }
 
 void print_sweep_table(const std::vector<SweepRow>& rows, std::FILE* out) {

@@ -58,6 +58,13 @@ void rotate_rows_back(std::vector<double>& x, int64_t head_dim) {
   for (size_t i = 0; i + head_dim <= x.size(); i += head_dim) hadamard_rotate_back(x.data() + i, head_dim);
 }
 
+std::vector<SchemePair> sweep_pairs(const std::string& k_schemes, const std::string& v_schemes, int64_t head_dim) {
+  if (k_schemes.empty() && v_schemes.empty()) return default_pairs(head_dim);
+  const std::string& k = k_schemes.empty() ? v_schemes : k_schemes;
+  const std::string& v = v_schemes.empty() ? k_schemes : v_schemes;
+  return cross_pairs(parse_scheme_list(k), parse_scheme_list(v));
+}
+
 std::vector<SweepRow> sweep_layer(const KvLayer& layer, const std::vector<SchemePair>& pairs,
                                   const SweepOptions& options) {
   for (const SchemePair& pair : pairs) {
@@ -111,6 +118,7 @@ std::vector<SweepRow> sweep_layer(const KvLayer& layer, const std::vector<Scheme
       if (layer.kv_shape.tokens > 0)
         row.probabilities = probability_error(probs, ref_probs, layer.kv_shape.tokens, options.top_k);
     }
+    if (options.on_row) options.on_row(row);
     rows.push_back(row);
   }
   return rows;

@@ -3,6 +3,7 @@
 // original K/V. Memory per token comes with every row.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,7 +50,13 @@ struct SweepOptions {
   int64_t top_k = 8;  // for the top-k overlap of attention probabilities
   // Names of K, V and Q in error messages (e.g. "x.h5: /layers/3/k"); default "<source> layer <L> K".
   std::string k_name, v_name, q_name;
+  // Called with each row as it is finished (a shard saves it at once: a killed job loses one pair).
+  std::function<void(const SweepRow&)> on_row;
 };
+
+// The pairs a sweep runs on a layer of `head_dim`: the crossed lists (one list empty: the other for
+// both), or without either the default set (quant/scheme_pairs.hpp).
+std::vector<SchemePair> sweep_pairs(const std::string& k_schemes, const std::string& v_schemes, int64_t head_dim);
 
 // Throws SchemeError when a pair does not fit the layer's head_dim, InputError for non-finite K, V
 // (when a pair quantizes them) or Q.
