@@ -1,0 +1,140 @@
+"""kvq plan / sweep --shard / merge against single-process runs (no Slurm: the shards run here one
+after another), a shard killed mid-run, and the errors of the merge. KVQ_BIN names the kvq binary."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BUNDLED = os.path.relpath(os.path.join(ROOT, "data", "dumps", "stories260k.h5"))
+HOST_FIELDS = {"hostname", "cpu", "threads", "time_utc"}
+
+
+def binary():
+    return os.environ.get("KVQ_BIN", os.path.join(ROOT, "build", "experiments", "kvq"))
+
+
+def kvq(*args, check=True):
+    r = subprocess.run([binary(), *map(str, args)], capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise AssertionError(f"kvq {' '.join(map(str, args))}: exit {r.returncode}\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def assert_same_sweep(merged, single):
+    for name in ("sweep.csv", "sweep_heads.csv"):
+        with open(os.path.join(merged, name), "rb") as a, open(os.path.join(single, name), "rb") as b:
+            assert a.read() == b.read(), name
+    records = [[{k: v for k, v in r.items() if k not in HOST_FIELDS} for r in json.load(open(os.path.join(d, "sweep.json")))]
+               for d in (merged, single)]
+    assert records[0] == records[1]
+
+
+def run_study(study, shards, *plan_args):
+    kvq("plan", "sweep", *plan_args, "--shards", shards, "--out", study)
+    for i in range(shards):
+        kvq("sweep", "--plan", study / "plan.json", "--shard", i, "--out", study / "shards" / str(i))
+    kvq("merge", *[study / "shards" / str(i) for i in range(shards)], "--out", study / "results")
+    return study / "results"
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single")
+    kvq("sweep", BUNDLED, "--no-latency", "--out", out)
+    return out
+
+
+@pytest.mark.parametrize("shards", [1, 3, 7])
+def test_any_number_of_shards_merges_to_the_single_run(tmp_path, single, shards):
+    merged = run_study(tmp_path / "study", shards, BUNDLED)
+    assert_same_sweep(merged, single)
+    manifest = json.load(open(merged / "manifest.json"))
+    assert manifest["units"] == 110 and len({u["unit"] for u in manifest["unit_runs"]}) == 110
+
+
+def test_shard_without_a_plan_file_runs_the_same_units(tmp_path):
+    kvq("plan", "sweep", BUNDLED, "--layers", "1,3", "--k", "int8-head,int4-head", "--v", "int8-head", "--shards", 2,
+        "--out", tmp_path / "planned")
+    kvq("sweep", BUNDLED, "--layers", "1,3", "--k", "int8-head,int4-head", "--v", "int8-head", "--shard", "1/2",
+        "--out", tmp_path / "direct")
+    assert json.load(open(tmp_path / "direct" / "plan.json")) == json.load(open(tmp_path / "planned" / "plan.json"))
+    assert sorted(os.listdir(tmp_path / "direct" / "units")) == ["d0-L3-int4-head__int8-head.json",
+                                                                 "d0-L3-int8-head__int8-head.json"]
+
+
+def test_a_killed_shard_loses_at_most_its_unit_in_flight(tmp_path):
+    dump = tmp_path / "long.h5"
+    kvq("synth", "--out", dump, "--layers", 2, "--tokens", 2048, "--q-len", 256)
+    pairs = ["--k", "int8-head,int4-g32-asym,int4-head-asym", "--v", "int8-head,int4-g32-asym"]
+    study = tmp_path / "study"
+    kvq("plan", "sweep", dump, *pairs, "--shards", 2, "--out", study)
+    shard0 = study / "shards" / "0"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.Popen([binary(), "sweep", "--plan", study / "plan.json", "--shard", "0", "--out", shard0],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 60
+    while time.time() < deadline and p.poll() is None and len(list((shard0 / "units").glob("*.json"))) < 2:
+        time.sleep(0.02)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    kept = sorted(f.name for f in (shard0 / "units").glob("*.json"))
+    assert 2 <= len(kept) < 6, kept  # killed mid-run, finished units kept whole
+    for f in kept:
+        json.load(open(shard0 / "units" / f))
+    kvq("sweep", "--plan", study / "plan.json", "--shard", 1, "--out", study / "shards" / "1")
+    r = kvq("merge", shard0, study / "shards" / "1", "--out", study / "results", check=False)
+    assert r.returncode == 3 and f"{6 - len(kept)} of 12 unit(s) in none of the 2 folder(s)" in r.stderr
+    assert "shard 0/2" in r.stderr
+    r = kvq("sweep", "--plan", study / "plan.json", "--shard", 0, "--out", shard0)
+    assert f"{6 - len(kept)} unit(s) run, {len(kept)} reused" in r.stdout
+    kvq("merge", shard0, study / "shards" / "1", "--out", study / "results")
+    kvq("sweep", dump, *pairs, "--no-latency", "--out", tmp_path / "single")
+    assert_same_sweep(study / "results", tmp_path / "single")
+
+
+def test_merge_and_shard_errors(tmp_path):
+    dump = tmp_path / "x.h5"
+    kvq("synth", "--out", dump, "--layers", 2, "--tokens", 64)
+    kvq("plan", "sweep", dump, "--k", "int8-head", "--v", "int8-head,int4-head", "--shards", 2, "--out", tmp_path / "s")
+    for i in range(2):
+        kvq("sweep", "--plan", tmp_path / "s" / "plan.json", "--shard", i, "--out", tmp_path / "s" / str(i))
+    # the same shard into a second folder: every unit of it found twice
+    kvq("sweep", "--plan", tmp_path / "s" / "plan.json", "--shard", 1, "--out", tmp_path / "s" / "again")
+    r = kvq("merge", tmp_path / "s" / "0", tmp_path / "s" / "1", tmp_path / "s" / "again", "--out", tmp_path / "m",
+            check=False)
+    assert r.returncode == 3 and "2 unit(s) found more than once" in r.stderr
+    assert f"{tmp_path}/s/1/units/d0-L1-int8-head__int8-head.json and {tmp_path}/s/again/units/" in r.stderr
+    # another study's folder
+    kvq("plan", "sweep", dump, "--k", "int8-head", "--v", "int8-head", "--shards", 1, "--out", tmp_path / "other")
+    kvq("sweep", "--plan", tmp_path / "other" / "plan.json", "--shard", 0, "--out", tmp_path / "other" / "0")
+    r = kvq("merge", tmp_path / "s" / "0", tmp_path / "other" / "0", "--out", tmp_path / "m", check=False)
+    assert r.returncode == 3 and "plan.json differs" in r.stderr
+    r = kvq("sweep", "--plan", tmp_path / "other" / "plan.json", "--shard", 0, "--out", tmp_path / "s" / "0", check=False)
+    assert r.returncode == 3 and "holds the results of another plan" in r.stderr
+    # a dump that changed after the plan
+    kvq("synth", "--out", dump, "--layers", 2, "--tokens", 64, "--seed", 5)
+    r = kvq("sweep", "--plan", tmp_path / "s" / "plan.json", "--shard", "0/3", "--out", tmp_path / "s" / "n3", check=False)
+    assert r.returncode == 3 and f"{dump}: changed since the plan was made" in r.stderr
+    r = kvq("sweep", "--plan", tmp_path / "s" / "plan.json", "--shard", "2/2", "--out", tmp_path / "s" / "x", check=False)
+    assert r.returncode == 3 and "expected 0 <= I < N, got I = 2, N = 2" in r.stderr
+
+
+def test_bench_and_slurm_plans(tmp_path):
+    r = kvq("plan", "bench", "--gpus", "h100,l40s", "--variants", "decode-tc,decode-splitk", "--shapes", "seed000",
+            "--shards", 3, "--out", tmp_path / "b")
+    assert "20 units in 3 shard(s)" in r.stdout and "l40s shard 2" in r.stdout
+    plan = json.load(open(tmp_path / "b" / "plan.json"))
+    assert {u["key"]["gpu"] for u in plan["units"]} == {"h100", "l40s"}
+    r = kvq("slurm", "submit", tmp_path / "b", "--dry-run", "--partition", "gpu")
+    lines = [line for line in r.stdout.splitlines() if line.startswith("sbatch")]
+    assert len(lines) == 3  # an array per GPU type, the merge after both
+    assert "--array=0-2" in lines[0] and "--gres='gpu:h100:1'" in lines[0] and "bench.sbatch" in lines[0]
+    assert "--gres='gpu:l40s:1'" in lines[1]
+    assert "--dependency=afterok:ARRAY0:ARRAY1" in lines[2] and "merge.sbatch" in lines[2]
+    r = kvq("bench", "--plan", tmp_path / "b" / "plan.json", "--shard", 0, "--gpu", "h100", check=False)
+    if "built without CUDA" in r.stderr:  # a CPU build: the GPU shards report unavailable
+        assert r.returncode == 3
