@@ -149,6 +149,40 @@ void launch_tc(const DecodeParams& p, cudaStream_t stream) {
                                   static_cast<size_t>(e.smem_bytes(p)), stream));
 }
 
+// The launches of a windowed decode (one per key region) run side by side, forked from `stream` onto
+// streams of this thread and joined back before the merge: at small batches each launch is a latency
+// chain that leaves the GPU nearly idle, so serial launches cost the sum of the chains. Under stream
+// capture the fork and join become parallel branches of the graph.
+void launch_regions(const std::vector<DecodeParams>& regions, cudaStream_t stream) {
+  struct Side {
+    cudaStream_t streams[3] = {};
+    cudaEvent_t fork = nullptr, joins[3] = {};
+  };
+  thread_local std::map<int, Side> sides;  // per device
+  if (regions.size() == 1) return launch_tc(regions.front(), stream);
+  if (regions.size() > 4) throw CudaError(fmt::format("decode-tc: {} key regions (at most 4)", regions.size()));
+  int device = 0;
+  KVQ_CUDA_CHECK(cudaGetDevice(&device));
+  Side& side = sides[device];
+  if (!side.fork) {
+    KVQ_CUDA_CHECK(cudaEventCreateWithFlags(&side.fork, cudaEventDisableTiming));
+    for (int i = 0; i < 3; ++i) {
+      KVQ_CUDA_CHECK(cudaStreamCreateWithFlags(&side.streams[i], cudaStreamNonBlocking));
+      KVQ_CUDA_CHECK(cudaEventCreateWithFlags(&side.joins[i], cudaEventDisableTiming));
+    }
+  }
+  KVQ_CUDA_CHECK(cudaEventRecord(side.fork, stream));
+  for (size_t r = 1; r < regions.size(); ++r) {
+    KVQ_CUDA_CHECK(cudaStreamWaitEvent(side.streams[r - 1], side.fork, 0));
+    launch_tc(regions[r], side.streams[r - 1]);
+  }
+  launch_tc(regions.front(), stream);
+  for (size_t r = 1; r < regions.size(); ++r) {
+    KVQ_CUDA_CHECK(cudaEventRecord(side.joins[r - 1], side.streams[r - 1]));
+    KVQ_CUDA_CHECK(cudaStreamWaitEvent(stream, side.joins[r - 1], 0));
+  }
+}
+
 // The CUDA-core kernel of p's (one) format; nullptr for the formats it does not read.
 const void* kernel_of(const DecodeParams& p) {
   if (p.k_format != p.v_format) return nullptr;
@@ -461,7 +495,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (p.family == DecodeFamily::kTensorCore) {
     const std::string why = tensor_core_unsupported_reason(p);
     if (!why.empty()) throw InputError("decode (tensor cores): " + why);
-    for (const DecodeParams& region : regions) detail::launch_tc(region, stream);
+    detail::launch_regions(regions, stream);
   } else if (const std::string why = cuda_core_unsupported_reason(p); !why.empty()) {
     throw InputError("decode (CUDA cores): " + why);
   } else switch (p.k_format) {
