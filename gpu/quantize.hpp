@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,11 @@ struct QuantizeParams {
   float* rotated = nullptr;             // +had: workspace, the input rotated along D (fp32, BNSH)
   unsigned long long* first_bad = nullptr;       // min flat [B,H,T,D] index of a non-finite input
   unsigned long long* first_overflow = nullptr;  // min group index whose scale overflows
+  // nvfp4: the fp32 per-tensor scale s_t [1], written by the launch: the given one, or amax / 2688
+  // over the quantized elements (computed on the device).
+  float* tensor_scale = nullptr;
+  bool tensor_scale_given = false;
+  float given_tensor_scale = 0.0f;
 };
 
 inline constexpr int kMaxPartials = 1024;
@@ -44,12 +50,14 @@ inline constexpr int kMaxPartials = 1024;
 // Sizes of a quantized result in bytes.
 struct QuantizedSizes {
   int64_t codes = 0, scales = 0, zeros = 0;  // planar: codes, scale and zero arrays; FBGEMM: rows in `codes`
+  int64_t tensor_scale = 0;                  // nvfp4: 4 (one fp32); 0 otherwise
 };
 QuantizedSizes quantized_sizes(const Scheme& s, const KvShape& shape, CodeLayout layout);
 
 // A quantized tensor downloaded from the device: bytes exactly as the kernels wrote them.
 struct GpuQuantized {
   std::vector<uint8_t> codes, scales, zeros;
+  std::vector<uint8_t> tensor_scale;  // nvfp4: the fp32 s_t's 4 bytes; empty otherwise
 };
 
 // The device input of a quantize call: a tensor already on the device, BNSH or BSNH.
@@ -69,6 +77,7 @@ struct QuantizeOutputs {
   uint8_t* codes = nullptr;
   void* scales = nullptr;
   void* zeros = nullptr;
+  float* tensor_scale = nullptr;  // nvfp4
 };
 
 // Device outputs and workspaces for quantizing one input with one scheme; reusable across launches
@@ -77,13 +86,15 @@ class QuantizeWorkspace {
  public:
   // seq_lens (+wW schemes): each sequence's length, checked as the CPU quantizer checks them.
   // outputs: write there instead of buffers of its own (download() then has nothing to return).
+  // tensor_scale: nvfp4's s_t as given (a calibrated one); nullopt: amax / 2688 of the input.
   QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme, CodeLayout layout,
-                    const std::vector<int32_t>& seq_lens = {}, const QuantizeOutputs* outputs = nullptr);
+                    const std::vector<int32_t>& seq_lens = {}, const QuantizeOutputs* outputs = nullptr,
+                    std::optional<float> tensor_scale = std::nullopt);
   const QuantizeParams& params() const { return params_; }
   // Clears the error flags and poisons the outputs, so that an unwritten byte shows.
   void reset();
   // Throws InputError with the CPU quantizer's message when the last launch flagged non-finite
-  // input or a scale overflow.
+  // input or a scale overflow, or was given an nvfp4 tensor scale that is not finite and >= 0.
   void check_flags(const std::string& tensor_name, cudaStream_t stream);
   GpuQuantized download() const;
   int64_t bytes_moved() const;  // input read once + codes, scales and zero points written once
@@ -92,7 +103,7 @@ class QuantizeWorkspace {
   DeviceKv input_;
   bool external_outputs_ = false;
   QuantizeParams params_;
-  DeviceBuffer<uint8_t> codes_, scales_, zeros_, scratch_;
+  DeviceBuffer<uint8_t> codes_, scales_, zeros_, scratch_, tensor_scale_;
   DeviceBuffer<int32_t> seq_lens_;
   DeviceBuffer<float> rotated_;
   DeviceBuffer<GroupStats> stats_, partials_;
@@ -103,14 +114,19 @@ class QuantizeWorkspace {
 // flags: non-finite input and scale overflow throw InputError with the CPU quantizer's message.
 GpuQuantized run_quantize(void (*launch)(const QuantizeParams&, cudaStream_t), const DeviceKv& input,
                           const Scheme& scheme, CodeLayout layout, const std::string& tensor_name,
-                          cudaStream_t stream = nullptr, const std::vector<int32_t>& seq_lens = {});
+                          cudaStream_t stream = nullptr, const std::vector<int32_t>& seq_lens = {},
+                          std::optional<float> tensor_scale = std::nullopt);
 
 // ---- kernels' launch functions (one per variant) ----------------------------------------------
 // Generic: any scheme (+had: a rotation pass into p.rotated first; +wW: statistics over the
 // quantized tokens, code 0 in the window), any even D, any strides; stats pass (two-pass
 // reduction for per-tensor), params pass, encode pass; FBGEMM through a planar scratch and a row
-// conversion.
+// conversion. The block formats take launch_quantize_blocks.
 void launch_quantize_generic(const QuantizeParams& p, cudaStream_t stream);
+// The block formats (q8_0 ... nvfp4), planar: one thread per block of 32 (nvfp4 16) elements along
+// D, parameters and codes by the scalar codec (quant/block_formats.hpp); nvfp4's tensor scale by a
+// deterministic amax reduction first. Reads p.input as it is (quantize-generic rotates first).
+void launch_quantize_blocks(const QuantizeParams& p, cudaStream_t stream);
 // Fused row-wise: head and gG granularities, D in {64, 128, 256}: one warp per (b, h, t) row
 // reads it once, reduces the groups with shuffles and writes codes and scales.
 void launch_quantize_rowwarp(const QuantizeParams& p, cudaStream_t stream);

@@ -6,6 +6,8 @@
 //      for finiteness only
 //   2. params: one thread per group applies the codec's group_params and stores scale / zero point
 //   3. encode: one thread per code byte; FBGEMM rows are then assembled from the planar bytes
+// The block formats (q8_0 ... nvfp4) take their own kernel after step 0 (gpu/quantize_blocks.cu):
+// their rules need a block's values, not statistics.
 #include <algorithm>
 
 #include "gpu/quantize_common.cuh"
@@ -164,6 +166,7 @@ void launch_quantize_generic(const QuantizeParams& input, cudaStream_t stream) {
     KVQ_CHECK_LAUNCH();
     p = statistics_view(p);
   }
+  if (p.scheme.block_format()) return launch_quantize_blocks(p, stream);
   const int64_t groups = num_groups(p.scheme, p.shape);
   if (groups == 0 && !(p.scheme.scale_free && p.shape.numel() > 0)) return;  // scale-free FP8: encode only
   if (p.scheme.granularity == Granularity::kTensor) {

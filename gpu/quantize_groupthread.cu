@@ -119,7 +119,7 @@ bool groupthread_supports(const Scheme& s, int64_t head_dim) {
   const int64_t G = s.granularity == Granularity::kHead ? head_dim : s.group;
   const bool gran = s.granularity == Granularity::kHead || s.granularity == Granularity::kGroup;
   const bool split = G <= kSegment || (G % kSegment == 0 && (G / kSegment & (G / kSegment - 1)) == 0 && G / kSegment <= 32);
-  return gran && G % kChunk == 0 && head_dim % G == 0 && split;
+  return gran && !s.block_format() && G % kChunk == 0 && head_dim % G == 0 && split;  // blocks: quantize_blocks.cu
 }
 
 void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream) {

@@ -25,7 +25,7 @@ QuantizedSizes quantized_sizes(const Scheme& s, const KvShape& shape, CodeLayout
   if (layout == CodeLayout::kFbgemm) return {shape.rows() * fbgemm_row_bytes(s, shape.head_dim), 0, 0};
   const int64_t groups = num_groups(s, shape);
   return {shape.rows() * code_bytes_per_row(s, shape.head_dim), groups * s.scale_bytes(),
-          s.asymmetric ? groups * s.scale_bytes() : 0};
+          s.asymmetric ? groups * s.scale_bytes() : 0, s.format == CodeFormat::kNvfp4 ? 4 : 0};
 }
 
 namespace {
@@ -46,13 +46,19 @@ float element_on_device(const DeviceKv& in, int64_t b, int64_t h, int64_t t, int
 }  // namespace
 
 QuantizeWorkspace::QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme, CodeLayout layout,
-                                     const std::vector<int32_t>& seq_lens, const QuantizeOutputs* outputs)
+                                     const std::vector<int32_t>& seq_lens, const QuantizeOutputs* outputs,
+                                     std::optional<float> tensor_scale)
     : input_(input), external_outputs_(outputs != nullptr) {
   require_device();
-  if (scheme.block_format())
-    throw SchemeError(fmt::format("{}: no GPU quantize kernel implements llama.cpp's or the FP4 block formats yet; the "
-                                  "CPU codec does (kvq quantize, kvq.quantize)", to_string(scheme)));
+  const bool nvfp4 = scheme.format == CodeFormat::kNvfp4;
+  if (tensor_scale && !nvfp4)  // the CPU quantizer's check and message (quant/quantize.cpp)
+    throw InputError(fmt::format("{}: a tensor scale is given, but only nvfp4 takes one", to_string(scheme)));
   check_scheme_fits(scheme, static_cast<int>(input.shape.head_dim));
+  if (scheme.block_format() && layout != CodeLayout::kPlanar)
+    throw SchemeError(fmt::format("{}: the block formats are quantized into kvq's planar layout (ggml's inline blocks: "
+                                  "kvq.to_ggml_blocks on the CPU)", to_string(scheme)));
+  if (nvfp4 && outputs && !outputs->tensor_scale)
+    throw InputError(fmt::format("{}: the outputs need the tensor scale (one float32)", to_string(scheme)));
   const KvShape& s = input.shape;
   if (!seq_lens.empty() && static_cast<int64_t>(seq_lens.size()) != s.batch)
     throw InputError(fmt::format("quantize: {} seq_lens for a batch of {}", seq_lens.size(), s.batch));
@@ -68,6 +74,7 @@ QuantizeWorkspace::QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme
   stats_ = DeviceBuffer<GroupStats>(std::max<int64_t>(num_groups(scheme, s), 1));  // scale-free FP8: the finiteness pass
   partials_ = DeviceBuffer<GroupStats>(kMaxPartials);
   flags_ = DeviceBuffer<unsigned long long>(2);
+  tensor_scale_ = DeviceBuffer<uint8_t>(nvfp4 && !outputs ? 4 : 0);
   params_.scheme = scheme;
   params_.shape = s;
   params_.input = input.data;
@@ -84,6 +91,11 @@ QuantizeWorkspace::QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme
   params_.rotated = rotated_.size() ? rotated_.data() : nullptr;
   params_.first_bad = flags_.data();
   params_.first_overflow = flags_.data() + 1;
+  if (nvfp4) {
+    params_.tensor_scale = outputs ? outputs->tensor_scale : reinterpret_cast<float*>(tensor_scale_.data());
+    params_.tensor_scale_given = tensor_scale.has_value();
+    params_.given_tensor_scale = tensor_scale.value_or(0.0f);
+  }
   reset();
 }
 
@@ -91,6 +103,7 @@ void QuantizeWorkspace::reset() {
   codes_.fill_bytes(0xa5);
   scales_.fill_bytes(0xa5);
   zeros_.fill_bytes(0xa5);
+  tensor_scale_.fill_bytes(0xa5);
   flags_.fill_bytes(0xff);
 }
 
@@ -103,6 +116,9 @@ void QuantizeWorkspace::check_flags(const std::string& tensor_name, cudaStream_t
     const int64_t t = r % s.tokens, h = (r / s.tokens) % s.heads, b = r / (s.tokens * s.heads);
     throw InputError(non_finite_message(tensor_name, element_on_device(input_, b, h, t, d), b, h, t, d));
   }
+  const float ts = params_.given_tensor_scale;  // checked after the input, as the CPU quantizer does
+  if (params_.tensor_scale_given && !(is_finite_float(ts) && ts >= 0.0f))
+    throw InputError(fmt::format("{}: nvfp4 tensor scale {} must be finite and >= 0", tensor_name, ts));
   if (f[1] != ~0ull) {
     const int64_t g = static_cast<int64_t>(f[1]);
     launch_group_stats(statistics_view(params_), g, g + 1, stream);  // the group's min and max, for the message
@@ -115,7 +131,7 @@ void QuantizeWorkspace::check_flags(const std::string& tensor_name, cudaStream_t
 
 GpuQuantized QuantizeWorkspace::download() const {
   if (external_outputs_) throw Error("QuantizeWorkspace::download: the outputs are the caller's");
-  GpuQuantized out{codes_.download(), {}, {}};
+  GpuQuantized out{codes_.download(), {}, {}, tensor_scale_.download()};
   if (params_.layout == CodeLayout::kPlanar) {
     out.scales = scales_.download();
     out.zeros = zeros_.download();
@@ -125,7 +141,7 @@ GpuQuantized QuantizeWorkspace::download() const {
 
 int64_t QuantizeWorkspace::bytes_moved() const {
   const QuantizedSizes out = quantized_sizes(params_.scheme, params_.shape, params_.layout);
-  return params_.shape.numel() * element_bytes(input_.dtype) + out.codes + out.scales + out.zeros;
+  return params_.shape.numel() * element_bytes(input_.dtype) + out.codes + out.scales + out.zeros + out.tensor_scale;
 }
 
 QuantizeParams statistics_view(const QuantizeParams& p) {
@@ -139,8 +155,8 @@ QuantizeParams statistics_view(const QuantizeParams& p) {
 
 GpuQuantized run_quantize(void (*launch)(const QuantizeParams&, cudaStream_t), const DeviceKv& input,
                           const Scheme& scheme, CodeLayout layout, const std::string& tensor_name, cudaStream_t stream,
-                          const std::vector<int32_t>& seq_lens) {
-  QuantizeWorkspace ws(input, scheme, layout, seq_lens);
+                          const std::vector<int32_t>& seq_lens, std::optional<float> tensor_scale) {
+  QuantizeWorkspace ws(input, scheme, layout, seq_lens, nullptr, tensor_scale);
   launch(ws.params(), stream);
   ws.check_flags(tensor_name, stream);
   return ws.download();

@@ -200,7 +200,7 @@ void launch_epl(const QuantizeParams& p, cudaStream_t stream, int blocks) {
 bool rowwarp_supports(const Scheme& s, int64_t head_dim) {
   const bool dim = head_dim == 64 || head_dim == 128 || head_dim == 256;
   const bool gran = s.granularity == Granularity::kHead || (s.granularity == Granularity::kGroup && head_dim % s.group == 0);
-  return dim && gran;
+  return dim && gran && !s.block_format();  // the block formats have rules of their own (quantize_blocks.cu)
 }
 
 void launch_quantize_rowwarp(const QuantizeParams& p, cudaStream_t stream) {

@@ -22,12 +22,12 @@ bool fbgemm_ok(const Scheme& s, int64_t head_dim) {
 bool plain(const Scheme& s) { return !s.hadamard && !s.has_window(); }
 
 bool generic_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype) {
-  if (s.block_format()) return false;  // q8_0 ... nvfp4: CPU codec only so far (QuantizeWorkspace says why)
   try {
     check_scheme_fits(s, static_cast<int>(head_dim));
   } catch (const SchemeError&) {
     return false;
   }
+  if (s.block_format()) return layout == CodeLayout::kPlanar;  // q8_0 ... nvfp4: gpu/quantize_blocks.cu
   return layout == CodeLayout::kPlanar || fbgemm_ok(s, head_dim);
 }
 
@@ -56,9 +56,11 @@ const std::vector<QuantizeVariant>& quantize_variants() {
       {"quantize-generic",
        "(+had: rotation pass, thread per row) stats pass (thread per group; per-tensor: two-pass block reduction), "
        "params pass, encode pass (thread per code byte; +wW window tokens: code 0); FBGEMM rows assembled from planar "
-       "bytes",
-       "every scheme but the block formats (q8_0 ... nvfp4; FP8, +had and +wW included); any even D; any strides; "
-       "planar and FBGEMM layouts; fp32/fp16/bf16 input", true,
+       "bytes; the block formats: one thread per block, the codec's block rules on registers (nvfp4: a deterministic "
+       "amax pass for the tensor scale first)",
+       "every scheme (FP8, +had and +wW included; llama.cpp's q8_0 ... iq4_nl and mxfp4 / nvfp4, planar); any even D "
+       "(the block formats: a multiple of the block); any strides; planar and FBGEMM layouts; fp32/fp16/bf16 input",
+       true,
        generic_accepts, launch_quantize_generic},
       {"quantize-rowwarp",
        "fused single pass: one warp per (b,h,t) row, one vector load per lane, groups reduced with xor-shuffles, "

@@ -4,6 +4,7 @@
 // The Python side (kvq/gpu.py) allocates the outputs and names the stream.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -112,10 +113,12 @@ const QuantizeVariant& quantize_variant_for(const std::string& name, const Schem
   return incumbent_quantize_variant();
 }
 
-// x: [B, H, T, D] (any strides but D's); outputs sized by quantized_sizes. Returns the variant used.
+// x: [B, H, T, D] (any strides but D's); outputs sized by quantized_sizes (nvfp4: tensor_scale_out, one
+// float32, written by the launch: `tensor_scale` when given, else amax / 2688). Returns the variant used.
 std::string quantize_py(const Tensor& x, const std::string& scheme_name, const Tensor& codes, nb::object scales,
-                     nb::object zeros, const std::string& layout_name, const std::string& variant,
-                     const std::vector<int32_t>& seq_lens, uintptr_t stream) {
+                     nb::object zeros, nb::object tensor_scale_out, std::optional<float> tensor_scale,
+                     const std::string& layout_name, const std::string& variant, const std::vector<int32_t>& seq_lens,
+                     uintptr_t stream) {
   require(x, "x", {dt::kFp32, dt::kFp16, dt::kBf16}, 4);
   const Scheme s = parse_scheme(scheme_name);
   if (layout_name != "planar" && layout_name != "fbgemm")
@@ -130,18 +133,21 @@ std::string quantize_py(const Tensor& x, const std::string& scheme_name, const T
   require_buffer(codes, layout == CodeLayout::kFbgemm ? "rows" : "codes", sizes.codes);
   out.codes = static_cast<uint8_t*>(codes.data());
   if (layout == CodeLayout::kPlanar) {
+    void* tensor_scale_ptr = nullptr;
     for (auto [obj, bytes, what, ptr] : {std::tuple{scales, sizes.scales, "scales", &out.scales},
-                                         std::tuple{zeros, sizes.zeros, "zero_points", &out.zeros}}) {
+                                         std::tuple{zeros, sizes.zeros, "zero_points", &out.zeros},
+                                         std::tuple{tensor_scale_out, sizes.tensor_scale, "tensor_scale", &tensor_scale_ptr}}) {
       if (bytes == 0) continue;
       if (obj.is_none()) throw InputError(fmt::format("{} needs {} ({} bytes)", to_string(s), what, bytes));
       const Tensor t = nb::cast<Tensor>(obj);
       require_buffer(t, what, bytes);
       *ptr = t.data();
     }
+    out.tensor_scale = static_cast<float*>(tensor_scale_ptr);
   }
   const QuantizeVariant& v = quantize_variant_for(variant, s, shape.head_dim, layout, in);
   const DeviceKv input{x.data(), in, shape, x.stride(0), x.stride(1), x.stride(2)};
-  QuantizeWorkspace ws(input, s, layout, seq_lens, &out);
+  QuantizeWorkspace ws(input, s, layout, seq_lens, &out, tensor_scale);
   v.launch(ws.params(), to_stream(stream));
   KVQ_CHECK_LAUNCH();
   ws.check_flags("x", to_stream(stream));
@@ -155,6 +161,7 @@ nb::dict sizes_of(const std::string& scheme_name, int64_t b, int64_t h, int64_t 
   const QuantizedSizes q = quantized_sizes(s, {b, h, t, d}, layout == "fbgemm" ? CodeLayout::kFbgemm : CodeLayout::kPlanar);
   nb::dict r;
   r["codes"] = q.codes, r["scales"] = layout == "fbgemm" ? 0 : q.scales, r["zeros"] = layout == "fbgemm" ? 0 : q.zeros;
+  r["tensor_scale"] = q.tensor_scale;
   r["row_bytes"] = layout == "fbgemm" ? fbgemm_row_bytes(s, d) : code_bytes_per_row(s, d);
   return r;
 }
@@ -380,8 +387,8 @@ NB_MODULE(_gpu, m) {
   m.def("variants", &kvq::variants);
   m.def("decode_support", &kvq::decode_support, "variant"_a, "k"_a, "v"_a, "layout"_a, "head_dim"_a);
   m.def("quantized_sizes", &kvq::sizes_of, "scheme"_a, "batch"_a, "heads"_a, "tokens"_a, "head_dim"_a, "layout"_a);
-  m.def("quantize", &kvq::quantize_py, "x"_a, "scheme"_a, "codes"_a, "scales"_a.none(), "zeros"_a.none(), "layout"_a,
-        "variant"_a, "seq_lens"_a, "stream"_a);
+  m.def("quantize", &kvq::quantize_py, "x"_a, "scheme"_a, "codes"_a, "scales"_a.none(), "zeros"_a.none(),
+        "tensor_scale_out"_a.none(), "tensor_scale"_a.none(), "layout"_a, "variant"_a, "seq_lens"_a, "stream"_a);
   m.def("decode", &kvq::decode_py, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "seq_lens"_a.none(), "alibi_slopes"_a.none(),
         "softmax_scale"_a, "variant"_a, "splits"_a, "stream"_a);
 }

@@ -42,10 +42,19 @@ KVQ_HD float round_half_away(float x) {
 #endif
 }
 
-// C's (int8_t) / (uint8_t) cast of a float that ggml's rules keep within [0, 32.5]: truncation;
-// then ggml's MIN(top, .).
+// C's (int) cast of a float, defined for every input as x86's cvttss2si computes it: truncation,
+// and INT_MIN for NaN and values beyond int's range. ggml casts such values when 1/d overflows (a
+// block whose largest |x| is below about 1e-38 times its levels: id = inf, x * id = inf or NaN);
+// C leaves that undefined and CUDA's cvt saturates instead, so the codec fixes the host's answer
+// (code 0 after masking) for the CPU and the GPU alike.
+KVQ_HD int truncate_to_int(float x) {
+  return x > -2147483904.0f && x < 2147483648.0f ? static_cast<int>(x) : -2147483647 - 1;
+}
+
+// C's (int8_t) / (uint8_t) cast of a float that ggml's rules keep within [0, 32.5] (for a finite
+// id): truncation; then ggml's MIN(top, .).
 KVQ_HD int truncate_at_most(float x, int top) {
-  const int t = static_cast<int>(x);
+  const int t = truncate_to_int(x);
   return t < top ? t : top;
 }
 
@@ -101,7 +110,7 @@ KVQ_HD int e8m0_byte(float value) {
 // casts the result to uint8_t, undefined below 0 (amax < 2^-125); kvq clamps it to 0 there.
 KVQ_HD int mxfp4_exponent(float amax) {
   const float l = static_cast<float>(log2(static_cast<double>(amax)));
-  const int e = static_cast<int>(floorf(l)) - 2 + 127;
+  const int e = truncate_to_int(floorf(l)) - 2 + 127;  // amax = inf (a +had overflow): INT_MIN, e = 0
   return e < 0 ? 0 : e;
 }
 
@@ -231,7 +240,7 @@ KVQ_HD BlockParams block_params(CodeFormat f, const float* x, float tensor_scale
 KVQ_HD int block_encode(CodeFormat f, float x, const BlockParams& p) {
   const float id = p.encode_scale;
   switch (f) {
-    case CodeFormat::kQ8_0: return static_cast<int>(round_half_away(x * id));
+    case CodeFormat::kQ8_0: return truncate_to_int(round_half_away(x * id));
     case CodeFormat::kQ4_0: return truncate_at_most(x * id + 8.5f, 15);
     case CodeFormat::kQ5_0: return truncate_at_most(x * id + 16.5f, 31);
     case CodeFormat::kQ4_1: return truncate_at_most((x - p.encode_min) * id + 0.5f, 15);

@@ -188,6 +188,23 @@ TEST_CASE("special blocks: zeros, constants, one huge value, subnormal fp16 scal
     CHECK(b.codes[0] == 127);
     CHECK(b.codes[1] == 38);  // 3e-6 * 127 / 1e-5 = 38.1
   }
+  SUBCASE("a block so small that 1/d overflows: x * id is inf or NaN, cast as x86 casts it, code 0") {
+    // C leaves the cast undefined (CUDA's cvt would saturate); the codec defines it for both
+    std::vector<float> x(32);
+    for (int j = 0; j < 32; ++j) x[j] = 1e-39f * static_cast<float>(j - 16);
+    for (CodeFormat f : {CodeFormat::kQ8_0, CodeFormat::kQ4_0, CodeFormat::kQ4_1, CodeFormat::kQ5_0, CodeFormat::kQ5_1}) {
+      const Block b = code_block(f, x);
+      CHECK(std::isinf(b.p.encode_scale));
+      for (int c : b.codes) CHECK((c & 0xff) == 0);
+    }
+    CHECK(truncate_to_int(NAN) == INT32_MIN);
+    CHECK(truncate_to_int(INFINITY) == INT32_MIN);
+    CHECK(truncate_to_int(2147483648.0f) == INT32_MIN);
+    CHECK(truncate_to_int(-2147483648.0f) == INT32_MIN);  // in range: the cast itself
+    CHECK(truncate_to_int(2147483520.0f) == 2147483520);
+    CHECK(truncate_to_int(-7.9f) == -7);
+    CHECK(mxfp4_exponent(INFINITY) == 0);
+  }
   SUBCASE("the first of two opposite largest magnitudes decides the sign of d (q4_0, q5_0)") {
     CHECK(code_block(CodeFormat::kQ4_0, {-2.0f, 2.0f}).p.scale == 0.25f);
     CHECK(code_block(CodeFormat::kQ4_0, {2.0f, -2.0f}).p.scale == -0.25f);

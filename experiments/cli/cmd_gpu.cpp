@@ -16,6 +16,7 @@
 #include "experiments/cli/python_gate.hpp"
 #include "experiments/gate/validate_decode.hpp"
 #include "experiments/gate/validate_quantize.hpp"
+#include "gpu/block_formats_check.hpp"
 #include "gpu/float_formats_check.hpp"
 #include "gpu/fp8_check.hpp"
 #include "gpu/timing.hpp"
@@ -92,6 +93,16 @@ int run_validate(const ValidateArgs& a) {
     fmt::print("{} codec fp8 conversions on the device: {}\n", f.ok() ? "[OK]  " : "[FAIL]", detail);
     cases.push_back({{"variant", "codec"}, {"case", "fp8 conversions exhaustive"}, {"ok", f.ok()}, {"detail", detail}});
     failed_total += f.ok() ? 0 : 1;
+  }
+  {  // mxfp4's exponent: the device's log2 against the host's where the fp32 rounding decides the floor
+    const Mxfp4ExponentCheck m = check_mxfp4_exponent();
+    const std::string detail =
+        m.ok() ? fmt::format("identical for {} floats near every power of two and a stride of the rest", m.checked)
+               : fmt::format("{} of {} differ (first amax bits {:#010x}: host e {}, device e {})", m.mismatches, m.checked,
+                             m.first_bits, m.host_e, m.device_e);
+    fmt::print("{} codec mxfp4 exponent on the device: {}\n", m.ok() ? "[OK]  " : "[FAIL]", detail);
+    cases.push_back({{"variant", "codec"}, {"case", "mxfp4 exponent near powers of two"}, {"ok", m.ok()}, {"detail", detail}});
+    failed_total += m.ok() ? 0 : 1;
   }
   for (const QuantizeVariant* v : variants) {
     int ok = 0, failed = 0;
@@ -177,7 +188,11 @@ int run_bench_quantize(const BenchArgs& a) {
       {"int4-head-asym", CodeLayout::kFbgemm},  {"int4-g32-asym", CodeLayout::kFbgemm},
       {"int8-token", CodeLayout::kPlanar},      {"int4-token-asym", CodeLayout::kPlanar},
       {"int8-tensor", CodeLayout::kPlanar},     {"int4-tensor", CodeLayout::kPlanar},
-      {"int8-tensor-asym", CodeLayout::kPlanar}};
+      {"int8-tensor-asym", CodeLayout::kPlanar}, {"q8_0", CodeLayout::kPlanar},
+      {"q4_0", CodeLayout::kPlanar},            {"q4_1", CodeLayout::kPlanar},
+      {"q5_0", CodeLayout::kPlanar},            {"q5_1", CodeLayout::kPlanar},
+      {"iq4_nl", CodeLayout::kPlanar},          {"mxfp4", CodeLayout::kPlanar},
+      {"nvfp4", CodeLayout::kPlanar}};
   const std::regex wanted = [&] {
     try {
       return std::regex(a.schemes);

@@ -6,6 +6,8 @@
 #include <random>
 
 #include "data/dump.hpp"
+#include "experiments/gate/block_special_values.hpp"
+#include "quant/block_quantize.hpp"
 #include "quant/fbgemm_layout.hpp"
 #include "quant/quantize.hpp"
 #include "quant/scheme_pairs.hpp"
@@ -25,9 +27,13 @@ const InputDtype kDtypes[] = {InputDtype::kBf16, InputDtype::kFp16, InputDtype::
 const char* kWideSchemes[] = {"int4-token",       "int8-token-asym",  "int4-token-asym-fp32",
                               "int8-tensor-asym", "int4-tensor-asym", "int8-tensor-fp32"};
 
+// llama.cpp's cache types and the FP4 microscaling formats (quant/block_formats.hpp).
+const char* kBlockSchemes[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4"};
+
 std::vector<const char*> gate_schemes() {
   std::vector<const char*> all(std::begin(kSchemes), std::end(kSchemes));
   all.insert(all.end(), std::begin(kWideSchemes), std::end(kWideSchemes));
+  all.insert(all.end(), std::begin(kBlockSchemes), std::end(kBlockSchemes));
   return all;
 }
 
@@ -62,9 +68,10 @@ struct Checker {
   std::vector<CaseResult> results;
 
   // One case: GPU vs CPU on `values` (rounded to dt first), BNSH unless `bsnh`; `seq_lens` place
-  // a +wW window (empty: every sequence T tokens).
+  // a +wW window (empty: every sequence T tokens); `tensor_scale`: nvfp4's given s_t.
   void compare(const std::string& name, std::vector<float> values, const KvShape& shape, const Scheme& scheme,
-               InputDtype dt, CodeLayout layout, bool bsnh = false, const std::vector<int32_t>& seq_lens = {}) {
+               InputDtype dt, CodeLayout layout, bool bsnh = false, const std::vector<int32_t>& seq_lens = {},
+               std::optional<float> tensor_scale = std::nullopt) {
     if (!v.accepts(scheme, shape.head_dim, layout, dt)) return;
     for (float& x : values) x = round_to(x, dt);
     CaseResult r{v.name, name, to_string(scheme), to_string(dt), to_string(layout),
@@ -74,7 +81,8 @@ struct Checker {
     std::string cpu_error, gpu_error;
     GpuQuantized cpu, gpu;
     try {
-      cpu = device_bytes(quantize(KvView::bnsh(values.data(), shape), scheme, "K", seq_lens.empty() ? nullptr : seq_lens.data()),
+      cpu = device_bytes(quantize(KvView::bnsh(values.data(), shape), scheme, "K",
+                                  seq_lens.empty() ? nullptr : seq_lens.data(), tensor_scale),
                          layout);
     } catch (const InputError& e) {
       cpu_error = e.what();
@@ -93,7 +101,7 @@ struct Checker {
     if (bsnh) kv.stride_b = shape.tokens * shape.heads * shape.head_dim, kv.stride_h = shape.head_dim,
               kv.stride_t = shape.heads * shape.head_dim;
     try {
-      gpu = run_quantize(v.launch, kv, scheme, layout, "K", nullptr, seq_lens);
+      gpu = run_quantize(v.launch, kv, scheme, layout, "K", nullptr, seq_lens, tensor_scale);
     } catch (const InputError& e) {
       gpu_error = e.what();
     }
@@ -104,6 +112,7 @@ struct Checker {
       r.detail = first_difference("codes", cpu.codes, gpu.codes);
       if (r.detail.empty()) r.detail = first_difference("scales", cpu.scales, gpu.scales);
       if (r.detail.empty()) r.detail = first_difference("zero points", cpu.zeros, gpu.zeros);
+      if (r.detail.empty()) r.detail = first_difference("tensor scale", cpu.tensor_scale, gpu.tensor_scale);
       r.ok = r.detail.empty();
       if (r.ok) r.detail = "bit-exact";
     }
@@ -151,10 +160,13 @@ std::vector<float> special_values(const KvShape& s) {
 // The CPU result in the byte format the GPU writes.
 GpuQuantized device_bytes(const QuantizedKv& q, CodeLayout layout) {
   if (layout == CodeLayout::kFbgemm) return {to_fbgemm(q).bytes, {}, {}};
+  const ScaleDtype dt = q.scheme.scale_dtype;
   auto params_bytes = [&](const std::vector<float>& v) {
     std::vector<uint8_t> out;
     for (float x : v) {
-      if (q.scheme.scale_dtype == ScaleDtype::kFp16) {
+      if (dt == ScaleDtype::kE8M0 || dt == ScaleDtype::kE4M3) {  // mxfp4, nvfp4: one byte
+        out.push_back(scale_byte(dt, x));
+      } else if (dt == ScaleDtype::kFp16) {
         const uint16_t bits = fp32_to_fp16_bits(x);
         out.push_back(bits & 0xff), out.push_back(bits >> 8);
       } else {
@@ -165,7 +177,12 @@ GpuQuantized device_bytes(const QuantizedKv& q, CodeLayout layout) {
     }
     return out;
   };
-  return {q.codes, params_bytes(q.scales), params_bytes(q.zeros)};
+  std::vector<uint8_t> tensor_scale;
+  if (q.scheme.format == CodeFormat::kNvfp4) {
+    tensor_scale.resize(4);
+    std::memcpy(tensor_scale.data(), &q.tensor_scale, 4);
+  }
+  return {q.codes, params_bytes(q.scales), params_bytes(q.zeros), tensor_scale};
 }
 
 std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, const ValidateOptions& opt,
@@ -189,13 +206,14 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
     }
   }
   // Shapes unlike the bundled data: D = 8, D / 8 not a power of two, odd T, many or one head.
-  for (const KvShape& shape : {KvShape{1, 5, 3, 8}, KvShape{3, 1, 11, 40}, KvShape{2, 7, 3, 24}, KvShape{1, 16, 5, 256}})
+  for (const KvShape& shape : {KvShape{1, 5, 3, 8}, KvShape{3, 1, 11, 40}, KvShape{2, 7, 3, 24}, KvShape{1, 16, 5, 256},
+                               KvShape{3, 5, 37, 96}, KvShape{2, 3, 5, 48}})
     for (const char* name : gate_schemes())
       c.compare("random odd shape", random_values(shape.numel(), 9, shape.head_dim), shape, parse_scheme(name),
                 InputDtype::kBf16, CodeLayout::kPlanar);
   // Ten million values and more, at kernel-sized shapes.
   if (!opt.quick)
-    for (const char* name : {"int4-g32-asym", "int8-head", "int8-tensor", "int4-token-asym"}) {
+    for (const char* name : {"int4-g32-asym", "int8-head", "int8-tensor", "int4-token-asym", "q4_0", "nvfp4"}) {
       const KvShape shape{5, 8, 2048, D};
       c.compare("large", random_values(shape.numel(), 4, D), shape, parse_scheme(name), InputDtype::kBf16,
                 CodeLayout::kPlanar);
@@ -206,11 +224,25 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
       const KvShape shape{1, 2, 20, D};
       c.compare("specials", special_values(shape), shape, parse_scheme(name), InputDtype::kFp32, layout);
     }
+  // The block formats' own corners (experiments/gate/block_special_values.hpp): each rule's ties, the
+  // mxfp4 exponent's lift below a power of two, nvfp4's e4m3 and e2m1 ties at s_t = 1, fp16-subnormal
+  // scales, blocks so small that 1/d overflows; fp32 and bf16 input.
+  for (const char* name : kBlockSchemes)
+    for (InputDtype dt : {InputDtype::kFp32, InputDtype::kBf16}) {
+      const KvShape shape{2, 3, 8, D};
+      c.compare("block specials", block_special_values(shape), shape, parse_scheme(name), dt, CodeLayout::kPlanar);
+    }
+  // nvfp4 with a calibrated tensor scale (values beyond 6 * 448 * s_t saturate), zero, and invalid ones.
+  for (float ts : {0.01f, 0.0f, 1e-30f, -1.0f, NAN, INFINITY}) {
+    const KvShape shape{2, 3, 9, 64};
+    c.compare(fmt::format("given tensor scale {}", ts), random_values(shape.numel(), 11, 64), shape,
+              parse_scheme("nvfp4"), InputDtype::kBf16, CodeLayout::kPlanar, false, {}, ts);
+  }
   // Hostile shapes: no tokens, no batch, one token, around the 8-rows-per-block tile.
   for (const KvShape& shape : {KvShape{2, 2, 0, D}, KvShape{0, 2, 5, D}, KvShape{1, 1, 1, D}, KvShape{1, 1, 7, D},
                                KvShape{1, 1, 8, D}, KvShape{1, 1, 9, D}, KvShape{3, 1, 33, D}})
     for (const char* name : {"int8-head", "int4-g32-asym", "int8-tensor", "int4-chan-t32-asym", "int8-token",
-                             "int4-token-asym", "int4-tensor-asym"})
+                             "int4-token-asym", "int4-tensor-asym", "q5_1", "nvfp4"})
       c.compare("hostile shape", random_values(shape.numel(), 5, D), shape, parse_scheme(name), InputDtype::kBf16,
                 CodeLayout::kPlanar);
   // +wW over varlen batches (an empty sequence, a full one, one shorter than its window; W = 0;
@@ -218,7 +250,8 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
   for (const char* name : {"int4-g32-asym+w16", "int8-head+w0", "int4-chan-t32-asym+w40", "int8-chan-t16+w20",
                            "fp8-e4m3-token+w8", "int8-tensor+w20", "int4-token-asym+w24", "fp8-e4m3+w5",
                            "int4-head-asym+had", "int4-g32-asym+had+w16", "fp8-e4m3-head+had", "int8-tensor-asym+had",
-                           "int4-chan-t32-asym+had+w33"})
+                           "int4-chan-t32-asym+had+w33", "q4_1+w16", "nvfp4+w8", "iq4_nl+w0", "mxfp4+had",
+                           "q5_0+had+w16", "nvfp4+had"})
     for (InputDtype dt : kDtypes) {
       const KvShape shape{4, 2, opt.quick ? 40 : 70, 64};
       const int32_t T = static_cast<int32_t>(shape.tokens);
@@ -227,7 +260,8 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
     }
   // Bad input: the GPU must fail with the CPU's message.
   for (const char* name : {"int8-head", "int4-g32-asym", "int8-tensor", "int8-token", "int4-chan-t32-asym",
-                           "int4-tensor-asym", "int4-token-asym", "int4-g32-asym+had", "int8-head+w4"}) {
+                           "int4-tensor-asym", "int4-token-asym", "int4-g32-asym+had", "int8-head+w4", "q8_0", "q4_0",
+                           "q5_1", "iq4_nl", "mxfp4", "nvfp4", "q4_1+w4"}) {
     const KvShape shape{2, 3, 20, D};
     std::vector<float> bad = random_values(shape.numel(), 6, D);
     bad[((1 * 3 + 2) * 20 + 5) * D + 17] = NAN;
@@ -236,6 +270,13 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
     std::vector<float> huge = random_values(shape.numel(), 7, D);
     huge[((0 * 3 + 1) * 20 + 3) * D + 64] = 3e38f;
     c.compare("scale overflow", huge, shape, parse_scheme(std::string(name)), InputDtype::kFp32, CodeLayout::kPlanar);
+  }
+  // q4_1 / q5_1: a min beyond fp16 with a representable d (a constant block of -70000).
+  for (const char* name : {"q4_1", "q5_1"}) {
+    const KvShape shape{1, 2, 6, D};
+    std::vector<float> far = random_values(shape.numel(), 12, D);
+    std::fill_n(far.begin() + (1 * 6 + 4) * D + 32, 32, -70000.0f);
+    c.compare("min overflow", far, shape, parse_scheme(name), InputDtype::kFp32, CodeLayout::kPlanar);
   }
   // A real dump (the bundled capture by default), every layer's K and V, every default scheme that
   // fits its D.
@@ -253,7 +294,7 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
     }
   }
   // Reruns: bitwise identical outputs every time.
-  for (const char* name : {"int4-g32-asym", "int8-tensor", "int4-token-asym"}) {
+  for (const char* name : {"int4-g32-asym", "int8-tensor", "int4-token-asym", "nvfp4", "iq4_nl"}) {
     const Scheme s = parse_scheme(name);
     const KvShape shape{4, 8, opt.quick ? 16 : 512, D};
     if (!v.accepts(s, D, CodeLayout::kPlanar, InputDtype::kBf16)) continue;
@@ -272,7 +313,8 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
       v.launch(ws.params(), nullptr);
       ws.check_flags("K", nullptr);
       const GpuQuantized again = ws.download();
-      differing += again.codes != first.codes || again.scales != first.scales || again.zeros != first.zeros;
+      differing += again.codes != first.codes || again.scales != first.scales || again.zeros != first.zeros ||
+                   again.tensor_scale != first.tensor_scale;
     }
     CaseResult r{v.name, fmt::format("{} reruns", reruns), name, "bfloat16", "planar",
                  fmt::format("[{}, {}, {}, {}]", shape.batch, shape.heads, shape.tokens, shape.head_dim),

@@ -65,18 +65,21 @@ def variants(kind=None):
 @dataclass(frozen=True)
 class Cache:
     """K or V on the device as a kernel reads it. Raw storages ("bf16", "fp16") hold `data` (values);
-    kvq schemes hold `data` (codes: planar [B, H, T, D*bits/8]; "fbgemm": rows [B, T, H, D/2 + 4n]),
-    `scales` and `zero_points` in group order (quant/groups.hpp; None where the scheme has none).
+    kvq schemes hold `data` (codes: planar [B, H, T, D*bits/8], q5_0 / q5_1 [B, H, T, 5D/8]; "fbgemm":
+    rows [B, T, H, D/2 + 4n]), `scales` and `zero_points` in group order (quant/groups.hpp; None where
+    the scheme has none), in the scale dtype as kvq.quantize gives them (float16, float32, or uint8 bytes
+    for mxfp4's e8m0 and nvfp4's e4m3), and nvfp4's `tensor_scale` (a float32 0-dim tensor on the device).
     layout: "bnsh" or "bsnh" (raw and planar codes), or "fbgemm"."""
     storage: str
     data: Any
     scales: Any = None
     zero_points: Any = None
     layout: str = "bnsh"
+    tensor_scale: Any = None
 
     def _as_dict(self):
         return {"storage": self.storage, "layout": self.layout, "data": self.data, "scales": self.scales,
-                "zero_points": self.zero_points}
+                "zero_points": self.zero_points, "tensor_scale": self.tensor_scale}
 
 
 def raw(x, layout="bnsh"):
@@ -99,11 +102,13 @@ def _on_cuda(x, what):
         raise InputError(f"{what}: expected a CUDA tensor, got one on {where} (move it with .cuda())")
 
 
-def quantize(x, scheme, *, layout="planar", variant=None, seq_lens=None):
+def quantize(x, scheme, *, layout="planar", variant=None, seq_lens=None, tensor_scale=None):
     """x [B, H, T, D] (fp32 / fp16 / bf16, any strides but D's) quantized with `scheme` by a GPU
     variant (None: the first specialised one that takes it, else quantize-generic; all are bit-exact
-    with the CPU codec). layout "planar" or "fbgemm". seq_lens (+wW schemes): per-sequence lengths.
-    Returns a Cache; raises kvq.InputError / SchemeError with the CLI's messages."""
+    with the CPU codec). layout "planar" or "fbgemm" (the block formats q8_0 ... nvfp4: planar).
+    seq_lens (+wW schemes): per-sequence lengths. tensor_scale: nvfp4's per-tensor scale s_t as given
+    (default: amax / (6 * 448) of x, computed on the device). Returns a Cache; raises kvq.InputError /
+    SchemeError with the CLI's messages."""
     torch = _require()
     _on_cuda(x, "x")
     if x.dim() != 4:
@@ -115,14 +120,16 @@ def quantize(x, scheme, *, layout="planar", variant=None, seq_lens=None):
         codes = new(sizes["codes"])
         scales = new(sizes["scales"]) if sizes["scales"] else None
         zeros = new(sizes["zeros"]) if sizes["zeros"] else None
+        ts = torch.empty((), dtype=torch.float32, device=x.device) if sizes["tensor_scale"] else None
         lens = [] if seq_lens is None else [int(n) for n in seq_lens]
-        _gpu.quantize(x, scheme, codes, scales, zeros, layout, variant or "", lens, _stream(torch, x))
+        _gpu.quantize(x, scheme, codes, scales, zeros, ts, None if tensor_scale is None else float(tensor_scale), layout,
+                      variant or "", lens, _stream(torch, x))
     if layout == "fbgemm":
         return Cache(scheme, codes.view(B, T, H, sizes["row_bytes"]), layout="fbgemm")
     scale_dtype = _scale_dtype(torch, scheme)
     return Cache(scheme, codes.view(B, H, T, sizes["row_bytes"]),
                  None if scales is None else scales.view(scale_dtype),
-                 None if zeros is None else zeros.view(scale_dtype))
+                 None if zeros is None else zeros.view(scale_dtype), tensor_scale=ts)
 
 
 def _scale_dtype(torch, scheme):

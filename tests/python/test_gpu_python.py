@@ -46,6 +46,49 @@ def test_quantize_is_bit_exact_with_the_cpu_codec(scheme, dtype):
                               np.asarray(r.zero_points).reshape(-1).view(np.uint8))
 
 
+@pytest.mark.parametrize("scheme", ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4", "nvfp4+had"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_block_formats_are_bit_exact_with_the_cpu_codec(scheme, dtype):
+    x = random_kv((3, 5, 37, 96 if "had" not in scheme else 128), 8, dtype).transpose(1, 2).contiguous().transpose(1, 2)
+    c = kvq.gpu.quantize(x, scheme)  # BSNH strides
+    r = kvq.quantize(x.float().contiguous().cpu().numpy(), scheme)
+    assert np.array_equal(c.data.cpu().numpy(), np.asarray(r.codes).view(np.uint8))
+    assert c.scales.dtype == {"float16": torch.float16}.get(str(np.asarray(r.scales).dtype), torch.uint8)
+    assert np.array_equal(c.scales.cpu().numpy().reshape(-1).view(np.uint8), np.asarray(r.scales).reshape(-1).view(np.uint8))
+    assert (c.zero_points is None) == (r.zero_points is None)
+    if r.zero_points is not None:
+        assert c.zero_points.dtype == torch.float16
+        assert np.array_equal(c.zero_points.cpu().numpy().reshape(-1).view(np.uint16),
+                              np.asarray(r.zero_points).reshape(-1).view(np.uint16))
+    if r.tensor_scale is None:
+        assert c.tensor_scale is None
+    else:
+        assert c.tensor_scale.dtype == torch.float32 and c.tensor_scale.is_cuda
+        assert np.float32(c.tensor_scale.item()).tobytes() == np.float32(r.tensor_scale).tobytes()
+
+
+def test_nvfp4_takes_a_given_tensor_scale_as_kvq_quantize_does():
+    x = random_kv((2, 3, 40, 64), 9)
+    for ts in (0.01, 0.0):
+        c = kvq.gpu.quantize(x, "nvfp4", tensor_scale=ts)
+        r = kvq.quantize(x.float().cpu().numpy(), "nvfp4", tensor_scale=ts)
+        assert c.tensor_scale.item() == np.float32(ts)
+        assert np.array_equal(c.data.cpu().numpy(), np.asarray(r.codes))
+        assert np.array_equal(c.scales.cpu().numpy().reshape(-1), np.asarray(r.scales).reshape(-1))
+    with pytest.raises(kvq.InputError, match="x: nvfp4 tensor scale -1 must be finite and >= 0"):
+        kvq.gpu.quantize(x, "nvfp4", tensor_scale=-1.0)
+    with pytest.raises(kvq.InputError, match="q4_0: a tensor scale is given, but only nvfp4 takes one"):
+        kvq.gpu.quantize(x, "q4_0", tensor_scale=1.0)
+    with pytest.raises(kvq.SchemeError, match="planar layout"):
+        kvq.gpu.quantize(x, "q4_1", layout="fbgemm")
+    with pytest.raises(kvq.SchemeError, match="block size 32 does not divide head_dim 48"):
+        kvq.gpu.quantize(random_kv((1, 1, 4, 48), 1), "q4_0")
+    big = x.clone()
+    big[1, 2, 3, 40] = 3e38
+    with pytest.raises(kvq.InputError, match=r"x: q8_0 group 407 starting at \[1, 2, 3, 32\]"):
+        kvq.gpu.quantize(big.float(), "q8_0")
+
+
 @pytest.mark.parametrize("scheme", ["int4-head-asym", "int4-g32-asym"])
 def test_fbgemm_rows_are_the_cpu_rows(scheme):
     x = random_kv((2, 2, 33, 128), 2)
