@@ -15,6 +15,7 @@
 
 #include "experiments/bench/bench_shapes.hpp"
 #include "experiments/cli/commands.hpp"
+#include "experiments/cluster/bench_shards.hpp"
 #include "experiments/common/csv_table.hpp"
 #include "experiments/common/gpu_run_info.hpp"
 #include "experiments/sweep/results_writer.hpp"
@@ -26,6 +27,7 @@ namespace {
 struct BenchArgs {
   std::string csv = "results/bench/decode.csv", peers, variant = ".", schemes = kBenchStorages, shapes = ".";
   int reps = 50, calls_per_graph = 8, splits = 0;  // splits 0: the heuristic
+  std::string plan, shard, gpu, out = "results/bench/shard";  // one shard of a study (kvq plan bench)
 };
 
 const char* kColumns =
@@ -180,6 +182,32 @@ int run_bench(const BenchArgs& a) {
   return 0;
 }
 
+// --plan --shard: one shard of a bench study (experiments/cluster/bench_shards.hpp). Each (shape,
+// variant, storage) is one run_bench into the unit's file; without peer rows, which would repeat in
+// every unit (bench_peers.py's own CSV has them).
+int run_shard(const BenchArgs& a) {
+  if (a.plan.empty()) throw InputError("bench --shard: give --plan (kvq plan bench writes it)");
+  const WorkPlan plan = read_plan(a.plan);
+  if (plan.kind != "bench") throw InputError(fmt::format("{}: a {} plan, not a bench's", a.plan, plan.kind));
+  const nlohmann::json& s = plan.settings;
+  std::vector<std::string> storages;
+  for (const BenchStorage& st : parse_bench_storages(s.at("storages").get<std::string>().empty()
+                                                         ? std::string(kBenchStorages)
+                                                         : s.at("storages").get<std::string>()))
+    storages.push_back(st.name);
+  run_bench_shard(plan, parse_shard(a.shard, plan.shards), a.gpu, device_info().name, storages, a.out,
+                  [&](const std::string& shape, const std::string& variant, const std::string& storage,
+                      const std::string& csv) {
+                    BenchArgs one = a;
+                    one.shapes = "^" + shape + "$", one.variant = "^" + variant + "$", one.schemes = storage;
+                    one.csv = csv, one.peers.clear();
+                    one.reps = s.at("reps").get<int>(), one.calls_per_graph = s.at("calls_per_graph").get<int>();
+                    one.splits = s.at("splits").get<int>();
+                    run_bench(one);
+                  });
+  return 0;
+}
+
 }  // namespace
 
 std::vector<Command> add_bench_command(CLI::App& parent) {
@@ -199,7 +227,11 @@ std::vector<Command> add_bench_command(CLI::App& parent) {
   bench->add_option("--calls-per-graph", a->calls_per_graph, "Decode calls captured per graph")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  return {{bench, [a] { return run_bench(*a); }}};
+  bench->add_option("--plan", a->plan, "A study's plan.json (kvq plan bench): run --shard of it")->check(CLI::ExistingFile);
+  bench->add_option("--shard", a->shard, "I/N or I: the shard to run into --out (skips finished units)");
+  bench->add_option("--gpu", a->gpu, "--shard: the plan's GPU type this task runs (checked against the device)");
+  bench->add_option("--out", a->out, "--shard: the shard's folder")->capture_default_str();
+  return {{bench, [a] { return a->shard.empty() ? run_bench(*a) : run_shard(*a); }}};
 }
 
 }  // namespace kvq

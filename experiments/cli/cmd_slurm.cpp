@@ -7,6 +7,7 @@
 
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 
@@ -57,7 +58,11 @@ int run_submit(const SlurmArgs& a) {
   const WorkPlan plan = read_plan(a.study + "/plan.json");
   const std::string scripts = KVQ_SOURCE_DIR "/scripts/slurm";
   fs::create_directories(a.study + "/logs");
-  std::string common = fmt::format("--export=ALL,KVQ={},KVQ_ROOT={}", sh_quoted(this_kvq()), sh_quoted(KVQ_SOURCE_DIR));
+  // The tasks run this kvq, its checkout's scripts and its Python package (an eval's shards and merge).
+  const char* python = std::getenv("KVQ_PYTHON");
+  std::string common = fmt::format("--export=ALL,KVQ={},KVQ_ROOT={},KVQ_PACKAGE={},KVQ_PYTHON={}", sh_quoted(this_kvq()),
+                                   sh_quoted(KVQ_SOURCE_DIR), sh_quoted(KVQ_BUILD_PACKAGE),
+                                   sh_quoted(python && *python ? python : KVQ_BUILD_PYTHON));
   if (!a.partition.empty()) common += " --partition=" + sh_quoted(a.partition);
   if (!a.time.empty()) common += " --time=" + sh_quoted(a.time);
   if (!a.sbatch_args.empty()) common += " " + a.sbatch_args;  // as given: the user's own sbatch options

@@ -49,6 +49,7 @@ except ImportError as e:
     sys.exit(f"kvq eval: cannot import the kvq Python module ({e}): pip install . (or, after bash scripts/setup.sh, "
              "PYTHONPATH=build/python)")
 import capture_llama2c  # noqa: E402
+import eval_shards  # noqa: E402
 import sequence_eval  # noqa: E402
 
 MODELS = os.path.join(ROOT, "data", "models", "stories260K")
@@ -349,10 +350,11 @@ def kernel_columns(runner, tokens, k_name, v_name, pair_logits, variant):
             "kernel_top1_agreement": c["top1_agreement"], "kernel_ppl_delta": c["ppl"] - c["ppl_ref"], "kernel_note": ""}
 
 
-def evaluate(runner, tokens, pairs, log=print, sweep=None, attention="reference", variant=None):
+def evaluate(runner, tokens, pairs, log=print, sweep=None, attention="reference", variant=None, on_row=None):
     """Runs the reference and every pair; returns one row per pair. sweep: kvq sweep's attention
     error per pair (sweep_errors), put beside the pair's row where it has one. attention "kvq": each
-    pair also runs through kvq's GPU decode kernel (KERNEL_COLUMNS)."""
+    pair also runs through kvq's GPU decode kernel (KERNEL_COLUMNS). on_row(row): called as each
+    pair finishes (a shard saves it at once)."""
     shape = (1, runner.kv_heads, len(tokens), runner.head_dim)
     start = time.perf_counter()
     ref_logits, layers = runner.run(tokens, "none", "none", record=True)
@@ -374,8 +376,78 @@ def evaluate(runner, tokens, pairs, log=print, sweep=None, attention="reference"
         if attention == "kvq":
             row.update(kernel_columns(runner, tokens, k_name, v_name, logits, variant))
         row["seconds"] = time.perf_counter() - start
+        if on_row:
+            on_row(row)
         rows.append(row)
     return rows
+
+
+def write_outputs(rows, meta, out, attention, no_plot):
+    """eval.csv, eval.json (meta and the machine) and eval.png, and the tables on stdout."""
+    os.makedirs(out, exist_ok=True)
+    write_csv(rows, os.path.join(out, "eval.csv"))
+    meta = {**meta, "hostname": platform.node(), "machine": platform.processor(),
+            "time_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    source, tokens, text = meta["source"], meta["tokens"], meta["text"]
+    print(f"\n{source}, {tokens} tokens of {os.path.relpath(text)}: next-token distributions with the "
+          "KV cache quantized on append vs the unquantized model (KLD in nats), and the attention-level error\n")
+    print_table(rows)
+    if attention == "kvq":
+        print("\nthe decode kernel inside the model: KLD of the run attending through kvq's GPU kernel (bf16 Q and O) "
+              "against the same pair attending in float32 over the same stored cache")
+        print_kernel_table(rows)
+    if not no_plot:
+        import kvq_plots
+        meta["plot"] = os.path.basename(kvq_plots.plot_eval(rows, out, title=f"{source}, {tokens} tokens"))
+    with open(os.path.join(out, "eval.json"), "w") as f:
+        json.dump([meta], f, indent=2)
+    print(f"\nwrote {out}/eval.csv, eval.json{', eval.png' if not no_plot else ''}")
+
+
+def run_shard(args, plan, runner, tokens, pairs, sweep):
+    """--plan --shard: the shard's pairs not yet in --out, each saved as it finishes."""
+    index, count = eval_shards.parse_shard(args.shard, plan["shards"])
+    if len(tokens) != plan["settings"]["tokens"]:
+        raise ValueError(f"{args.plan}: planned over {plan['settings']['tokens']} tokens, this machine tokenized "
+                         f"{len(tokens)} (another text or tokenizer)")
+    out = eval_shards.ShardDir(args.out, plan)
+    label, started, task = f"{index}/{count}", time.perf_counter(), eval_shards.task_info()
+    mine = [u for u, s in zip(plan["units"], eval_shards.shard_assignment(plan["units"], count)) if s == index]
+    planned = {(k, v) for k, v in pairs}
+    for u in mine:
+        if (u["key"]["k"], u["key"]["v"]) not in planned:
+            raise ValueError(f"{args.plan}: unit {u['id']}: pair {u['key']['k']} / {u['key']['v']} is not one this "
+                             "eval runs (another kvq version?)")
+    todo = [u for u in mine if out.result(u) is None]
+    reused = [u["id"] for u in mine if u not in todo]
+    ran = []
+
+    def save(row):
+        unit = todo[len(ran)]
+        out.save(unit, {"row": row}, task)
+        ran.append(unit["id"])
+
+    if todo:
+        evaluate(runner, tokens, [(u["key"]["k"], u["key"]["v"]) for u in todo], sweep=sweep,
+                 attention=args.attention, variant=args.decode_variant, on_row=save)
+    seconds = time.perf_counter() - started
+    out.record_run(label, ran, reused, seconds, task)
+    print(f"eval shard {label}: {len(ran)} unit(s) run, {len(reused)} reused, {len(mine)} in all, {seconds:.1f} s; "
+          f"results in {args.out}/units")
+    return 0
+
+
+def merge_units(path, out):
+    """kvq merge's checked units (in plan order) into the single run's files."""
+    with open(path) as f:
+        merged = json.load(f)
+    os.remove(path)
+    settings, rows = merged["settings"], [u["result"]["row"] for u in merged["units"]]
+    meta = {"command": "eval", "kvq_version": kvq.__version__, "kvq_commit": git_commit(), "source": settings["source"],
+            "model": settings["model"], "text": settings["text"], "tokens": settings["tokens"], "pairs": len(rows),
+            "csv": "eval.csv", "seconds": sum(r["seconds"] for r in rows)}
+    write_outputs(rows, meta, out, settings["attention"], settings["no_plot"])
+    return 0
 
 
 def main(argv=None):
@@ -405,7 +477,30 @@ def main(argv=None):
                          "kernel over the same stored cache and report its KLD against the pair's float32 run")
     ap.add_argument("--decode-variant", help="--attention kvq: the decode variant (default: decode-tc, else "
                                              "decode-splitk)")
+    shards = ap.add_argument_group("past one machine (eval_shards.py; kvq plan eval, kvq merge)")
+    shards.add_argument("--plan-out", help="write the plan of (text window, pair) units here and exit")
+    shards.add_argument("--shards", type=int, default=1, help="--plan-out: number of shards")
+    shards.add_argument("--plan", help="a plan (kvq plan eval): run --shard of it into --out, its options replacing "
+                                       "the model, text and pair options")
+    shards.add_argument("--shard", help="I/N or I: the shard to run (skips the pairs already in --out)")
+    shards.add_argument("--merge-units", help=argparse.SUPPRESS)  # kvq merge's checked units
     args = ap.parse_args(argv)
+
+    if args.merge_units:
+        return merge_units(args.merge_units, args.out)
+    plan = None
+    if args.plan or args.shard:
+        if not (args.plan and args.shard):
+            ap.error("--plan and --shard go together (kvq plan eval writes the plan)")
+        try:
+            plan = eval_shards.read_plan(args.plan)
+        except (OSError, ValueError) as e:
+            print(f"kvq eval: error: {e}", file=sys.stderr)
+            return 2
+        for name in eval_shards.SETTINGS:
+            setattr(args, name, plan["settings"][name])
+    if args.shards < 1:
+        ap.error(f"--shards {args.shards}: expected >= 1")
 
     if args.model in BUNDLED_NAMES:
         args.model = BUNDLED_MODEL
@@ -452,27 +547,21 @@ def main(argv=None):
         print(f"kvq eval: error: {e}", file=sys.stderr)
         return 2
 
+    if args.plan_out:
+        eval_shards.write_plan(eval_shards.make_plan(args, runner.source, tokens, pairs, args.shards), args.plan_out)
+        return 0
+    if args.shard:
+        try:
+            return run_shard(args, plan, runner, tokens, pairs, sweep)
+        except ValueError as e:
+            print(f"kvq eval: error: {e}", file=sys.stderr)
+            return 2
     started = time.perf_counter()
     rows = evaluate(runner, tokens, pairs, sweep=sweep, attention=args.attention, variant=args.decode_variant)
-    os.makedirs(args.out, exist_ok=True)
-    write_csv(rows, os.path.join(args.out, "eval.csv"))
     meta = {"command": "eval", "kvq_version": kvq.__version__, "kvq_commit": git_commit(), "source": runner.source,
             "model": args.model, "text": args.text, "tokens": len(tokens), "pairs": len(rows), "csv": "eval.csv",
-            "seconds": time.perf_counter() - started, "hostname": platform.node(), "machine": platform.processor(),
-            "time_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-    print(f"\n{runner.source}, {len(tokens)} tokens of {os.path.relpath(args.text)}: next-token distributions with the "
-          "KV cache quantized on append vs the unquantized model (KLD in nats), and the attention-level error\n")
-    print_table(rows)
-    if args.attention == "kvq":
-        print("\nthe decode kernel inside the model: KLD of the run attending through kvq's GPU kernel (bf16 Q and O) "
-              "against the same pair attending in float32 over the same stored cache")
-        print_kernel_table(rows)
-    if not args.no_plot:
-        import kvq_plots
-        meta["plot"] = os.path.basename(kvq_plots.plot_eval(rows, args.out, title=f"{runner.source}, {len(tokens)} tokens"))
-    with open(os.path.join(args.out, "eval.json"), "w") as f:
-        json.dump([meta], f, indent=2)
-    print(f"\nwrote {args.out}/eval.csv, eval.json{', eval.png' if not args.no_plot else ''}")
+            "seconds": time.perf_counter() - started}
+    write_outputs(rows, meta, args.out, args.attention, args.no_plot)
     return 0
 
 

@@ -138,3 +138,40 @@ def test_bench_and_slurm_plans(tmp_path):
     r = kvq("bench", "--plan", tmp_path / "b" / "plan.json", "--shard", 0, "--gpu", "h100", check=False)
     if "built without CUDA" in r.stderr:  # a CPU build: the GPU shards report unavailable
         assert r.returncode == 3
+
+
+def test_eval_shards_merge_to_the_single_run(tmp_path):
+    pytest.importorskip("kvq", reason="the kvq Python module (build/python) runs kvq eval")
+    import csv
+    py = os.environ.get("KVQ_PYTHON", os.path.join(ROOT, ".venv", "bin", "python"))
+    eval_py = os.path.join(ROOT, "experiments", "eval", "kvq_eval.py")
+    options = ["--model", "stories260k", "--k", "int8-head,int4-head", "--v", "int8-head,fp16", "--no-plot"]
+    env = dict(os.environ, KVQ_PYTHON=py)
+
+    def run(*args):
+        r = subprocess.run([*map(str, args)], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r
+
+    run(binary(), "plan", "eval", "--shards", 3, "--out", tmp_path / "study", *options)
+    shards = [tmp_path / "study" / "shards" / str(i) for i in range(3)]
+    for i, out in enumerate(shards):
+        run(py, eval_py, "--plan", tmp_path / "study" / "plan.json", "--shard", i, "--out", out)
+    again = run(py, eval_py, "--plan", tmp_path / "study" / "plan.json", "--shard", 1, "--out", shards[1])
+    assert "0 unit(s) run, 2 reused" in again.stdout
+    missing = subprocess.run([binary(), "merge", shards[0], shards[2], "--out", tmp_path / "m"], capture_output=True,
+                             text=True, env=env)
+    assert missing.returncode == 3 and "2 of 4 unit(s) in none of the 2 folder(s)" in missing.stderr
+    run(binary(), "merge", *shards, "--out", tmp_path / "merged")
+    run(py, eval_py, *options, "--out", tmp_path / "single")
+
+    def table(d):  # eval.csv without its timing column, eval.json without timing and host fields
+        rows = [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(open(d / "eval.csv"))]
+        meta = [{k: v for k, v in m.items() if k not in {"seconds", "hostname", "machine", "time_utc"}}
+                for m in json.load(open(d / "eval.json"))]
+        return rows, meta
+    assert table(tmp_path / "merged") == table(tmp_path / "single")
+    assert len(table(tmp_path / "single")[0]) == 4
+    with open(tmp_path / "merged" / "eval.csv", "rb") as a, open(tmp_path / "single" / "eval.csv", "rb") as b:
+        strip = [b",".join(line.split(b",")[:-1]) for line in a.read().splitlines()]
+        assert strip == [b",".join(line.split(b",")[:-1]) for line in b.read().splitlines()]  # byte for byte but seconds
