@@ -82,7 +82,7 @@ TEST_CASE("--shard is I/N or I with the plan's N, 0 <= I < N") {
   CHECK(test::message_of<InputError>([] { parse_shard("5/3", 1); }).find("got I = 5, N = 3") != std::string::npos);
 }
 
-TEST_CASE("a plan round-trips through JSON; a bad one is refused naming what is wrong") {
+TEST_CASE("a plan round-trips through JSON and a bad one is refused naming what is wrong") {
   const WorkPlan plan = sample_plan(9, 3);
   const WorkPlan back = plan_from_json(to_json(plan), "x");
   CHECK(to_json(back) == to_json(plan));
@@ -94,7 +94,7 @@ TEST_CASE("a plan round-trips through JSON; a bad one is refused naming what is 
   CHECK(test::message_of<InputError>([&] { plan_from_json(free, "p.json"); }).find("unit u2: cost 0") != std::string::npos);
 }
 
-TEST_CASE("merge: every unit exactly once; missing and doubled units are named with their files and shard") {
+TEST_CASE("merge: every unit exactly once, missing and doubled units named with their files and shard") {
   const WorkPlan plan = sample_plan(12, 3);
   const std::string a = temp_dir("a"), b = temp_dir("b"), c = temp_dir("c");
   fill(plan, a, 0), fill(plan, b, 1), fill(plan, c, 2);
