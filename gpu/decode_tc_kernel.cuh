@@ -468,11 +468,22 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
 // The scale-group shapes with kernels of their own (decode_tc_kernel's template arguments). Only
 // storages with K and V in one format get the specialised shapes; mixed pairs run the general one;
 // chan-tN K (int8 / int4 K; int8, int4, bf16 or fp16 V) its own.
-enum class TcGroupShape { kRow, kG32, kAny, kChannelK };
+// Mixed pairs of the common shapes (K one group per row or raw with V in groups of 32, and K in groups
+// of 32 with V one group per row) get theirs too (kRowG32, kG32Row; tc_kernel_for says for which).
+enum class TcGroupShape { kRow, kG32, kAny, kChannelK, kRowG32, kG32Row };
 inline TcGroupShape tc_group_shape(const DecodeParams& p) {
   if (p.k.mode == ParamMode::kChannel) return TcGroupShape::kChannelK;
-  if (tc_codes(p.k_format) != tc_codes(p.v_format)) return TcGroupShape::kAny;
   auto row = [&](const KvOperand& op) { return op.group <= 0 || op.group == p.head_dim; };
+  if (tc_codes(p.k_format) != tc_codes(p.v_format)) {
+    if (p.k.fp32_params || p.v.fp32_params || p.k.mode == ParamMode::kInlineRow || p.v.mode == ParamMode::kInlineRow)
+      return TcGroupShape::kAny;
+    const bool k_quantized = is_quantized(p.k_format), v_quantized = is_quantized(p.v_format);
+    const bool k_g32 = k_quantized && p.k.mode == ParamMode::kGroup && p.k.group == 32;
+    const bool v_g32 = v_quantized && p.v.mode == ParamMode::kGroup && p.v.group == 32;
+    if ((!k_quantized || row(p.k)) && v_g32) return TcGroupShape::kRowG32;
+    if (k_g32 && v_quantized && row(p.v)) return TcGroupShape::kG32Row;
+    return TcGroupShape::kAny;
+  }
   if (!is_quantized(p.k_format)) return TcGroupShape::kRow;
   if (p.k.fp32_params || p.v.fp32_params) return TcGroupShape::kAny;  // the specialised ones read fp16 parameters
   if (row(p.k) && row(p.v)) return TcGroupShape::kRow;
@@ -552,15 +563,25 @@ const void* tc_kernel_for(TcGroupShape shape) {
     if constexpr (kChanPair) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, -1, 0>);
     else return nullptr;  // tensor_core_unsupported_reason names it
   }
-  if constexpr (FK != FV || !Tr::kQuantized) {
-    if constexpr (FK != FV) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, 0>);
-    else return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kSlices, kSlices / 2>);
+  if constexpr (FK != FV) {
+    // The mixed pairs the bench and the sweep's defaults use, at D = 64 and 128 (each kernel costs
+    // compile time): int8 / FP8 / raw K with int4 g32 V, int4 g32 K with int8 V.
+    constexpr bool kSmallD = D == 64 || D == 128;
+    constexpr bool kRowG32 = kSmallD && FV == KvFormat::kInt4 &&
+                             (FK == KvFormat::kInt8 || FK == KvFormat::kFp8E4m3 || FK == KvFormat::kBf16 || FK == KvFormat::kFp16);
+    constexpr bool kG32Row = kSmallD && FK == KvFormat::kInt4 && FV == KvFormat::kInt8;
+    if constexpr (kRowG32)
+      if (shape == TcGroupShape::kRowG32) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kSlices, 1>);
+    if constexpr (kG32Row)
+      if (shape == TcGroupShape::kG32Row) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 2, kSlices / 2>);
+    return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, 0>);
+  } else if constexpr (!Tr::kQuantized) {
+    return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kSlices, kSlices / 2>);
   } else {
     switch (shape) {
       case TcGroupShape::kRow: return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kSlices, kSlices / 2>);
       case TcGroupShape::kG32: return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 2, 1>);
-      case TcGroupShape::kAny:
-      case TcGroupShape::kChannelK: break;
+      default: break;
     }
     return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, 0>);
   }
@@ -596,7 +617,8 @@ TcEntry tc_entry() {
   };
   e.kernels = [] {
     std::vector<const void*> all;
-    for (TcGroupShape shape : {TcGroupShape::kRow, TcGroupShape::kG32, TcGroupShape::kAny, TcGroupShape::kChannelK})
+    for (TcGroupShape shape : {TcGroupShape::kRow, TcGroupShape::kG32, TcGroupShape::kAny, TcGroupShape::kChannelK,
+                               TcGroupShape::kRowG32, TcGroupShape::kG32Row})
       for (const void* k : {tc_kernel_for<FK, FV, 64>(shape), tc_kernel_for<FK, FV, 128>(shape),
                             tc_kernel_for<FK, FV, 256>(shape)})
         if (k) all.push_back(k);
