@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The sanitizer lane (run by .ci/run after scripts/test.sh): the CPU parts built with
-# AddressSanitizer + UndefinedBehaviorSanitizer (no CUDA; only kvq and kvq_tests), then the CPU
-# test suite, the command-line tests and the fuzz corpus run under them. Any report fails the lane.
+# AddressSanitizer + UndefinedBehaviorSanitizer (no CUDA; kvq, kvq_tests, kvq_cluster_tests), then the CPU
+# test suite, the command-line tests and the fuzz corpus run under them (the real-Slurm test runs
+# once, in scripts/test.sh). Any report fails the lane.
 # Needs .venv (scripts/setup.sh). Environment: KVQ_SANITIZE_BUILD_DIR (default build-asan).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ if ! cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG
   tail -n 40 "$build_dir/configure.log" >&2
   exit 1
 fi
-if ! cmake --build "$build_dir" -j "$(nproc)" --target kvq kvq_tests > "$build_dir/build.log" 2>&1; then
+if ! cmake --build "$build_dir" -j "$(nproc)" --target kvq kvq_tests kvq_cluster_tests > "$build_dir/build.log" 2>&1; then
   grep -E "error|Error" "$build_dir/build.log" | head -n 40 >&2
   exit 1
 fi
@@ -26,4 +27,4 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=suppressions=$PWD/scripts/lsan.supp:print_suppressions=0
 # Everything that runs kvq's C++ but the fresh fuzz batch (the main run has it; here the corpus
 # covers the same paths): not the plots and notebooks, the peers' or the HF capture's Python.
-ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" -E "plots_and_notebooks|capture_hf|bench_peers|fuzz_fresh"
+ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" -E "plots_and_notebooks|capture_hf|bench_peers|fuzz_fresh|slurm_cluster"
