@@ -2,6 +2,7 @@
 // and the merge as a job that starts after every task succeeded (--dependency=afterok). The job
 // scripts are scripts/slurm/*.sbatch; this only fills in their sbatch options.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/wait.h>
 #include <unistd.h>
 

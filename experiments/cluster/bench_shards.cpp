@@ -1,6 +1,7 @@
 #include "experiments/cluster/bench_shards.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>

@@ -1,6 +1,7 @@
 #include "experiments/cluster/work_plan.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -254,10 +255,16 @@ CollectedUnits collect_units(const std::vector<std::string>& dirs) {
     throw InputError(fmt::format("merge: {} of {} unit(s) in none of the {} folder(s); re-run their shards: {}",
                                  missing.size(), c.plan.units.size(), dirs.size(), listed(missing)));
   nlohmann::json units = nlohmann::json::array();
-  for (size_t i = 0; i < c.plan.units.size(); ++i)
+  std::set<std::string> commits;  // more than one: shards of different code (a re-run after a change)
+  for (size_t i = 0; i < c.plan.units.size(); ++i) {
     units.push_back({{"unit", c.plan.units[i].id}, {"file", found[i].front()}, {"ran", ran[i]}});
-  c.manifest = {{"kind", c.plan.kind}, {"kvq_commit", kvq_commit()}, {"units", c.plan.units.size()},
-                {"shards", c.plan.shards}, {"folders", folders}, {"unit_runs", units}};
+    if (ran[i].contains("kvq_commit")) commits.insert(ran[i]["kvq_commit"].get<std::string>());
+  }
+  if (commits.size() > 1)
+    fmt::print(stderr, "merge: warning: the units were computed by {} kvq commits: {}\n", commits.size(),
+               fmt::join(commits, ", "));
+  c.manifest = {{"kind", c.plan.kind}, {"kvq_commit", kvq_commit()}, {"unit_commits", commits},
+                {"units", c.plan.units.size()}, {"shards", c.plan.shards}, {"folders", folders}, {"unit_runs", units}};
   return c;
 }
 

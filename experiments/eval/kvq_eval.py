@@ -411,7 +411,8 @@ def run_shard(args, plan, runner, tokens, pairs, sweep):
         raise ValueError(f"{args.plan}: planned over {plan['settings']['tokens']} tokens, this machine tokenized "
                          f"{len(tokens)} (another text or tokenizer)")
     out = eval_shards.ShardDir(args.out, plan)
-    label, started, task = f"{index}/{count}", time.perf_counter(), eval_shards.task_info()
+    label, started = f"{index}/{count}", time.perf_counter()
+    task = {**eval_shards.task_info(), "kvq_commit": git_commit()}
     mine = [u for u, s in zip(plan["units"], eval_shards.shard_assignment(plan["units"], count)) if s == index]
     planned = {(k, v) for k, v in pairs}
     for u in mine:
