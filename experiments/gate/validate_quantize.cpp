@@ -159,7 +159,7 @@ std::vector<float> special_values(const KvShape& s) {
 
 // The CPU result in the byte format the GPU writes.
 GpuQuantized device_bytes(const QuantizedKv& q, CodeLayout layout) {
-  if (layout == CodeLayout::kFbgemm) return {to_fbgemm(q).bytes, {}, {}};
+  if (layout == CodeLayout::kFbgemm) return {to_fbgemm(q).bytes, {}, {}, {}};
   const ScaleDtype dt = q.scheme.scale_dtype;
   auto params_bytes = [&](const std::vector<float>& v) {
     std::vector<uint8_t> out;
