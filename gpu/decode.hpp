@@ -17,8 +17,10 @@
 namespace kvq {
 
 // How one of K or V is stored. The CUDA-core kernels need K and V in one format (and read no FP8);
-// the tensor-core kernels read each operand in its own.
-enum class KvFormat { kBf16, kFp16, kInt8, kInt4, kInt4Fbgemm, kFp8E4m3, kFp8E5m2 };
+// the tensor-core kernels read each operand in its own. The block formats (quant/block_formats.hpp)
+// read as: q8_0 int8, q4_0 / q4_1 int4, q5_0 / q5_1 kInt5 (planar nibbles, then the fifth bits),
+// iq4_nl / mxfp4 / nvfp4 kLut4 (nibbles indexing a 16-entry int8 table).
+enum class KvFormat { kBf16, kFp16, kInt8, kInt4, kInt4Fbgemm, kFp8E4m3, kFp8E5m2, kInt5, kLut4 };
 const char* to_string(KvFormat f);
 bool is_quantized(KvFormat f);
 // The format that stores codes of `s` (planar, or FBGEMM rows).
@@ -44,10 +46,25 @@ struct KvOperand {
   const void* zeros = nullptr;   // asymmetric only
   ParamMode mode = ParamMode::kNone;
   bool asymmetric = false;
-  bool fp32_params = false;  // scale dtype fp32 (else fp16)
+  ScaleDtype scale_dtype = ScaleDtype::kFp16;  // fp16 / fp32; the block formats' e8m0 (mxfp4) or e4m3 (nvfp4)
   int group = 0;             // elements per group along D (kGroup, kInlineRow); tokens per group (kChannel)
   int inline_bytes = 0;      // kInlineRow: 4 x groups per row, before the codes
   bool hadamard = false;     // +had: stored in the rotated basis (K: the kernel rotates Q alike)
+  // Block formats. q4_0 / q5_0: unsigned codes u of value (u + code_offset) * scale, no zero points
+  // stored (-8, -16). kLut4: code i is lut's byte i (an int8) times the scale (iq4_nl's table, or
+  // e2m1 values doubled, whose scale then carries the 1/2). nvfp4: the fp32 tensor scale s_t.
+  float code_offset = 0.0f;
+  uint32_t lut[4] = {0, 0, 0, 0};
+  float scale_factor = 1.0f;  // one-byte scales: their value times this (mxfp4, nvfp4: 1/2)
+  const float* tensor_scale = nullptr;
+  KVQ_HD bool fp32_params() const { return scale_dtype == ScaleDtype::kFp32; }
+  KVQ_HD int param_bytes() const {
+    return scale_dtype == ScaleDtype::kFp32 ? 4 : scale_dtype == ScaleDtype::kFp16 ? 2 : 1;
+  }
+  // A term added per group beside the scaled product: stored zero points or the code offset.
+  KVQ_HD bool has_zero() const { return asymmetric || code_offset != 0.0f; }
+  // Codes read as two's complement (int8 / int4 symmetric; kLut4's table values are signed too).
+  KVQ_HD bool signed_codes() const { return !asymmetric && code_offset == 0.0f; }
 };
 
 // +wW: the last tokens of each sequence kept in the input precision. Tokens t >= window_start of
@@ -113,8 +130,10 @@ struct DecodeParams {
 // [B, H, T, D*bits/8] with params in group order, or FBGEMM rows [B, T, H, D/2 + 4n].
 // Throws SchemeError for schemes the decode kernels do not read (groups not a multiple of 8
 // elements). Scale-free FP8 has mode kNone (scale 1); chan-tN kChannel (tensor-core K only).
+// nvfp4 needs `tensor_scale`, the device's fp32 s_t (kvq's GPU quantizer writes it beside the scales).
 KvOperand quantized_operand(const Scheme& s, int64_t batch, int64_t heads, int64_t tokens, int head_dim,
-                            bool fbgemm_rows, const uint8_t* codes, const void* scales, const void* zeros);
+                            bool fbgemm_rows, const uint8_t* codes, const void* scales, const void* zeros,
+                            const float* tensor_scale = nullptr);
 // The window of a +wW scheme over `raw` (bf16 / fp16 values of every token, as raw_operand lays
 // them out; only the window's tokens are read); no window for other schemes.
 KvWindow scheme_window(const Scheme& s, const KvOperand& raw, KvFormat raw_format);

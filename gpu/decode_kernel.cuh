@@ -90,8 +90,8 @@ __device__ __forceinline__ ChunkParams chunk_params(const KvOperand& op, const D
       index = ((b * p.kv_heads + h) * p.tokens + t) * (p.head_dim / op.group) + c * kDecodeChunk / op.group;
       break;
   }
-  out.scale = load_param(op.scales, index, op.fp32_params);
-  out.zero = op.asymmetric ? load_param(op.zeros, index, op.fp32_params) : 0.0f;
+  out.scale = load_param(op.scales, index, op.fp32_params());
+  out.zero = op.asymmetric ? load_param(op.zeros, index, op.fp32_params()) : 0.0f;
   return out;
 }
 

@@ -9,6 +9,7 @@
 
 #include "gpu/decode_kernel.cuh"
 #include "gpu/decode_tc_kernel.cuh"
+#include "quant/block_formats.hpp"
 #include "quant/errors.hpp"
 #include "quant/fbgemm_layout.hpp"
 #include "quant/groups.hpp"
@@ -27,6 +28,8 @@ extern template TcEntry tc_entry_for_v<KvFormat::kInt8>(KvFormat);
 extern template TcEntry tc_entry_for_v<KvFormat::kInt4>(KvFormat);
 extern template TcEntry tc_entry_for_v<KvFormat::kFp8E4m3>(KvFormat);
 extern template TcEntry tc_entry_for_v<KvFormat::kFp8E5m2>(KvFormat);
+extern template TcEntry tc_entry_for_v<KvFormat::kInt5>(KvFormat);
+extern template TcEntry tc_entry_for_v<KvFormat::kLut4>(KvFormat);
 
 // One CTA per (b, query head), one thread per d: O = sum_s exp(LSE_s - LSE) O_s over the splits
 // that saw keys, in split order (DESIGN.md's merge; reference/attention.cpp merge_partials).
@@ -95,6 +98,8 @@ TcEntry tc_entry_of(const DecodeParams& p) {
     case KvFormat::kInt4: return tc_entry_for_v<KvFormat::kInt4>(p.v_format);
     case KvFormat::kFp8E4m3: return tc_entry_for_v<KvFormat::kFp8E4m3>(p.v_format);
     case KvFormat::kFp8E5m2: return tc_entry_for_v<KvFormat::kFp8E5m2>(p.v_format);
+    case KvFormat::kInt5: return tc_entry_for_v<KvFormat::kInt5>(p.v_format);
+    case KvFormat::kLut4: return tc_entry_for_v<KvFormat::kLut4>(p.v_format);
     case KvFormat::kInt4Fbgemm: break;
   }
   return {};
@@ -194,7 +199,9 @@ const void* kernel_of(const DecodeParams& p) {
     case KvFormat::kInt4Fbgemm:
       return DecodeFormatKernels<KvFormat::kInt4Fbgemm>::kernel(p.head_dim, p.heads_per_cta);
     case KvFormat::kFp8E4m3:
-    case KvFormat::kFp8E5m2: break;
+    case KvFormat::kFp8E5m2:
+    case KvFormat::kInt5:
+    case KvFormat::kLut4: break;
   }
   return nullptr;
 }
@@ -214,6 +221,8 @@ const char* to_string(KvFormat f) {
     case KvFormat::kInt4Fbgemm: return "int4-fbgemm";
     case KvFormat::kFp8E4m3: return "fp8-e4m3";
     case KvFormat::kFp8E5m2: return "fp8-e5m2";
+    case KvFormat::kInt5: return "int5";
+    case KvFormat::kLut4: return "lut4";
   }
   return "?";
 }
@@ -222,6 +231,14 @@ bool is_quantized(KvFormat f) { return f != KvFormat::kBf16 && f != KvFormat::kF
 
 KvFormat quantized_format(const Scheme& s, bool fbgemm_rows) {
   if (s.fp8()) return s.format == CodeFormat::kFp8E4M3 ? KvFormat::kFp8E4m3 : KvFormat::kFp8E5m2;
+  switch (s.format) {  // the block formats: codes as ggml stores them, planar
+    case CodeFormat::kQ5_0:
+    case CodeFormat::kQ5_1: return KvFormat::kInt5;
+    case CodeFormat::kIq4Nl:
+    case CodeFormat::kMxfp4:
+    case CodeFormat::kNvfp4: return KvFormat::kLut4;
+    default: break;  // q8_0 int8, q4_0 / q4_1 int4
+  }
   if (s.bits == 8) return KvFormat::kInt8;
   return fbgemm_rows ? KvFormat::kInt4Fbgemm : KvFormat::kInt4;
 }
@@ -233,6 +250,10 @@ std::string cuda_core_unsupported_reason(const DecodeParams& p) {
                        to_string(p.k_format), to_string(p.v_format));
   if (p.k_format == KvFormat::kFp8E4m3 || p.k_format == KvFormat::kFp8E5m2)
     return fmt::format("{}: CUDA-core kernels read no FP8 (decode-tc does)", to_string(p.k_format));
+  for (const KvOperand* op : {&p.k, &p.v})
+    if (p.k_format == KvFormat::kInt5 || p.k_format == KvFormat::kLut4 || op->code_offset != 0.0f ||
+        op->param_bytes() == 1)
+      return "q4_0, q5_0, q5_1, iq4_nl, mxfp4, nvfp4: CUDA-core kernels read no block format but q8_0 and q4_1 (decode-tc reads them all)";
   if (p.k_window.present() || p.v_window.present())
     return "full-precision windows (+wW): CUDA-core kernels read one storage per operand (decode-tc reads windows)";
   if (p.k.mode == ParamMode::kChannel || p.v.mode == ParamMode::kChannel)
@@ -242,8 +263,8 @@ std::string cuda_core_unsupported_reason(const DecodeParams& p) {
 }
 
 std::string decode_unsupported_reason(const Scheme& s, int head_dim, bool fbgemm_rows) {
-  if (s.block_format())
-    return fmt::format("{}: no decode kernel reads llama.cpp's or the FP4 block formats yet (CPU codec only)", to_string(s));
+  if (s.block_format() && fbgemm_rows)
+    return fmt::format("{}: block formats are stored planar (or as ggml's blocks), not as FBGEMM rows", to_string(s));
   if (!decode_head_dim_supported(head_dim))
     return fmt::format("head_dim {} (decode kernels take 8, 64, 128 or 256)", head_dim);
   if (s.granularity == Granularity::kGroup && s.group % kDecodeChunk != 0)
@@ -276,13 +297,16 @@ std::string tensor_core_unsupported_reason(const DecodeParams& p) {
                          to_string(p.v_format));
     if (p.k.group % 32 != 0)
       return fmt::format("K chan-t{}: tensor-core kernels need token groups of a multiple of 32 (whole key steps)", p.k.group);
-    if (p.k.fp32_params)
+    if (p.k.fp32_params())
       return "K chan-tN with fp32 parameters: tensor-core kernels dequantize K with fp16 ones";
   } else if (is_quantized(p.k_format) && p.k.group % 16 != 0)
     return fmt::format("K scale groups of {} elements: tensor-core kernels need a multiple of 16 (whole k-slices)", p.k.group);
   if (is_quantized(p.v_format) && p.v.group % 32 != 0)
-    return fmt::format("V scale groups of {} elements: tensor-core kernels need a multiple of 32 (whole m-tile pairs)",
-                       p.v.group);
+    return fmt::format("V scale groups of {} elements: tensor-core kernels need a multiple of 32 (whole m-tile pairs{})",
+                       p.v.group, p.v.scale_dtype == ScaleDtype::kE4M3 ? "; nvfp4 V blocks are 16" : "");
+  for (const auto& [name, op] : {std::pair{"K", &p.k}, std::pair{"V", &p.v}})
+    if (op->scale_dtype == ScaleDtype::kE4M3 && !op->tensor_scale)
+      return fmt::format("{} nvfp4: its per-tensor scale (an fp32 on the device) is missing", name);
   for (const auto& [name, w] : {std::pair{"K", &p.k_window}, std::pair{"V", &p.v_window}})
     if (w->present() && (is_quantized(w->format) || w->round_to < 1))
       return fmt::format("{} window: expected raw bf16 / fp16 values and round_to >= 1, got {} / {}", name,
@@ -309,13 +333,14 @@ const char* decode_precision_profile(const DecodeParams& p) {
 }
 
 KvOperand quantized_operand(const Scheme& s, int64_t batch, int64_t heads, int64_t tokens, int head_dim,
-                            bool fbgemm_rows, const uint8_t* codes, const void* scales, const void* zeros) {
+                            bool fbgemm_rows, const uint8_t* codes, const void* scales, const void* zeros,
+                            const float* tensor_scale) {
   const std::string why = decode_unsupported_reason(s, head_dim, fbgemm_rows);
   if (!why.empty()) throw SchemeError(why);
   KvOperand op;
   op.data = codes;
   op.asymmetric = s.asymmetric;
-  op.fp32_params = s.scale_dtype == ScaleDtype::kFp32;
+  op.scale_dtype = s.scale_dtype;
   op.hadamard = s.hadamard;
   op.group = s.granularity == Granularity::kGroup ? s.group : head_dim;
   if (s.scale_free) {  // FP8 without a scale: codes are the values
@@ -334,6 +359,17 @@ KvOperand quantized_operand(const Scheme& s, int64_t batch, int64_t heads, int64
   op.stride_t = row, op.stride_h = tokens * row, op.stride_b = heads * tokens * row;
   op.scales = scales;
   op.zeros = zeros;
+  // Block formats (quant/block_formats.hpp block_decode): the codec's values, as the kernels read them.
+  if (s.format == CodeFormat::kQ4_0 || s.format == CodeFormat::kQ5_0)
+    op.code_offset = s.format == CodeFormat::kQ4_0 ? -8.0f : -16.0f;
+  if (s.format == CodeFormat::kIq4Nl || s.format == CodeFormat::kMxfp4 || s.format == CodeFormat::kNvfp4) {
+    for (int i = 0; i < 16; ++i) {
+      const int value = s.format == CodeFormat::kIq4Nl ? iq4nl_value(i) : e2m1_doubled(i);
+      op.lut[i / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(value)) << (8 * (i % 4));
+    }
+    if (s.format != CodeFormat::kIq4Nl) op.scale_factor = 0.5f;  // the table holds e2m1 values doubled
+    op.tensor_scale = s.format == CodeFormat::kNvfp4 ? tensor_scale : nullptr;
+  }
   switch (s.granularity) {
     case Granularity::kTensor: op.mode = ParamMode::kTensor; break;
     case Granularity::kToken: op.mode = ParamMode::kToken; break;
@@ -505,7 +541,9 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     case KvFormat::kInt4: detail::DecodeFormatKernels<KvFormat::kInt4>::launch(p, stream); break;
     case KvFormat::kInt4Fbgemm: detail::DecodeFormatKernels<KvFormat::kInt4Fbgemm>::launch(p, stream); break;
     case KvFormat::kFp8E4m3:
-    case KvFormat::kFp8E5m2: break;  // rejected above
+    case KvFormat::kFp8E5m2:
+    case KvFormat::kInt5:
+    case KvFormat::kLut4: break;  // rejected above
   }
   KVQ_CHECK_LAUNCH();
   if (splits > 1) {
@@ -530,7 +568,7 @@ int64_t decode_bytes_moved(const DecodeParams& p, const Scheme* k_scheme, const 
   };
   auto per_token_head = [&](const Scheme* s) -> double {  // bytes per (token, KV head)
     if (!s) return 2.0 * p.head_dim;
-    const double param_bytes = (s->scale_dtype == ScaleDtype::kFp16 ? 2.0 : 4.0) * (s->asymmetric ? 2 : 1);
+    const double param_bytes = s->param_bytes();
     double groups = 0;
     switch (s->granularity) {
       case Granularity::kTensor: groups = 0; break;

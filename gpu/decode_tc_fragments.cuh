@@ -18,6 +18,7 @@
 #include <cuda_fp8.h>
 
 #include "gpu/decode_tc_traits.cuh"
+#include "quant/block_formats.hpp"
 
 namespace kvq::detail {
 
@@ -30,7 +31,12 @@ struct TcSource {
   int inline_words = 0;    // FBGEMM rows: one (scale, shift) word per group before the codes
   int groups = 1;          // scale groups per row
   ParamMode mode = ParamMode::kNone;
-  bool asymmetric = false, fp32_params = false;
+  bool asymmetric = false;
+  bool has_zero = false, signed_codes = true;  // KvOperand's
+  ScaleDtype scale_dtype = ScaleDtype::kFp16;
+  float code_offset = 0.0f;
+  float scale_mult = 1.0f;  // one-byte scales (mxfp4, nvfp4): times this (the table's 1/2, nvfp4's s_t)
+  uint32_t lut[4] = {0, 0, 0, 0};
   const uint8_t* scales = nullptr;  // planar parameters
   const uint8_t* zeros = nullptr;
   int64_t first_param = 0;  // element index of (t = 0, group 0)
@@ -62,7 +68,11 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const TcOpera
   s.rows = op.data + b * op.stride_b + h * op.stride_h;
   s.stride_t = op.stride_t;
   s.mode = op.mode;
-  s.asymmetric = op.asymmetric, s.fp32_params = op.fp32_params;
+  s.asymmetric = op.asymmetric, s.scale_dtype = op.scale_dtype;
+  s.has_zero = op.has_zero(), s.signed_codes = op.signed_codes(), s.code_offset = op.code_offset;
+  if (op.param_bytes() == 1) s.scale_mult = op.scale_factor * (op.tensor_scale ? __ldg(op.tensor_scale) : 1.0f);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) s.lut[i] = op.lut[i];
   s.groups = pl.groups;
   s.inline_words = pl.inline_words;
   s.vec16 = pl.vec16;
@@ -74,10 +84,10 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const TcOpera
   }
   switch (op.mode) {
     case ParamMode::kTensor:
-      s.tensor_scale = op.fp32_params ? __ldg(static_cast<const float*>(op.scales))
+      s.tensor_scale = op.fp32_params() ? __ldg(static_cast<const float*>(op.scales))
                                       : __half2float(__ushort_as_half(__ldg(static_cast<const uint16_t*>(op.scales))));
       if (op.asymmetric)
-        s.tensor_zero = op.fp32_params ? __ldg(static_cast<const float*>(op.zeros))
+        s.tensor_zero = op.fp32_params() ? __ldg(static_cast<const float*>(op.zeros))
                                        : __half2float(__ushort_as_half(__ldg(static_cast<const uint16_t*>(op.zeros))));
       break;
     case ParamMode::kToken: s.first_param = b * p.tokens; break;
@@ -85,17 +95,17 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const TcOpera
     case ParamMode::kGroup: s.first_param = (b * p.kv_heads + h) * pl.params_per_head; break;
     case ParamMode::kChannel:
       s.first_param = (b * p.kv_heads + h) * pl.params_per_head;
-      s.channel_tokens = op.group, s.channel_bytes = D * (op.fp32_params ? 4 : 2);
+      s.channel_tokens = op.group, s.channel_bytes = D * op.param_bytes();
       break;
     default: break;
   }
   s.scales = static_cast<const uint8_t*>(op.scales), s.zeros = static_cast<const uint8_t*>(op.zeros);
   if (pl.param_bytes > 0) {
-    const int pbytes = op.fp32_params ? 4 : 2;
+    const int pbytes = op.param_bytes();
     s.t_origin = op.mode == ParamMode::kChannel ? 0 : t_origin;
     const int64_t origin = s.first_param + s.t_origin * s.groups;  // the element of (t_origin, group 0)
     const int64_t first_word = origin * pbytes / 4, lane = threadIdx.x % 32;
-    s.param_offset = op.fp32_params ? 0 : static_cast<int>(origin & 1);
+    s.param_offset = static_cast<int>(origin & (4 / pbytes - 1));
     s.param_words = pl.param_words;
     s.param_row_bytes = pl.param_row_bytes;
     s.scale_lane = s.scales + 4 * (first_word + lane), s.scale_end = s.scales + pl.param_bytes;
@@ -149,8 +159,9 @@ __device__ __forceinline__ void copy_rows_in_units(uint32_t* codes, uint32_t* pa
 template <int kRowWords, typename Rows, int kStepTokens, bool kChannel = false>
 __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, const TcSource& s, int64_t t0, int n_lo,
                                           int n, int lane, uint32_t units_magic) {
-  if (s.vec16) {  // lane takes chunk lane % kChunks of rows lane / kChunks + k * kRowsPerPass
-    constexpr int kChunks = kRowWords / 4;
+  constexpr bool kChunksTileWarp = kRowWords % 4 == 0 && 32 % (kRowWords / 4) == 0;  // 5-bit rows: 5 or 10 chunks
+  if (kChunksTileWarp && s.vec16) {  // lane takes chunk lane % kChunks of rows lane / kChunks + k * kRowsPerPass
+    constexpr int kChunks = kChunksTileWarp ? kRowWords / 4 : 1;
     constexpr int kRowsPerPass = 32 / kChunks;
     constexpr int kPasses = kStepTokens / kRowsPerPass;
     static_assert(kChunks <= 32 && 32 % kChunks == 0, "a row's 16-byte chunks tile a warp");
@@ -190,9 +201,24 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
 struct RowParams {
   float scale, zero;
 };
-__device__ __forceinline__ float param_at(const uint32_t* words, int index, bool fp32) {
-  return fp32 ? __uint_as_float(words[index])
-              : __half2float(__ushort_as_half(reinterpret_cast<const uint16_t*>(words)[index]));
+__device__ __forceinline__ float fp16_param_at(const uint32_t* words, int index) {
+  return __half2float(__ushort_as_half(reinterpret_cast<const uint16_t*>(words)[index]));
+}
+// The value of a stored scale byte: mxfp4's e8m0 2^(e-127), nvfp4's e4m3; times `mult`.
+__device__ __forceinline__ float byte_scale(uint32_t byte, ScaleDtype dt, float mult) {
+  if (dt == ScaleDtype::kE8M0) return e8m0_value(static_cast<int>(byte)) * mult;
+  return __half2float(__ushort_as_half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte), __NV_E4M3).x)) * mult;
+}
+__device__ __forceinline__ float param_at(const uint32_t* words, int index, ScaleDtype dt, float mult) {
+  if (dt == ScaleDtype::kFp32) return __uint_as_float(words[index]);
+  if (dt == ScaleDtype::kFp16) return fp16_param_at(words, index);
+  return byte_scale(reinterpret_cast<const uint8_t*>(words)[index], dt, mult);
+}
+// The same from global memory (the split's first V scale).
+__device__ __forceinline__ float param_in_memory(const uint8_t* params, int64_t index, ScaleDtype dt, float mult) {
+  if (dt == ScaleDtype::kFp32) return __ldg(reinterpret_cast<const float*>(params) + index);
+  if (dt == ScaleDtype::kFp16) return __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(params) + index)));
+  return byte_scale(__ldg(params + index), dt, mult);
 }
 template <int kMTiles, int kStepTokens, int kGroups = 0>
 __device__ __forceinline__ void tile_params(const TcSource& s, const uint32_t* params, int g, int grp, int n,
@@ -212,14 +238,19 @@ __device__ __forceinline__ void tile_params(const TcSource& s, const uint32_t* p
                       __half2float(__ushort_as_half(static_cast<uint16_t>(w >> 16)))};
       }
   } else {
+    // kGroups > 0: fp16 parameters (tc_group_shape). Without stored zero points the zero is the
+    // code offset times the scale (q4_0, q5_0; 0 otherwise).
     const int groups = kGroups > 0 ? kGroups : s.groups;
-    const bool fp32 = kGroups > 0 ? false : s.fp32_params;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int index = s.param_offset + (16 * mt + g + 8 * h) * groups + grp;
-        out[mt][h] = {param_at(params, index, fp32), s.asymmetric ? param_at(params + s.param_words, index, fp32) : 0.0f};
+        const float scale = kGroups > 0 ? fp16_param_at(params, index) : param_at(params, index, s.scale_dtype, s.scale_mult);
+        const float zero = !s.asymmetric ? s.code_offset * scale
+                           : kGroups > 0 ? fp16_param_at(params + s.param_words, index)
+                                         : param_at(params + s.param_words, index, s.scale_dtype, 1.0f);
+        out[mt][h] = {scale, zero};
       }
   }
   if (n < kStepTokens)  // the last step of a range: rows past it hold stale words
@@ -236,7 +267,7 @@ __device__ __forceinline__ void tile_params(const TcSource& s, const uint32_t* p
 // of a QK k-slice (the order the int4 conversion produces nibbles in).
 template <KvFormat F>
 __device__ __forceinline__ int q_perm(int k) {
-  if constexpr (F == KvFormat::kInt4 || F == KvFormat::kInt4Fbgemm) return k == 1 ? 2 : k == 2 ? 1 : k;
+  if constexpr (F == KvFormat::kInt4 || F == KvFormat::kInt4Fbgemm || F == KvFormat::kInt5) return k == 1 ? 2 : k == 2 ? 1 : k;
   return k;
 }
 
@@ -269,10 +300,35 @@ __device__ __forceinline__ uint32_t nibble_pair_high(uint32_t x, bool sym) {  //
                sym ? 0xd480d480u : 0xd400d400u);  // /16 - 72 or - 64
 }
 
+// 5-bit codes: a nibble pair as nibble_pair_low / _high reads it (unsigned), each code's fifth bit
+// at bit 0 (low element) and bit 16 (high element) of `fifth`.
+__device__ __forceinline__ uint32_t int5_pair_low(uint32_t x, uint32_t fifth) {  // nibbles in bits 0..3
+  return hsub2((x & 0x000f000fu) | (fifth & 0x00010001u) << 4 | kFp16Magic, kFp16Magic);
+}
+__device__ __forceinline__ uint32_t int5_pair_high(uint32_t x, uint32_t fifth) {  // nibbles in bits 4..7
+  return hfma2((x & 0x00f000f0u) | (fifth & 0x00010001u) << 8 | kFp16Magic, 0x2c002c00u, 0xd400d400u);
+}
+// The 4 fifth bits of elements d .. d+3 (d a multiple of 4) of a 5-bit row: its bytes from D/2 on.
+template <typename Rows>
+__device__ __forceinline__ uint32_t fifth_bits(const uint32_t* codes, int row, int d) {
+  constexpr int kNibbleBytes = Rows::kWords * 16 / 5;  // D/2
+  const uint8_t b = reinterpret_cast<const uint8_t*>(codes)[row * Rows::kStride * 4 + kNibbleBytes + d / 8];
+  return (b >> (d & 4)) & 0xfu;
+}
+
+// 4 nibbles (element order, low first) -> the 4 int8 entries of a 16-entry table they index, in one
+// word: two byte permutes pick from entries 0..7 and 8..15, a third takes each byte from one of them.
+__device__ __forceinline__ uint32_t lut4_lookup(uint32_t nibbles, const uint32_t (&lut)[4]) {
+  const uint32_t index = nibbles & 0x7777u;
+  const uint32_t lo = __byte_perm(lut[0], lut[1], index), hi = __byte_perm(lut[2], lut[3], index);
+  return __byte_perm(lo, hi, 0x3210u | (nibbles & 0x8888u) >> 1);
+}
+
 // A fragment of k-slice j for keys `row` and row + 8 of a stage's K codes.
 template <KvFormat F, typename Rows>
-__device__ __forceinline__ void k_fragment(const uint32_t* kc, int row, int j, int c, bool sym, uint32_t (&a)[4]) {
+__device__ __forceinline__ void k_fragment(const uint32_t* kc, int row, int j, int c, const TcSource& s, uint32_t (&a)[4]) {
   constexpr int kStride = Rows::kStride;
+  const bool sym = s.signed_codes;
   if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp16) {
     const uint2 r0 = *reinterpret_cast<const uint2*>(kc + row * kStride + 8 * j + 2 * c);
     const uint2 r1 = *reinterpret_cast<const uint2*>(kc + (row + 8) * kStride + 8 * j + 2 * c);
@@ -281,13 +337,28 @@ __device__ __forceinline__ void k_fragment(const uint32_t* kc, int row, int j, i
     const uint32_t w0 = kc[Rows::word(row, 4 * j + c)], w1 = kc[Rows::word(row + 8, 4 * j + c)];
     a[0] = fp8_pair<F>(w0, false), a[1] = fp8_pair<F>(w1, false);
     a[2] = fp8_pair<F>(w0, true), a[3] = fp8_pair<F>(w1, true);
-  } else if constexpr (F == KvFormat::kInt8) {
+  } else if constexpr (F == KvFormat::kInt8 || F == KvFormat::kLut4) {  // kLut4: the table's int8 values
     const uint32_t flip = sym ? 0x80808080u : 0u;
-    const uint32_t w0 = kc[Rows::word(row, 4 * j + c)] ^ flip, w1 = kc[Rows::word(row + 8, 4 * j + c)] ^ flip;
+    uint32_t w0, w1;
+    if constexpr (F == KvFormat::kLut4) {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(kc);
+      w0 = lut4_lookup(h[(row * kStride + 2 * j) * 2 + c], s.lut) ^ flip;
+      w1 = lut4_lookup(h[((row + 8) * kStride + 2 * j) * 2 + c], s.lut) ^ flip;
+    } else {
+      w0 = kc[Rows::word(row, 4 * j + c)] ^ flip, w1 = kc[Rows::word(row + 8, 4 * j + c)] ^ flip;
+    }
     a[0] = int8_pair(__byte_perm(w0, 0x64646464u, 0x4140), sym);
     a[1] = int8_pair(__byte_perm(w1, 0x64646464u, 0x4140), sym);
     a[2] = int8_pair(__byte_perm(w0, 0x64646464u, 0x4342), sym);
     a[3] = int8_pair(__byte_perm(w1, 0x64646464u, 0x4342), sym);
+  } else if constexpr (F == KvFormat::kInt5) {  // the nibbles as int4, each code's fifth bit beside
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(kc);
+    const uint32_t x0 = __byte_perm(h[(row * kStride + 2 * j) * 2 + c], 0u, 0x4140);
+    const uint32_t x1 = __byte_perm(h[((row + 8) * kStride + 2 * j) * 2 + c], 0u, 0x4140);
+    const uint32_t f0 = fifth_bits<Rows>(kc, row, 16 * j + 4 * c), f1 = fifth_bits<Rows>(kc, row + 8, 16 * j + 4 * c);
+    const uint32_t s0 = f0 | f0 << 14, s1 = f1 | f1 << 14;  // elements d, d+2 at bits 0, 16; >> 1: d+1, d+3
+    a[0] = int5_pair_low(x0, s0), a[1] = int5_pair_low(x1, s1);
+    a[2] = int5_pair_high(x0, s0 >> 1), a[3] = int5_pair_high(x1, s1 >> 1);
   } else {  // int4: 4 nibbles (2 bytes) per key; [b0, 0, b1, 0] puts nibbles 0,2 low and 1,3 high
     const uint16_t* h = reinterpret_cast<const uint16_t*>(kc);
     const uint32_t x0 = __byte_perm(h[(row * kStride + 2 * j) * 2 + c], 0u, 0x4140);
@@ -320,9 +391,10 @@ __device__ __forceinline__ void channel_dequant(uint32_t (&a)[4], const uint32_t
 // A fragments of PV m-tiles 2i (`lo`) and 2i + 1 (`hi`) for the k-step whose lane keys are
 // key0 = 16 mt + 2c, key0 + 1, key0 + 8, key0 + 9.
 template <KvFormat F, typename Rows>
-__device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i, int g, bool sym, uint32_t (&lo)[4],
-                                            uint32_t (&hi)[4]) {
+__device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i, int g, const TcSource& s,
+                                            uint32_t (&lo)[4], uint32_t (&hi)[4]) {
   constexpr int kStride = Rows::kStride;
+  const bool sym = s.signed_codes;
   const int rows[4] = {key0, key0 + 1, key0 + 8, key0 + 9};
   if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp16) {
     uint2 w[4];
@@ -343,11 +415,16 @@ __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i,
     lo[2] = fp8_pair<F>(cd01, false), lo[3] = fp8_pair<F>(cd01, true);
     hi[0] = fp8_pair<F>(ab23, false), hi[1] = fp8_pair<F>(ab23, true);
     hi[2] = fp8_pair<F>(cd23, false), hi[3] = fp8_pair<F>(cd23, true);
-  } else if constexpr (F == KvFormat::kInt8) {
+  } else if constexpr (F == KvFormat::kInt8 || F == KvFormat::kLut4) {  // kLut4: the table's int8 values
     const uint32_t flip = sym ? 0x80808080u : 0u;
     uint32_t w[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) w[k] = vc[Rows::word(rows[k], 8 * i + g)] ^ flip;
+    for (int k = 0; k < 4; ++k) {
+      if constexpr (F == KvFormat::kLut4)
+        w[k] = lut4_lookup(reinterpret_cast<const uint16_t*>(vc)[(rows[k] * kStride + 4 * i) * 2 + g], s.lut) ^ flip;
+      else
+        w[k] = vc[Rows::word(rows[k], 8 * i + g)] ^ flip;
+    }
     // Interleave two keys' bytes, [a.e, b.e, a.e+1, b.e+1], then each pair into 1024.0's mantissas.
     const uint32_t ab01 = __byte_perm(w[0], w[1], 0x5140), ab23 = __byte_perm(w[0], w[1], 0x7362);
     const uint32_t cd01 = __byte_perm(w[2], w[3], 0x5140), cd23 = __byte_perm(w[2], w[3], 0x7362);
@@ -355,6 +432,18 @@ __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i,
     auto high = [&](uint32_t t) { return int8_pair(__byte_perm(t, 0x64646464u, 0x4342), sym); };
     lo[0] = low(ab01), lo[1] = high(ab01), lo[2] = low(cd01), lo[3] = high(cd01);
     hi[0] = low(ab23), hi[1] = high(ab23), hi[2] = low(cd23), hi[3] = high(cd23);
+  } else if constexpr (F == KvFormat::kInt5) {  // as int4 below, with each code's fifth bit
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(vc);
+    uint32_t x[4], f[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) x[k] = h[(rows[k] * kStride + 4 * i) * 2 + g], f[k] = fifth_bits<Rows>(vc, rows[k], 32 * i + 4 * g);
+    const uint32_t a01 = __byte_perm(x[0], x[1], 0x0400), a23 = __byte_perm(x[0], x[1], 0x0501);
+    const uint32_t b01 = __byte_perm(x[2], x[3], 0x0400), b23 = __byte_perm(x[2], x[3], 0x0501);
+    const uint32_t fa = f[0] | f[1] << 16, fb = f[2] | f[3] << 16;  // element e of keys A, B: bits e, 16 + e
+    lo[0] = int5_pair_low(a01, fa), lo[1] = int5_pair_high(a01, fa >> 1);
+    lo[2] = int5_pair_low(b01, fb), lo[3] = int5_pair_high(b01, fb >> 1);
+    hi[0] = int5_pair_low(a23, fa >> 2), hi[1] = int5_pair_high(a23, fa >> 3);
+    hi[2] = int5_pair_low(b23, fb >> 2), hi[3] = int5_pair_high(b23, fb >> 3);
   } else {
     const uint16_t* h = reinterpret_cast<const uint16_t*>(vc);
     uint32_t x[4];

@@ -183,9 +183,9 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     if (vs.mode == ParamMode::kInlineRow)
       first_v_scale = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.rows + t_begin * vs.stride_t))));
     else if (vs.mode != ParamMode::kTensor && vs.mode != ParamMode::kNone)
-      first_v_scale = vs.fp32_params ? __ldg(reinterpret_cast<const float*>(vs.scales) + vs.first_param + t_begin * vs.groups)
-                                     : __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.scales) +
-                                                                          vs.first_param + t_begin * vs.groups)));
+      first_v_scale = param_in_memory(vs.scales, vs.first_param + t_begin * vs.groups, vs.scale_dtype, vs.scale_mult);
+    // mxfp4's zero block stores e = 0 (2^-127): folding by it would lift the next blocks' P' past fp16
+    if (vs.scale_dtype == ScaleDtype::kE8M0 && first_v_scale < 0x1p-120f) first_v_scale = 0.0f;
   }
   tc_prologue<Tr, D>(pro, p, plan, b, hk, hb);
   __syncthreads();
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
 #pragma unroll
       for (int mt = 0; mt < Tr::kMTiles; ++mt) {
         uint32_t a[4];
-        k_fragment<FK, typename Tr::KRows>(kc, 16 * mt + g, j, c, !ks.asymmetric, a);
+        k_fragment<FK, typename Tr::KRows>(kc, 16 * mt + g, j, c, ks, a);
         if constexpr (kChanK) channel_dequant<FK>(a, st + lay.k_params, ks.param_words, j, c, ks.asymmetric);
         const uint2 qj = kQInRegisters ? qf[j] : q_operands(j);
         mma_16816<Tr::K::kBf16Mma>(acc[mt][j % kChains], a, qj.x, qj.y);
@@ -273,8 +273,8 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
       if constexpr (kKQuant) {
         if (((j + 1) & ((1 << k_shift) - 1)) == 0) {  // the group's product is complete: scale it
           const int grp = j >> k_shift;
-          const float qs0 = ks.asymmetric ? pro.q_sum[grp][2 * c] : 0.0f;
-          const float qs1 = ks.asymmetric ? pro.q_sum[grp][2 * c + 1] : 0.0f;
+          const float qs0 = ks.has_zero ? pro.q_sum[grp][2 * c] : 0.0f;
+          const float qs1 = ks.has_zero ? pro.q_sum[grp][2 * c + 1] : 0.0f;
           RowParams kp[Tr::kMTiles][2];
           tile_params<Tr::kMTiles, kST, kKGroups>(ks, st + lay.k_params, g, grp, n, kp);
 #pragma unroll
@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
             const float f0 = vp[mt][0].scale * v_fold, f1 = vp[mt][1].scale * v_fold;
             pb[mt][0] = transpose_8x8(pack_rounded<false>(sc[mt][0] * f0, sc[mt][1] * f0));
             pb[mt][1] = transpose_8x8(pack_rounded<false>(sc[mt][2] * f1, sc[mt][3] * f1));
-            if (vs.asymmetric) {  // sum(p z) per V group, kept at its first pair
+            if (vs.has_zero) {  // sum(p z) per V group, kept at its first pair
               const float z0 = vp[mt][0].zero, z1 = vp[mt][1].zero;
               z_acc[i][0] = __fmaf_rn(sc[mt][0], z0, __fmaf_rn(sc[mt][2], z1, z_acc[i][0]));
               z_acc[i][1] = __fmaf_rn(sc[mt][1], z0, __fmaf_rn(sc[mt][3], z1, z_acc[i][1]));
@@ -384,7 +384,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
 #pragma unroll
       for (int mt = 0; mt < Tr::kMTiles; ++mt) {
         uint32_t lo[4], hi[4];
-        v_fragments<FV, typename Tr::VRows>(vc, 16 * mt + 2 * c, i, g, !vs.asymmetric, lo, hi);
+        v_fragments<FV, typename Tr::VRows>(vc, 16 * mt + 2 * c, i, g, vs, lo, hi);
         mma_16816<Tr::V::kBf16Mma>(o[2 * i], lo, pb[mt][0], pb[mt][1]);
         mma_16816<Tr::V::kBf16Mma>(o[2 * i + 1], hi, pb[mt][0], pb[mt][1]);
       }
@@ -474,9 +474,9 @@ enum class TcGroupShape { kRow, kG32, kAny, kChannelK, kRowG32, kG32Row };
 inline TcGroupShape tc_group_shape(const DecodeParams& p) {
   if (p.k.mode == ParamMode::kChannel) return TcGroupShape::kChannelK;
   auto row = [&](const KvOperand& op) { return op.group <= 0 || op.group == p.head_dim; };
+  const bool fp16_params = p.k.scale_dtype == ScaleDtype::kFp16 && p.v.scale_dtype == ScaleDtype::kFp16;
   if (tc_codes(p.k_format) != tc_codes(p.v_format)) {
-    if (p.k.fp32_params || p.v.fp32_params || p.k.mode == ParamMode::kInlineRow || p.v.mode == ParamMode::kInlineRow)
-      return TcGroupShape::kAny;
+    if (!fp16_params || p.k.mode == ParamMode::kInlineRow || p.v.mode == ParamMode::kInlineRow) return TcGroupShape::kAny;
     const bool k_quantized = is_quantized(p.k_format), v_quantized = is_quantized(p.v_format);
     const bool k_g32 = k_quantized && p.k.mode == ParamMode::kGroup && p.k.group == 32;
     const bool v_g32 = v_quantized && p.v.mode == ParamMode::kGroup && p.v.group == 32;
@@ -485,7 +485,7 @@ inline TcGroupShape tc_group_shape(const DecodeParams& p) {
     return TcGroupShape::kAny;
   }
   if (!is_quantized(p.k_format)) return TcGroupShape::kRow;
-  if (p.k.fp32_params || p.v.fp32_params) return TcGroupShape::kAny;  // the specialised ones read fp16 parameters
+  if (!fp16_params) return TcGroupShape::kAny;  // the specialised ones read fp16 parameters
   if (row(p.k) && row(p.v)) return TcGroupShape::kRow;
   if (p.k.group == 32 && p.v.group == 32) return TcGroupShape::kG32;
   return TcGroupShape::kAny;
@@ -502,10 +502,11 @@ TcOperandPlan tc_operand_plan(const KvOperand& op, const DecodeParams& p, int ro
   auto moves = [](int64_t count, int64_t stride) { return count > 1 && stride % 16 != 0; };
   const bool aligned = reinterpret_cast<uintptr_t>(op.data) % 16 == 0 && op.stride_t % 16 == 0 &&
                        !moves(p.batch, op.stride_b) && !moves(p.kv_heads, op.stride_h);
-  pl.vec16 = pl.inline_words == 0 && row_words % 4 == 0 && aligned;
-  if (pl.inline_words > 0 && pl.inline_words % 4 == 0 && row_words % 4 == 0 && aligned) pl.copy_words = 4;
+  // 16-byte copies whose chunks tile a warp (5-bit rows of 5 or 10 chunks copy as FBGEMM rows do)
+  pl.vec16 = pl.inline_words == 0 && row_words % 4 == 0 && 32 % (row_words / 4) == 0 && aligned;
+  if (!pl.vec16 && pl.inline_words % 4 == 0 && row_words % 4 == 0 && aligned) pl.copy_words = 4;
   pl.units_magic = (1u << 24) / static_cast<uint32_t>((pl.inline_words + row_words) / pl.copy_words) + 1;
-  const int pbytes = op.fp32_params ? 4 : 2;
+  const int pbytes = op.param_bytes();
   switch (op.mode) {
     case ParamMode::kToken: pl.param_bytes = p.batch * p.tokens * pbytes; break;
     case ParamMode::kHead:
@@ -627,16 +628,31 @@ TcEntry tc_entry() {
   return e;
 }
 
+// The (K, V) storage pairs with kernels: every pair but the block formats' own storages (kInt5,
+// kLut4) with FP8 (compile time: no engine mixes llama.cpp's cache types with FP8).
+constexpr bool tc_paired(KvFormat k, KvFormat v) {
+  auto block = [](KvFormat f) { return f == KvFormat::kInt5 || f == KvFormat::kLut4; };
+  auto fp8 = [](KvFormat f) { return f == KvFormat::kFp8E4m3 || f == KvFormat::kFp8E5m2; };
+  return !(block(k) && fp8(v)) && !(fp8(k) && block(v));
+}
+template <KvFormat FK, KvFormat FV>
+TcEntry tc_entry_if_paired() {
+  if constexpr (tc_paired(FK, FV)) return tc_entry<FK, FV>();
+  else return {};
+}
+
 // The entries of K format FK with every V format (explicitly instantiated in decode_tc_<FK>.cu).
 template <KvFormat FK>
 TcEntry tc_entry_for_v(KvFormat v) {
   switch (tc_codes(v)) {
-    case KvFormat::kBf16: return tc_entry<FK, KvFormat::kBf16>();
-    case KvFormat::kFp16: return tc_entry<FK, KvFormat::kFp16>();
-    case KvFormat::kInt8: return tc_entry<FK, KvFormat::kInt8>();
-    case KvFormat::kInt4: return tc_entry<FK, KvFormat::kInt4>();
-    case KvFormat::kFp8E4m3: return tc_entry<FK, KvFormat::kFp8E4m3>();
-    case KvFormat::kFp8E5m2: return tc_entry<FK, KvFormat::kFp8E5m2>();
+    case KvFormat::kBf16: return tc_entry_if_paired<FK, KvFormat::kBf16>();
+    case KvFormat::kFp16: return tc_entry_if_paired<FK, KvFormat::kFp16>();
+    case KvFormat::kInt8: return tc_entry_if_paired<FK, KvFormat::kInt8>();
+    case KvFormat::kInt4: return tc_entry_if_paired<FK, KvFormat::kInt4>();
+    case KvFormat::kFp8E4m3: return tc_entry_if_paired<FK, KvFormat::kFp8E4m3>();
+    case KvFormat::kFp8E5m2: return tc_entry_if_paired<FK, KvFormat::kFp8E5m2>();
+    case KvFormat::kInt5: return tc_entry_if_paired<FK, KvFormat::kInt5>();
+    case KvFormat::kLut4: return tc_entry_if_paired<FK, KvFormat::kLut4>();
     case KvFormat::kInt4Fbgemm: break;  // tc_codes maps it to kInt4
   }
   return {};

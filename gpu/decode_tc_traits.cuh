@@ -35,7 +35,10 @@ template <KvFormat F>
 struct TcOperand {
   static constexpr KvFormat kFormat = F;
   static constexpr bool kFp8 = F == KvFormat::kFp8E4m3 || F == KvFormat::kFp8E5m2;
-  static constexpr int kBits = F == KvFormat::kInt8 || kFp8 ? 8 : (F == KvFormat::kInt4 || F == KvFormat::kInt4Fbgemm) ? 4 : 16;
+  static constexpr int kBits = F == KvFormat::kInt8 || kFp8                                                    ? 8
+                               : F == KvFormat::kInt4 || F == KvFormat::kInt4Fbgemm || F == KvFormat::kLut4 ? 4
+                               : F == KvFormat::kInt5                                                         ? 5
+                                                                                                              : 16;
   static constexpr bool kQuantized = kBits < 16;
   static constexpr bool kBf16Mma = F == KvFormat::kBf16;  // every other storage multiplies in fp16
 };
@@ -46,13 +49,19 @@ constexpr KvFormat tc_codes(KvFormat f) { return f == KvFormat::kInt4Fbgemm ? Kv
 
 // One operand's rows in a stage. Fragment reads take 8 rows at once (K: keys g, V: keys 2c, 2c + 1,
 // 2c + 8, 2c + 9): padding each row (4 words, 8 for bf16 K) puts every read in 32 different banks.
+// 5-bit rows (5D/32 words: 10, 20, 40) need none at D = 64 and 128, 4 words at 256.
 // (An XOR swizzle of 8-bit rows instead saves the padding and fits a third int8 CTA per SM; measured
 // slower on the H100: int8-head seed000 B=128 119 us vs 110 us.)
 template <int kRowWords, int kPad>
 struct TcRows {
+  static constexpr int kWords = kRowWords;
   static constexpr int kStride = kRowWords + kPad;
   static KVQ_HD int word(int row, int w) { return row * kStride + w; }
 };
+
+constexpr int tc_row_pad(int bits, int row_words, bool k) {
+  return bits == 16 && k ? 8 : bits == 5 ? (row_words % 8 == 0 ? 4 : 0) : 4;
+}
 
 template <KvFormat FK, KvFormat FV, int D>
 struct TcTraits {
@@ -65,8 +74,8 @@ struct TcTraits {
   static constexpr int kSlices = D / 16;          // QK k-slices = PV m-tiles
   static constexpr int kKRowWords = D * K::kBits / 32;  // codes of one row
   static constexpr int kVRowWords = D * V::kBits / 32;
-  using KRows = TcRows<kKRowWords, K::kBits == 16 ? 8 : 4>;
-  using VRows = TcRows<kVRowWords, 4>;
+  using KRows = TcRows<kKRowWords, tc_row_pad(K::kBits, kKRowWords, true)>;
+  using VRows = TcRows<kVRowWords, tc_row_pad(V::kBits, kVRowWords, false)>;
   static constexpr int kKStride = KRows::kStride, kVStride = VRows::kStride;
   // Measured on the H100 (experiments/bench/tune_decode_tc.sh): 32 keys per step for int8 and int4 (16
   // when an operand is bf16, whose rows are 4x larger); a warp consumes a step far slower than
@@ -90,7 +99,7 @@ struct TcTraits {
 // Words of shared memory one operand's parameters take per stage.
 KVQ_HD int tc_param_words(const KvOperand& op, int step_tokens, int head_dim) {
   if (op.mode == ParamMode::kChannel) {  // one token group per step: D scales (and D zero points)
-    const int one = head_dim * (op.fp32_params ? 4 : 2) / 4;
+    const int one = head_dim * op.param_bytes() / 4;
     return op.asymmetric ? 2 * one : one;
   }
   const int groups = op.group > 0 ? head_dim / op.group : 1;
@@ -100,8 +109,7 @@ KVQ_HD int tc_param_words(const KvOperand& op, int step_tokens, int head_dim) {
     case ParamMode::kInlineRow: return step_tokens * groups;  // one (scale, shift) word per group
     default: break;
   }
-  const int pbytes = op.fp32_params ? 4 : 2;
-  const int one = (step_tokens * groups * pbytes + 3) / 4 + 1;  // +1: a span that starts mid-word
+  const int one = (step_tokens * groups * op.param_bytes() + 3) / 4 + 1;  // +1: a span that starts mid-word
   return op.asymmetric ? 2 * one : one;
 }
 

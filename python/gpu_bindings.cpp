@@ -206,8 +206,10 @@ Operand operand(const nb::dict& d, const char* which, int64_t head_dim) {
     const QuantizedSizes sizes = quantized_sizes(*s, shape, CodeLayout::kPlanar);
     const void* scales = nullptr;
     const void* zeros = nullptr;
+    const void* tensor_scale = nullptr;  // nvfp4's fp32 s_t
     if (!fbgemm) {
-      for (auto [key, want, ptr] : {std::tuple{"scales", sizes.scales, &scales}, std::tuple{"zero_points", sizes.zeros, &zeros}}) {
+      for (auto [key, want, ptr] : {std::tuple{"scales", sizes.scales, &scales}, std::tuple{"zero_points", sizes.zeros, &zeros},
+                                    std::tuple{"tensor_scale", sizes.tensor_scale, &tensor_scale}}) {
         if (want == 0) continue;
         if (!d.contains(key) || d[key].is_none())
           throw InputError(fmt::format("{}: {} needs {} ({} bytes)", which, storage, key, want));
@@ -217,7 +219,7 @@ Operand operand(const nb::dict& d, const char* which, int64_t head_dim) {
       }
     }
     r.op = quantized_operand(*s, r.batch, r.heads, r.tokens, static_cast<int>(head_dim), fbgemm,
-                             static_cast<const uint8_t*>(data.data()), scales, zeros);
+                             static_cast<const uint8_t*>(data.data()), scales, zeros, static_cast<const float*>(tensor_scale));
   }
   const int b_axis = 0, h_axis = bsnh ? 2 : 1, t_axis = bsnh ? 1 : 2;
   r.op.stride_b = data.stride(b_axis) * bytes, r.op.stride_h = data.stride(h_axis) * bytes;

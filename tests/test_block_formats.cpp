@@ -30,7 +30,9 @@ Block code_block(CodeFormat f, std::vector<float> x, float tensor_scale = 0.0f) 
   Block b{block_params(f, x.data(), tensor_scale), {}, {}};
   for (float v : x) {
     b.codes.push_back(block_encode(f, v, b.p));
-    b.values.push_back(block_decode(f, b.codes.back(), b.p.scale, b.p.min, tensor_scale));
+    // decoded as stored: the code's low byte (q8_0 as int8), as quantize() keeps it
+    const int low = b.codes.back() & 0xff, stored = f == CodeFormat::kQ8_0 ? static_cast<int8_t>(low) : low;
+    b.values.push_back(block_decode(f, stored, b.p.scale, b.p.min, tensor_scale));
   }
   return b;
 }

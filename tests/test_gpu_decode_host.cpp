@@ -8,6 +8,7 @@
 #include "experiments/bench/bench_shapes.hpp"
 #include "experiments/gate/validate_decode.hpp"
 #include "gpu/decode_tc_traits.cuh"
+#include "quant/block_formats.hpp"
 #include "quant/groups.hpp"
 #include "reference/attention.hpp"
 #include "test_util.hpp"
@@ -57,6 +58,51 @@ TEST_CASE("decode operands carry the layouts' strides and parameter modes") {
   const KvOperand bsnh = raw_operand(nullptr, 3, 10, 64, true);
   CHECK(bsnh.stride_h == 128);
   CHECK(bsnh.stride_t == 384);
+}
+
+TEST_CASE("block-format operands carry the codec's values as the kernels read them") {
+  auto op = [](const char* s, const float* tensor_scale = nullptr) {
+    return quantized_operand(parse_scheme(s), 1, 1, 64, 128, false, nullptr, nullptr, nullptr, tensor_scale);
+  };
+  CHECK(quantized_format(parse_scheme("q8_0"), false) == KvFormat::kInt8);
+  CHECK(quantized_format(parse_scheme("q4_1"), false) == KvFormat::kInt4);
+  CHECK(quantized_format(parse_scheme("q5_0"), false) == KvFormat::kInt5);
+  CHECK(quantized_format(parse_scheme("mxfp4"), false) == KvFormat::kLut4);
+  const KvOperand q8 = op("q8_0"), q4 = op("q4_0"), q41 = op("q4_1"), q50 = op("q5_0");
+  CHECK((q8.mode == ParamMode::kGroup && q8.group == 32 && q8.signed_codes() && !q8.has_zero()));
+  CHECK((q4.code_offset == -8.0f && !q4.signed_codes() && q4.has_zero() && q4.stride_t == 64));
+  CHECK((q41.asymmetric && q41.code_offset == 0.0f && q41.has_zero()));
+  CHECK((q50.code_offset == -16.0f && q50.stride_t == 80));  // nibbles, then the fifth bits
+  // the tables are the codec's: byte i of lut is entry i, as int8
+  for (const char* name : {"iq4_nl", "mxfp4"}) {
+    const KvOperand t = op(name);
+    for (int i = 0; i < 16; ++i) {
+      const int8_t entry = static_cast<int8_t>(t.lut[i / 4] >> (8 * (i % 4)) & 0xff);
+      CHECK(entry == (std::string(name) == "iq4_nl" ? iq4nl_value(i) : e2m1_doubled(i)));
+    }
+  }
+  CHECK((op("iq4_nl").scale_factor == 1.0f && op("mxfp4").scale_factor == 0.5f && op("mxfp4").param_bytes() == 1));
+  const float s_t = 0.25f;
+  const KvOperand nv = op("nvfp4", &s_t);
+  CHECK((nv.group == 16 && nv.tensor_scale == &s_t && nv.scale_dtype == ScaleDtype::kE4M3));
+  CHECK(decode_unsupported_reason(parse_scheme("q4_0"), 128, true) ==
+        "q4_0: block formats are stored planar (or as ggml's blocks), not as FBGEMM rows");
+
+  DecodeParams p;
+  p.batch = 1, p.q_heads = 8, p.kv_heads = 1, p.tokens = 64, p.head_dim = 128;
+  p.k_format = KvFormat::kLut4, p.v_format = KvFormat::kInt8;
+  p.k = op("nvfp4"), p.v = op("q8_0");
+  CHECK(tensor_core_unsupported_reason(p) == "K nvfp4: its per-tensor scale (an fp32 on the device) is missing");
+  p.k = nv;
+  CHECK(tensor_core_unsupported_reason(p).empty());
+  p.k = op("q8_0"), p.v = nv, p.k_format = KvFormat::kInt8, p.v_format = KvFormat::kLut4;
+  CHECK(tensor_core_unsupported_reason(p) ==
+        "V scale groups of 16 elements: tensor-core kernels need a multiple of 32 (whole m-tile pairs; nvfp4 V blocks are 16)");
+  p.k = p.v = q4, p.k_format = p.v_format = KvFormat::kInt4;  // q4_0: the offset is decode-tc's
+  CHECK(cuda_core_unsupported_reason(p) ==
+        "q4_0, q5_0, q5_1, iq4_nl, mxfp4, nvfp4: CUDA-core kernels read no block format but q8_0 and q4_1 (decode-tc reads them all)");
+  p.k = p.v = q41;
+  CHECK(cuda_core_unsupported_reason(p).empty());
 }
 
 TEST_CASE("schemes the decode kernels cannot read are refused with the reason") {

@@ -101,7 +101,7 @@ BenchCaches::BenchCaches(const DecodeShape& sh, const BenchStorage& st, const De
   auto cache_bytes = [&](const std::optional<Scheme>& s) {
     if (!s) return 2 * kv.numel();
     const QuantizedSizes q = quantized_sizes(*s, kv, layout);
-    return q.codes + q.scales + q.zeros;
+    return q.codes + q.scales + q.zeros + q.tensor_scale;
   };
   const int64_t per_set = std::max<int64_t>(1, cache_bytes(st.k) + cache_bytes(st.v));
   int64_t sets = std::max<int64_t>(1, (4 * dev.l2_bytes + per_set - 1) / per_set);
@@ -129,7 +129,7 @@ BenchCaches::BenchCaches(const DecodeShape& sh, const BenchStorage& st, const De
       fastest_quantizer(*scheme, sh.head_dim, layout).launch(qp, nullptr);
       quantized_.back()->check_flags(which == 0 ? "K" : "V", nullptr);
       ops.push_back(quantized_operand(*scheme, kv.batch, kv.heads, kv.tokens, sh.head_dim, fbgemm, qp.codes, qp.scales,
-                                      scheme->asymmetric ? qp.zeros : nullptr));
+                                      scheme->asymmetric ? qp.zeros : nullptr, qp.tensor_scale));
       // +wW: the window's tokens are the bf16 source itself (the cache a model keeps beside the codes)
       windows.push_back(scheme->has_window() ? scheme_window(*scheme, raw_copy(), KvFormat::kBf16) : KvWindow{});
     }

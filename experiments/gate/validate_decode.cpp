@@ -58,7 +58,7 @@ int64_t seq_len(const Case& c, int64_t b) { return c.seq_lens.empty() ? c.shape.
 
 // One of K or V on the device, and the values the reference sees (dequantized, padding zeroed).
 struct DeviceOperand {
-  DeviceBuffer<uint8_t> codes, scales, zeros, window_values;
+  DeviceBuffer<uint8_t> codes, scales, zeros, window_values, tensor_scale;
   KvOperand op;
   KvWindow window;  // +wW: the raw tokens (bf16, NaN outside the window)
   std::vector<float> reference_values;  // BNSH
@@ -100,7 +100,7 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
   const bool fbgemm = format == KvFormat::kInt4Fbgemm;
   GpuQuantized bytes = device_bytes(q, fbgemm ? CodeLayout::kFbgemm : CodeLayout::kPlanar);
   const int64_t row = fbgemm ? fbgemm_row_bytes(*scheme, s.head_dim) : code_bytes_per_row(*scheme, s.head_dim);
-  const int pbytes = scheme->scale_dtype == ScaleDtype::kFp16 ? 2 : 4;
+  const int pbytes = scheme->scale_bytes();
   const bool per_row_params = scheme->granularity == Granularity::kHead || scheme->granularity == Granularity::kGroup;
   for (int64_t b = 0; b < kv.batch; ++b)
     for (int64_t h = 0; h < kv.heads; ++h)
@@ -136,8 +136,10 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
   out.codes = DeviceBuffer<uint8_t>(bytes.codes);
   out.scales = DeviceBuffer<uint8_t>(bytes.scales);
   out.zeros = DeviceBuffer<uint8_t>(bytes.zeros);
+  out.tensor_scale = DeviceBuffer<uint8_t>(bytes.tensor_scale);  // nvfp4's fp32 s_t
   out.op = quantized_operand(*scheme, kv.batch, kv.heads, kv.tokens, s.head_dim, fbgemm, out.codes.data(),
-                             out.scales.data(), out.zeros.size() ? out.zeros.data() : nullptr);
+                             out.scales.data(), out.zeros.size() ? out.zeros.data() : nullptr,
+                             out.tensor_scale.size() ? reinterpret_cast<const float*>(out.tensor_scale.data()) : nullptr);
   out.reference_values = std::move(deq);
   return out;
 }
@@ -334,12 +336,21 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
       // +had K (Q rotated in the kernel); V +had and +had with a window: not read (skipped, with the reason)
       quantized("int4-g32-asym+had", "int4-g32-asym"), quantized("int8-head-asym+had", "int4-head-asym"),
       quantized("int4-chan-t32-asym+had", "int4-g32-asym"), quantized("int4-g32-asym", "int4-g32-asym+had"),
-      quantized("int4-g32-asym+had+w32", "int4-g32-asym")};
+      quantized("int4-g32-asym+had+w32", "int4-g32-asym"),
+      // llama.cpp's cache types and mxfp4 / nvfp4 (the codec's planar layout); nvfp4 V: blocks of 16,
+      // which tensor cores do not read (skipped, with the reason)
+      quantized("q8_0", "q8_0"), quantized("q4_0", "q4_0"), quantized("q4_1", "q4_1"), quantized("q5_0", "q5_0"),
+      quantized("q5_1", "q5_1"), quantized("iq4_nl", "iq4_nl"), quantized("mxfp4", "mxfp4"), quantized("nvfp4", "q8_0"),
+      quantized("q8_0", "nvfp4"), quantized("q8_0", "q4_0"), quantized("q4_1", "q5_0"), quantized("q5_1", "iq4_nl"),
+      quantized("mxfp4", "q4_1"), quantized("bf16", "q5_1"), quantized("iq4_nl", "fp16"), quantized("q8_0", "int4-g32-asym"),
+      quantized("int8-head", "q5_0"), quantized("q4_0+w32", "q5_1+w64"), quantized("q4_0+had", "q4_0"),
+      quantized("nvfp4+had", "iq4_nl")};
   for (const Storage& st : storages) g.run({"varlen GQA", gqa, lens, false, st});
   // Head dims, head-group sizes (MHA, MQA, groups that are not a power of two, groups over 8), ALiBi.
   for (const auto& [k, vs] : {std::pair{"bf16", "bf16"}, std::pair{"int8-head", "int8-head"},
                                std::pair{"int4-g32-asym", "int4-g32-asym"}, std::pair{"fp8-e4m3-head", "fp8-e4m3-head"},
-                               std::pair{"int4-head-asym", "int8-g32-asym"},
+                               std::pair{"int4-head-asym", "int8-g32-asym"}, std::pair{"q5_1", "q4_0"},
+                               std::pair{"nvfp4", "mxfp4"}, std::pair{"q5_0", "q5_0"},
                                std::pair{"int4-chan-t32-asym+w128", "int4-g32-asym+w128"}}) {
     const Storage st = std::string(k) == "bf16" ? raw(KvFormat::kBf16) : quantized(k, vs);
     for (int d : {64, 256}) g.run({"head_dim", {"", 2, 4, 2, T, d}, {}, false, st});
@@ -365,6 +376,8 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
                         // odd T: per-row fp16 parameters of most rows start mid-word, the last ends the array
                         Case{"odd T", {"", 3, 8, 2, 37, 128}, {37, 20, 1}, false, quantized("int8-head-asym", "int8-token-asym")},
                         Case{"odd T, groups", {"", 2, 8, 1, 45, 64}, {45, 13}, false, quantized("int4-g16-asym", "int4-g32")},
+                        // one-byte scales: a row's span starts at any byte of a word
+                        Case{"odd T, one-byte scales", {"", 2, 8, 1, 45, 64}, {45, 13}, false, quantized("nvfp4", "mxfp4")},
                         Case{"no keys", {"", 2, 4, 2, 16, 128}, {0, 0}, false, quantized("int8-head", "int8-head")},
                         // both windows over every key: one launch (the raw region), O written directly
                         Case{"windows over every key", {"", 2, 8, 2, 64, 128}, {}, false,
