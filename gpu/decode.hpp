@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "quant/block_formats.hpp"
 #include "quant/host_device.hpp"
 #include "quant/scheme.hpp"
 
@@ -37,6 +38,19 @@ enum class DecodeFamily { kCudaCore, kTensorCore };
 // kChannel: chan-tN, one (scale, zero) per (b, h, t / N, d); K only, tensor cores only.
 enum class ParamMode : int { kNone, kTensor, kToken, kHead, kGroup, kInlineRow, kChannel };
 
+// kLut4's 16-entry table: iq4_nl's values, or e2m1's doubled (mxfp4, nvfp4: the scale carries the 1/2);
+// the codec's own (quant/block_formats.hpp iq4nl_value, e2m1_doubled).
+enum class LutTable : uint8_t { kNone, kIq4Nl, kE2m1Doubled };
+// Word w of table t as the kernels' byte permutes read it: entries 4w .. 4w+3 as int8, the first lowest.
+KVQ_HD constexpr uint32_t lut_word(LutTable t, int w) {
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const int value = t == LutTable::kIq4Nl ? iq4nl_value(4 * w + i) : e2m1_doubled(4 * w + i);
+    r |= static_cast<uint32_t>(static_cast<uint8_t>(value)) << (8 * i);
+  }
+  return r;
+}
+
 // One of K or V on the device. Row (b, h, t) starts at data + b*stride_b + h*stride_h + t*stride_t
 // (bytes), so BNSH, BSNH and FBGEMM's [B, T, H] rows are all strides.
 struct KvOperand {
@@ -47,24 +61,22 @@ struct KvOperand {
   ParamMode mode = ParamMode::kNone;
   bool asymmetric = false;
   ScaleDtype scale_dtype = ScaleDtype::kFp16;  // fp16 / fp32; the block formats' e8m0 (mxfp4) or e4m3 (nvfp4)
+  // Block formats (in what was padding: the launch's parameters stay small). q4_0 / q5_0: unsigned
+  // codes u of value (u + code_offset) * scale, no zero points stored (-8, -16).
+  int8_t code_offset = 0;
+  LutTable lut = LutTable::kNone;
   int group = 0;             // elements per group along D (kGroup, kInlineRow); tokens per group (kChannel)
   int inline_bytes = 0;      // kInlineRow: 4 x groups per row, before the codes
   bool hadamard = false;     // +had: stored in the rotated basis (K: the kernel rotates Q alike)
-  // Block formats. q4_0 / q5_0: unsigned codes u of value (u + code_offset) * scale, no zero points
-  // stored (-8, -16). kLut4: code i is lut's byte i (an int8) times the scale (iq4_nl's table, or
-  // e2m1 values doubled, whose scale then carries the 1/2). nvfp4: the fp32 tensor scale s_t.
-  float code_offset = 0.0f;
-  uint32_t lut[4] = {0, 0, 0, 0};
-  float scale_factor = 1.0f;  // one-byte scales: their value times this (mxfp4, nvfp4: 1/2)
-  const float* tensor_scale = nullptr;
+  const float* tensor_scale = nullptr;  // nvfp4: the fp32 s_t on the device
   KVQ_HD bool fp32_params() const { return scale_dtype == ScaleDtype::kFp32; }
   KVQ_HD int param_bytes() const {
     return scale_dtype == ScaleDtype::kFp32 ? 4 : scale_dtype == ScaleDtype::kFp16 ? 2 : 1;
   }
   // A term added per group beside the scaled product: stored zero points or the code offset.
-  KVQ_HD bool has_zero() const { return asymmetric || code_offset != 0.0f; }
+  KVQ_HD bool has_zero() const { return asymmetric || code_offset != 0; }
   // Codes read as two's complement (int8 / int4 symmetric; kLut4's table values are signed too).
-  KVQ_HD bool signed_codes() const { return !asymmetric && code_offset == 0.0f; }
+  KVQ_HD bool signed_codes() const { return !asymmetric && code_offset == 0; }
 };
 
 // +wW: the last tokens of each sequence kept in the input precision. Tokens t >= window_start of

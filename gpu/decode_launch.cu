@@ -9,7 +9,6 @@
 
 #include "gpu/decode_kernel.cuh"
 #include "gpu/decode_tc_kernel.cuh"
-#include "quant/block_formats.hpp"
 #include "quant/errors.hpp"
 #include "quant/fbgemm_layout.hpp"
 #include "quant/groups.hpp"
@@ -361,15 +360,10 @@ KvOperand quantized_operand(const Scheme& s, int64_t batch, int64_t heads, int64
   op.zeros = zeros;
   // Block formats (quant/block_formats.hpp block_decode): the codec's values, as the kernels read them.
   if (s.format == CodeFormat::kQ4_0 || s.format == CodeFormat::kQ5_0)
-    op.code_offset = s.format == CodeFormat::kQ4_0 ? -8.0f : -16.0f;
-  if (s.format == CodeFormat::kIq4Nl || s.format == CodeFormat::kMxfp4 || s.format == CodeFormat::kNvfp4) {
-    for (int i = 0; i < 16; ++i) {
-      const int value = s.format == CodeFormat::kIq4Nl ? iq4nl_value(i) : e2m1_doubled(i);
-      op.lut[i / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(value)) << (8 * (i % 4));
-    }
-    if (s.format != CodeFormat::kIq4Nl) op.scale_factor = 0.5f;  // the table holds e2m1 values doubled
-    op.tensor_scale = s.format == CodeFormat::kNvfp4 ? tensor_scale : nullptr;
-  }
+    op.code_offset = static_cast<int8_t>(s.format == CodeFormat::kQ4_0 ? -8 : -16);
+  if (s.format == CodeFormat::kIq4Nl) op.lut = LutTable::kIq4Nl;
+  if (s.format == CodeFormat::kMxfp4 || s.format == CodeFormat::kNvfp4) op.lut = LutTable::kE2m1Doubled;
+  op.tensor_scale = s.format == CodeFormat::kNvfp4 ? tensor_scale : nullptr;
   switch (s.granularity) {
     case Granularity::kTensor: op.mode = ParamMode::kTensor; break;
     case Granularity::kToken: op.mode = ParamMode::kToken; break;

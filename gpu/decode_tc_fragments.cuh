@@ -18,7 +18,6 @@
 #include <cuda_fp8.h>
 
 #include "gpu/decode_tc_traits.cuh"
-#include "quant/block_formats.hpp"
 
 namespace kvq::detail {
 
@@ -61,7 +60,10 @@ struct TcSource {
 
 // The words of row (b, h) rows and params of `op` for this CTA; what is the same for every CTA comes
 // from the host's plan (`pl`), so no thread divides.
-template <int D>
+// F: the operand's storage. What only the block formats use (a code offset: int4 / int5 storages
+// outside chan-tN kernels, kMayOffset; one-byte scales and the table: kLut4) is read for those
+// storages alone, so that the other kernels keep their registers.
+template <int D, KvFormat F, bool kMayOffset = F == KvFormat::kInt4 || F == KvFormat::kInt5>
 __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const TcOperandPlan& pl, const DecodeParams& p,
                                               int64_t b, int64_t h, int row_words, int64_t t_origin) {
   TcSource s;
@@ -69,10 +71,20 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const TcOpera
   s.stride_t = op.stride_t;
   s.mode = op.mode;
   s.asymmetric = op.asymmetric, s.scale_dtype = op.scale_dtype;
-  s.has_zero = op.has_zero(), s.signed_codes = op.signed_codes(), s.code_offset = op.code_offset;
-  if (op.param_bytes() == 1) s.scale_mult = op.scale_factor * (op.tensor_scale ? __ldg(op.tensor_scale) : 1.0f);
+  if constexpr (kMayOffset) s.code_offset = static_cast<float>(op.code_offset);  // q4_0, q5_0
+  s.has_zero = op.asymmetric || s.code_offset != 0.0f;
+  s.signed_codes = !s.has_zero;  // kLut4's table values are signed, its operands never offset nor asymmetric
+  if constexpr (F == KvFormat::kLut4) {
+    constexpr uint32_t kIq4Nl[4] = {lut_word(LutTable::kIq4Nl, 0), lut_word(LutTable::kIq4Nl, 1),
+                                    lut_word(LutTable::kIq4Nl, 2), lut_word(LutTable::kIq4Nl, 3)};
+    constexpr uint32_t kE2m1[4] = {lut_word(LutTable::kE2m1Doubled, 0), lut_word(LutTable::kE2m1Doubled, 1),
+                                   lut_word(LutTable::kE2m1Doubled, 2), lut_word(LutTable::kE2m1Doubled, 3)};
+    const bool e2m1 = op.lut == LutTable::kE2m1Doubled;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) s.lut[i] = op.lut[i];
+    for (int i = 0; i < 4; ++i) s.lut[i] = e2m1 ? kE2m1[i] : kIq4Nl[i];
+    // one-byte scales (mxfp4, nvfp4) go with the doubled e2m1 table: their values carry its 1/2
+    if (op.param_bytes() == 1) s.scale_mult = 0.5f * (op.tensor_scale ? __ldg(op.tensor_scale) : 1.0f);
+  }
   s.groups = pl.groups;
   s.inline_words = pl.inline_words;
   s.vec16 = pl.vec16;
@@ -209,18 +221,23 @@ __device__ __forceinline__ float byte_scale(uint32_t byte, ScaleDtype dt, float 
   if (dt == ScaleDtype::kE8M0) return e8m0_value(static_cast<int>(byte)) * mult;
   return __half2float(__ushort_as_half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte), __NV_E4M3).x)) * mult;
 }
+// kByteScales: the operand may hold one-byte scales (kLut4 storages only: mxfp4, nvfp4); other
+// kernels carry none of their branches (registers: the D = 256 kernels sit at the 255 limit).
+template <bool kByteScales>
 __device__ __forceinline__ float param_at(const uint32_t* words, int index, ScaleDtype dt, float mult) {
   if (dt == ScaleDtype::kFp32) return __uint_as_float(words[index]);
-  if (dt == ScaleDtype::kFp16) return fp16_param_at(words, index);
+  if (!kByteScales || dt == ScaleDtype::kFp16) return fp16_param_at(words, index);
   return byte_scale(reinterpret_cast<const uint8_t*>(words)[index], dt, mult);
 }
 // The same from global memory (the split's first V scale).
+template <bool kByteScales>
 __device__ __forceinline__ float param_in_memory(const uint8_t* params, int64_t index, ScaleDtype dt, float mult) {
   if (dt == ScaleDtype::kFp32) return __ldg(reinterpret_cast<const float*>(params) + index);
-  if (dt == ScaleDtype::kFp16) return __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(params) + index)));
+  if (!kByteScales || dt == ScaleDtype::kFp16)
+    return __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(params) + index)));
   return byte_scale(__ldg(params + index), dt, mult);
 }
-template <int kMTiles, int kStepTokens, int kGroups = 0>
+template <int kMTiles, int kStepTokens, int kGroups = 0, bool kByteScales = false>
 __device__ __forceinline__ void tile_params(const TcSource& s, const uint32_t* params, int g, int grp, int n,
                                             RowParams (&out)[kMTiles][2]) {
   if (s.mode == ParamMode::kTensor || s.mode == ParamMode::kNone) {  // kNone: scale-free FP8 (1, 0)
@@ -246,10 +263,10 @@ __device__ __forceinline__ void tile_params(const TcSource& s, const uint32_t* p
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int index = s.param_offset + (16 * mt + g + 8 * h) * groups + grp;
-        const float scale = kGroups > 0 ? fp16_param_at(params, index) : param_at(params, index, s.scale_dtype, s.scale_mult);
+        const float scale = kGroups > 0 ? fp16_param_at(params, index) : param_at<kByteScales>(params, index, s.scale_dtype, s.scale_mult);
         const float zero = !s.asymmetric ? s.code_offset * scale
                            : kGroups > 0 ? fp16_param_at(params + s.param_words, index)
-                                         : param_at(params + s.param_words, index, s.scale_dtype, 1.0f);
+                                         : param_at<false>(params + s.param_words, index, s.scale_dtype, 1.0f);
         out[mt][h] = {scale, zero};
       }
   }

@@ -171,8 +171,9 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   const int first_masked = kChanK && split == 0 ? static_cast<int>(lo - base) : 0;  // constant 0 unless chan-tN
 
   const TcStageLayout lay{plan.k_params, plan.v_params, plan.stage_words};
-  const TcSource ks = tc_source<D>(p.k, plan.k, p, b, hk, Tr::kKRowWords, t_begin);
-  const TcSource vs = tc_source<D>(p.v, plan.v, p, b, hk, Tr::kVRowWords, t_begin);
+  const TcSource ks = tc_source<D, FK, !kChanK && (FK == KvFormat::kInt4 || FK == KvFormat::kInt5)>(p.k, plan.k, p, b, hk,
+                                                                                                   Tr::kKRowWords, t_begin);
+  const TcSource vs = tc_source<D, FV>(p.v, plan.v, p, b, hk, Tr::kVRowWords, t_begin);
   // Groups are powers of two (they divide D and hold whole k-slices): shifts, not divisions, in the loops.
   const int k_shift = kKSlicesPerGroup > 0 ? ilog2(kKSlicesPerGroup) : plan.k.group_shift;
   const int v_shift = kVPairsPerGroup > 0 ? ilog2(kVPairsPerGroup) : plan.v.group_shift;
@@ -183,9 +184,10 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     if (vs.mode == ParamMode::kInlineRow)
       first_v_scale = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.rows + t_begin * vs.stride_t))));
     else if (vs.mode != ParamMode::kTensor && vs.mode != ParamMode::kNone)
-      first_v_scale = param_in_memory(vs.scales, vs.first_param + t_begin * vs.groups, vs.scale_dtype, vs.scale_mult);
+      first_v_scale = param_in_memory<FV == KvFormat::kLut4>(vs.scales, vs.first_param + t_begin * vs.groups,
+                                                             vs.scale_dtype, vs.scale_mult);
     // mxfp4's zero block stores e = 0 (2^-127): folding by it would lift the next blocks' P' past fp16
-    if (vs.scale_dtype == ScaleDtype::kE8M0 && first_v_scale < 0x1p-120f) first_v_scale = 0.0f;
+    if (FV == KvFormat::kLut4 && vs.scale_dtype == ScaleDtype::kE8M0 && first_v_scale < 0x1p-120f) first_v_scale = 0.0f;
   }
   tc_prologue<Tr, D>(pro, p, plan, b, hk, hb);
   __syncthreads();
@@ -249,8 +251,10 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
 
     // ---- QK: scores of keys (16 mt + g, + 8) x heads (2c, 2c + 1), log2 domain. The m-tiles and
     // two accumulators per m-tile (even / odd k-slices) are independent MMA chains.
-    // Groups of at most 2 k-slices take one chain per m-tile: registers, not latency, limit them.
-    constexpr int kChains = kKSlicesPerGroup == 1 || kKSlicesPerGroup == 2 ? 1 : 2;
+    // Groups of at most 2 k-slices take one chain per m-tile: registers, not latency, limit them; so
+    // does the general kernel at D = 256, which sits at the 255-register limit (with a second chain
+    // it spilled, and that build read a corrupted parameter address on the H100: 222aedf's gate).
+    constexpr int kChains = kKSlicesPerGroup == 1 || kKSlicesPerGroup == 2 || (kKSlicesPerGroup == 0 && D >= 256) ? 1 : 2;
     float acc[Tr::kMTiles][kChains][4], total[Tr::kMTiles][4];
 #pragma unroll
     for (int mt = 0; mt < Tr::kMTiles; ++mt)
@@ -276,7 +280,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
           const float qs0 = ks.has_zero ? pro.q_sum[grp][2 * c] : 0.0f;
           const float qs1 = ks.has_zero ? pro.q_sum[grp][2 * c + 1] : 0.0f;
           RowParams kp[Tr::kMTiles][2];
-          tile_params<Tr::kMTiles, kST, kKGroups>(ks, st + lay.k_params, g, grp, n, kp);
+          tile_params<Tr::kMTiles, kST, kKGroups, FK == KvFormat::kLut4>(ks, st + lay.k_params, g, grp, n, kp);
 #pragma unroll
           for (int mt = 0; mt < Tr::kMTiles; ++mt) {
             const RowParams p0 = kp[mt][0], p1 = kp[mt][1];
@@ -355,7 +359,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
         if ((i & ((1 << v_shift) - 1)) == 0) {
           const int grp = i >> v_shift;
           RowParams vp[Tr::kMTiles][2];
-          tile_params<Tr::kMTiles, kST, kVGroups>(vs, st + lay.v_params, g, grp, n, vp);
+          tile_params<Tr::kMTiles, kST, kVGroups, FV == KvFormat::kLut4>(vs, st + lay.v_params, g, grp, n, vp);
           if (n_lo > 0)  // keys below the region: their (stale) V parameters must not reach P'
 #pragma unroll
             for (int mt = 0; mt < Tr::kMTiles; ++mt)

@@ -65,13 +65,13 @@ KVQ_HD float stored_fp16(float x, bool& overflow) {
 }
 
 // The 16 e2m1 values doubled (ggml's kvalues_mxfp4: integers, so code 8, "-0", decodes to +0).
-KVQ_HD int e2m1_doubled(int code) {
+KVQ_HD constexpr int e2m1_doubled(int code) {
   constexpr int8_t kValues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
   return kValues[code & 15];
 }
 
 // iq4_nl's non-linear table (ggml's kvalues_iq4nl), sorted.
-KVQ_HD int iq4nl_value(int index) {
+KVQ_HD constexpr int iq4nl_value(int index) {
   constexpr int8_t kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
   return kValues[index & 15];
 }

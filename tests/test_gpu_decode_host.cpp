@@ -70,18 +70,18 @@ TEST_CASE("block-format operands carry the codec's values as the kernels read th
   CHECK(quantized_format(parse_scheme("mxfp4"), false) == KvFormat::kLut4);
   const KvOperand q8 = op("q8_0"), q4 = op("q4_0"), q41 = op("q4_1"), q50 = op("q5_0");
   CHECK((q8.mode == ParamMode::kGroup && q8.group == 32 && q8.signed_codes() && !q8.has_zero()));
-  CHECK((q4.code_offset == -8.0f && !q4.signed_codes() && q4.has_zero() && q4.stride_t == 64));
-  CHECK((q41.asymmetric && q41.code_offset == 0.0f && q41.has_zero()));
-  CHECK((q50.code_offset == -16.0f && q50.stride_t == 80));  // nibbles, then the fifth bits
-  // the tables are the codec's: byte i of lut is entry i, as int8
-  for (const char* name : {"iq4_nl", "mxfp4"}) {
-    const KvOperand t = op(name);
+  CHECK((q4.code_offset == -8 && !q4.signed_codes() && q4.has_zero() && q4.stride_t == 64));
+  CHECK((q41.asymmetric && q41.code_offset == 0 && q41.has_zero()));
+  CHECK((q50.code_offset == -16 && q50.stride_t == 80));  // nibbles, then the fifth bits
+  CHECK((op("iq4_nl").lut == LutTable::kIq4Nl && op("mxfp4").lut == LutTable::kE2m1Doubled && op("q4_1").lut == LutTable::kNone));
+  CHECK((op("iq4_nl").param_bytes() == 2 && op("mxfp4").param_bytes() == 1));
+  // the kernels' table words are the codec's entries: byte i % 4 of word i / 4 is entry i, as int8
+  for (LutTable t : {LutTable::kIq4Nl, LutTable::kE2m1Doubled})
     for (int i = 0; i < 16; ++i) {
-      const int8_t entry = static_cast<int8_t>(t.lut[i / 4] >> (8 * (i % 4)) & 0xff);
-      CHECK(entry == (std::string(name) == "iq4_nl" ? iq4nl_value(i) : e2m1_doubled(i)));
+      const int8_t entry = static_cast<int8_t>(lut_word(t, i / 4) >> (8 * (i % 4)) & 0xff);
+      CHECK(entry == (t == LutTable::kIq4Nl ? iq4nl_value(i) : e2m1_doubled(i)));
     }
-  }
-  CHECK((op("iq4_nl").scale_factor == 1.0f && op("mxfp4").scale_factor == 0.5f && op("mxfp4").param_bytes() == 1));
+  CHECK(lut_word(LutTable::kE2m1Doubled, 1) == 0x0c080604u);  // 4, 6, 8, 12
   const float s_t = 0.25f;
   const KvOperand nv = op("nvfp4", &s_t);
   CHECK((nv.group == 16 && nv.tensor_scale == &s_t && nv.scale_dtype == ScaleDtype::kE4M3));
