@@ -141,6 +141,8 @@ bench_args=(--shapes "${KVQ_SHAPES:-.}" --variant "${KVQ_DECODE_VARIANTS:-.}")
 [[ -n ${KVQ_SCHEMES:-} ]] && bench_args+=(--schemes "$KVQ_SCHEMES")
 step "kvq bench (decode)" bench.log "$kvq" bench --peers "$OUT/peers.csv" --csv "$OUT/decode.csv" "${bench_args[@]}"
 # No silent regressions: every decode and quantize row against the newest committed run on this GPU.
+# A tree without .git orders the committed runs by experiments/results/.run_times.json: write it
+# where git is (compare_runs.py --write-times) and carry it along; without it the report warns.
 compare_with_committed() {
   local csvs=()
   for f in "$OUT/decode.csv" "$OUT/quantize_bandwidth.csv"; do [[ -s $f ]] && csvs+=("$f"); done

@@ -14,7 +14,16 @@ The committed runs are every CSV of those schemas under --results whose gpu colu
 GPU; of several, the newest (by the git commit time of the file, or of the row's commit) holds a
 row's baseline. Rows that a file holds twice under one key (old files without a layout column held
 planar and FBGEMM-row storages of a scheme alike) are ambiguous and not compared.
+
+A copy of the tree without .git (a GPU machine's) cannot order the runs: write their commit times
+beforehand, where git is, and carry the file along (it is git-ignored):
+
+    python3 experiments/bench/compare_runs.py --results experiments/results --write-times experiments/results/.run_times.json
+
+--times (default: <results>/.run_times.json) is read when git cannot date a file; runs dated by
+neither are ordered by path, and the report says how many.
 """
+import json
 import argparse
 import csv
 import glob
@@ -56,12 +65,33 @@ def git_time(root, *args):
         return None
 
 
-def run_time(path, rows, root):
-    """When a committed run was made: its file's last commit, else its rows' commit, else 0."""
+def run_time(path, rows, root, times=None, results=None):
+    """When a committed run was made: its file's last commit, else its rows' commit, else its entry in
+    `times` ({path under results: unix time}), else 0 (unknown)."""
     t = git_time(root, "--", os.path.relpath(path, root))
     if t is None and rows and rows[0].get("commit"):
         t = git_time(root, rows[0]["commit"])
+    if t is None and times and results:
+        t = times.get(os.path.relpath(path, results))
     return t or 0
+
+
+def csv_paths(results):
+    return sorted(glob.glob(os.path.join(results, "**", "*.csv"), recursive=True))
+
+
+def write_times(results, root, out):
+    """Every committed run's time (git) into `out`, for trees without git."""
+    times = {}
+    for path in csv_paths(results):
+        kind, rows = read_rows(path)
+        if kind:
+            t = run_time(path, rows, root)
+            if t:
+                times[os.path.relpath(path, results)] = t
+    with open(out, "w") as f:
+        json.dump(times, f, indent=0, sort_keys=True)
+    return len(times)
 
 
 def index(rows, kind):
@@ -72,16 +102,18 @@ def index(rows, kind):
     return out
 
 
-def baselines(results, gpu, exclude, root):
-    """{key: (row, file)}: for every key, the row of the newest committed run on this GPU."""
+def baselines(results, gpu, exclude, root, times=None):
+    """{key: (row, file)}: for every key, the row of the newest committed run on this GPU; and how many
+    runs had no known time."""
     runs = []
-    for path in glob.glob(os.path.join(results, "**", "*.csv"), recursive=True):
+    for path in csv_paths(results):
         if os.path.abspath(path) in exclude:
             continue
         kind, rows = read_rows(path)
         rows = [r for r in rows if r.get("gpu") == gpu and r.get("median_us")]
         if rows:
-            runs.append((run_time(path, rows, root), path, kind, rows))
+            runs.append((run_time(path, rows, root, times, results), path, kind, rows))
+    undated = sum(1 for t, *_ in runs if t == 0)
     best = {}
     for _, path, kind, rows in sorted(runs):  # oldest first: newer runs overwrite
         for key, group in index(rows, kind).items():
@@ -92,7 +124,7 @@ def baselines(results, gpu, exclude, root):
                 best[key] = ("ambiguous", path)
                 continue
             best[key] = (group, path)
-    return best
+    return best, undated
 
 
 def compare(new_rows, kind, base, threshold):
@@ -135,17 +167,30 @@ def label(key, row):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("csv", nargs="+", help="the new run's decode.csv / quantize_bandwidth.csv")
+    ap.add_argument("csv", nargs="*", help="the new run's decode.csv / quantize_bandwidth.csv")
     ap.add_argument("--results", default="experiments/results", help="committed runs (default: %(default)s)")
     ap.add_argument("--threshold", type=float, default=0.05, help="relative change to report (default: %(default)s)")
     ap.add_argument("--csv-out", help="write every flagged row here")
+    ap.add_argument("--times", help="committed runs' times for a tree without git (default: <results>/.run_times.json)")
+    ap.add_argument("--write-times", metavar="FILE", help="write the committed runs' git times to FILE and exit")
     args = ap.parse_args(argv)
+    if not args.csv and not args.write_times:
+        ap.error("give the new run's CSV files (or --write-times FILE)")
     try:  # the repository holding the committed runs, whose history orders them
         top = subprocess.run(["git", "-C", args.results, "rev-parse", "--show-toplevel"], capture_output=True,
                              text=True, timeout=30)
         root = top.stdout.strip() if top.returncode == 0 else args.results
     except (OSError, subprocess.TimeoutExpired):
         root = args.results
+    if args.write_times:
+        n = write_times(args.results, root, args.write_times)
+        print(f"wrote {args.write_times}: {n} committed runs")
+        return 0
+    times_path = args.times or os.path.join(args.results, ".run_times.json")
+    times = None
+    if os.path.isfile(times_path):
+        with open(times_path) as f:
+            times = json.load(f)
     exclude = {os.path.abspath(p) for p in args.csv}
     lines, flagged_all = [], []
     for path in args.csv:
@@ -161,7 +206,7 @@ def main(argv=None):
             lines.append(f"{path}: no timed rows")
             continue
         gpu = rows[0]["gpu"]
-        base = baselines(args.results, gpu, exclude, root)
+        base, undated = baselines(args.results, gpu, exclude, root, times)
         flagged, compared, ambiguous, missing = compare(rows, kind, base, args.threshold)
         flagged_all += flagged
         slower = sorted((f for f in flagged if f[0] > 1), key=lambda f: -f[0])
@@ -169,6 +214,9 @@ def main(argv=None):
         lines.append(f"{kind} rows vs the newest committed run on {gpu}: {compared} compared, {len(slower)} more than "
                      f"{args.threshold:.0%} slower, {len(faster)} more than {args.threshold:.0%} faster "
                      f"({missing} without a committed row, {ambiguous} ambiguous there)")
+        if undated:
+            lines.append(f"  warning: {undated} committed runs on {gpu} have no known time (no git here and no entry in "
+                         f"{times_path}): among them the baseline is the last by path, not the newest")
         for title, group in (("slower", slower), ("faster", faster)):
             for ratio, key, row, old, note, old_path in group:
                 lines.append(f"  [{title.upper()}] {label(key, row)}: {float(old['median_us']):.1f} -> "

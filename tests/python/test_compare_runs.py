@@ -87,3 +87,32 @@ def test_bad_inputs(tmp_path, capsys):
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
     assert compare_runs.main([str(tmp_path / "x.csv")]) == 2
     assert "not a kvq bench or bench-quantize CSV" in capsys.readouterr().err
+
+
+def test_a_tree_without_git_orders_runs_by_the_written_times(tmp_path, capsys):
+    repo = tmp_path / "repo"
+    results = repo / "results"
+    git(tmp_path, "init", "-q", str(repo))
+    write(results / "gpu" / "zz-old" / "decode.csv", [decode_row("decode-tc", "int8-head", 100.0, "aaa")])
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "old")
+    write(results / "gpu" / "aa-new" / "decode.csv", [decode_row("decode-tc", "int8-head", 80.0, "bbb")])
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "new", date="2026-02-01T00:00:00")
+    times = results / ".run_times.json"
+    assert compare_runs.main(["--results", str(results), "--write-times", str(times)]) == 0
+    assert "2 committed runs" in capsys.readouterr().out
+    # the tree as a GPU machine gets it: no .git; the written times still pick aa-new (80 us)
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(results), str(copy)], check=True)
+    new = tmp_path / "run" / "decode.csv"
+    write(new, [decode_row("decode-tc", "int8-head", 90.0, "ccc")])
+    assert compare_runs.main([str(new), "--results", str(copy)]) == 0
+    out = capsys.readouterr().out
+    assert "80.0 -> 90.0 us" in out and "warning" not in out
+    # without the times: ordered by path (zz-old last, 100 us), and the report says so
+    os.remove(copy / ".run_times.json")
+    assert compare_runs.main([str(new), "--results", str(copy)]) == 0
+    out = capsys.readouterr().out
+    assert "100.0 -> 90.0 us" in out
+    assert "warning: 2 committed runs on NVIDIA H100 80GB HBM3 have no known time" in out
