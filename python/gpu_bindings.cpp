@@ -333,7 +333,8 @@ nb::dict decode_support(const std::string& variant, const std::string& k, const 
   try {
     for (auto [name, op, format] : {std::tuple{&k, &p.k, &p.k_format}, std::tuple{&v, &p.v, &p.v_format}}) {
       const std::optional<Scheme> s = parse_storage_operand(*name, fbgemm, *format);
-      *op = s ? quantized_operand(*s, 1, 1, 1, head_dim, fbgemm, nullptr, nullptr, nullptr)
+      static const float kAnyTensorScale = 1.0f;  // nvfp4's s_t: a real cache carries one (never read here)
+      *op = s ? quantized_operand(*s, 1, 1, 1, head_dim, fbgemm, nullptr, nullptr, nullptr, &kAnyTensorScale)
               : raw_operand(nullptr, 1, 1, head_dim, layout != "bnsh");
     }
   } catch (const SchemeError& e) {
