@@ -51,8 +51,9 @@ class KvOperand:
     scheme: Any = None  # kvq.Scheme for a quantized storage, else None
     values: Any = None  # raw: float32 holding exactly the bf16 / fp16 values
     codes: Any = None  # int8 / uint8, int4 packed two per byte (element 2i in the low nibble)
-    scales: Any = None  # float16 or float32, in the scheme's scale dtype
+    scales: Any = None  # float16 or float32, in the scheme's scale dtype; uint8 bytes for e8m0 / e4m3
     zero_points: Any = None
+    tensor_scale: Any = None  # nvfp4: its float32 per-tensor scale (0-dim)
     rows: Any = None  # FBGEMM: uint8 [B, T, Hkv, D/2 + 4n], n x (fp16 scale, fp16 shift) then the codes
 
 
@@ -92,7 +93,7 @@ class _Cpu:
     def put(a, values_format=None):
         if a is None:
             return None
-        a = np.ascontiguousarray(a)
+        a = np.ascontiguousarray(a) if np.ndim(a) else np.array(a)  # ascontiguousarray makes 0-dim 1-dim
         a.setflags(write=False)
         return a
 
@@ -111,7 +112,7 @@ class _Cuda:
         if a is None:
             return None
         import torch
-        t = torch.from_numpy(np.ascontiguousarray(a)).to("cuda")
+        t = torch.from_numpy(np.ascontiguousarray(a) if np.ndim(a) else np.array(a)).to("cuda")
         if values_format in ("bf16", "fp16"):
             t = t.to(torch.bfloat16 if values_format == "bf16" else torch.float16)
         return t

@@ -107,9 +107,9 @@ def check_storage_name(name, layout):
     if name in RAW_STORAGES:
         return
     scheme = parse_scheme(name)  # SchemeError (a ValueError) for a bad name
-    if scheme.format not in ("int", "fp8-e4m3", "fp8-e5m2"):
-        raise ValueError(f"storage '{name}': kvq.gate gates int8 / int4 / FP8 schemes and bf16 / fp16 values; "
-                         f"not {scheme.format} yet (its poisoned scales and layouts are not written)")
+    if layout == "fbgemm" and scheme.block_format:
+        raise ValueError(f"storage '{name}': FBGEMM's inline rows hold kvq's int4 schemes, not llama.cpp's or the "
+                         "FP4 block formats (planar: layouts bnsh, bsnh, paged)")
     if scheme.hadamard or scheme.window is not None:
         raise ValueError(f"storage '{name}': kvq.gate does not gate +had or +w<W> storages yet (the kernel would "
                          "need the rotation of Q or the window's full-precision values beside the codes)")
@@ -141,7 +141,10 @@ def storage_unfit_reason(name, layout, head_dim):
 # so that an output that depends on the padding shows as a difference even where NaN would not.
 
 def poison_values(kind, shape, dtype):
-    """Poison for a float array (values, scales or zero points)."""
+    """Poison for a float array (values, scales or zero points). One-byte scales (mxfp4's e8m0, nvfp4's
+    e4m3): 0xFF, NaN in both, or 0x7E (e8m0 0.5, e4m3 448)."""
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        return np.full(shape, 0xFF if kind == "nan" else 0x7E, dtype=dtype)
     return np.full(shape, np.nan if kind == "nan" else 8.0, dtype=dtype)
 
 
@@ -165,7 +168,8 @@ class StoredOperand:
     """K or V of one case before its layout: arrays in kvq's planar order (BNSH), the padding clean.
 
     arrays: name -> (array, token axis or None, head axis or None); names are "values" (raw), or
-    "codes", "scales", "zero_points" (a kvq scheme), or "rows" (FBGEMM, already [B, T, Hkv, bytes]).
+    "codes", "scales", "zero_points", "tensor_scale" (a kvq scheme; the last nvfp4's), or "rows"
+    (FBGEMM, already [B, T, Hkv, bytes]).
     """
     storage: str
     scheme: object  # kvq.Scheme or None
@@ -194,6 +198,8 @@ def store_operand(x, storage, layout):
         arrays["scales"] = (np.array(r.scales), token_axis, head_axis)
         if scheme.asymmetric:
             arrays["zero_points"] = (np.array(r.zero_points), token_axis, head_axis)
+    if r.tensor_scale is not None:  # nvfp4: one fp32 per tensor, padding only when every sequence is empty
+        arrays["tensor_scale"] = (np.array(r.tensor_scale, dtype=np.float32).reshape(()), None, None)
     return StoredOperand(storage, scheme, reference, arrays)
 
 

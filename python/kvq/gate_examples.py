@@ -44,11 +44,56 @@ def fma32(q, s, z):
     return (q.astype(np.float64) * s.astype(np.float64) + z.astype(np.float64)).astype(np.float32)
 
 
+# llama.cpp's and the FP4 block formats (docs/schemes.md): e2m1 values doubled (ggml's kvalues_mxfp4) and
+# iq4_nl's non-linear table (kvalues_iq4nl).
+E2M1_DOUBLED = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+IQ4_NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+def dequantize_blocks(op, head_dim):
+    """A block format (q8_0 ... nvfp4) in BNSH planar arrays -> float32 [B, Hkv, T, D]: codes as ggml
+    stores them (q5: D/2 nibble bytes, then the fifth bits, element d at bit d % 8 of byte D/2 + d/8),
+    one scale per block ([B, H, T, D/block]: fp16, or e8m0 / e4m3 bytes), q4_1 / q5_1's min as the zero
+    points, nvfp4's fp32 tensor scale."""
+    s, f = op.scheme, op.scheme.format
+    codes = np.asarray(op.codes)
+    if f == "q8_0":
+        u = codes.astype(np.int8).astype(np.float32)
+    elif f in ("q5_0", "q5_1"):
+        half = head_dim // 2
+        fifth = np.unpackbits(codes[..., half:].astype(np.uint8), axis=-1, bitorder="little")[..., :head_dim]
+        u = (unpack_int4(codes[..., :half], signed=False) | (fifth.astype(np.int32) << 4)).astype(np.float32)
+    else:
+        u = unpack_int4(codes, signed=False).astype(np.float32)
+    p = np.asarray(op.scales)
+    if s.scale_dtype == "e8m0":  # 2^(e-127); e = 0 is 2^-127, an fp32 subnormal; 255 is NaN
+        e = p.astype(np.int32)
+        d = np.where(e == 255, np.float32(np.nan), np.ldexp(np.float32(1), np.minimum(e, 254) - 127)).astype(np.float32)
+    elif s.scale_dtype == "e4m3":
+        d = fp8_values("fp8-e4m3")[p.astype(np.uint8)]
+    else:
+        d = p.astype(np.float32)
+    d = np.repeat(d, s.group, axis=-1)
+    if f in ("q4_0", "q5_0"):
+        return (u - (8 if f == "q4_0" else 16)) * d
+    if f in ("q4_1", "q5_1"):
+        return fma32(u, d, np.repeat(np.asarray(op.zero_points, np.float32), s.group, axis=-1))
+    if f == "iq4_nl":
+        return d * IQ4_NL[u.astype(np.int32)]
+    if f == "mxfp4":
+        return E2M1_DOUBLED[u.astype(np.int32)] * (d * np.float32(0.5))
+    if f == "nvfp4":
+        return E2M1_DOUBLED[u.astype(np.int32)] * np.float32(0.5) * (d * np.float32(op.tensor_scale))
+    return u * d  # q8_0: one fp32 multiply
+
+
 def dequantize_planar(op, head_dim):
     """A kvq scheme in BNSH planar arrays -> float32 [B, Hkv, T, D], as the codec decodes it."""
     s = op.scheme
+    if s.block_format:
+        return dequantize_blocks(op, head_dim)
     if s.format not in ("int", "fp8-e4m3", "fp8-e5m2"):
-        raise ValueError(f"dequantize_planar: {s.name} ({s.format}) is not an int or FP8 scheme")
+        raise ValueError(f"dequantize_planar: {s.name} ({s.format}) is not an int, FP8 or block-format scheme")
     if s.format != "int":
         q = fp8_values(s.format)[np.asarray(op.codes, np.uint8)]
     elif s.bits == 4:
@@ -93,7 +138,7 @@ def to_bnsh(a, case):
     """A stored array (values, codes or scales) -> kvq's BNSH order. Paged: the page table gathers each
     sequence's pages into [B, max_pages * page_size, ...]; BSNH-ordered arrays swap T and H back."""
     a = np.asarray(a)
-    if case.layout == "bnsh" or a.ndim == 1:  # bnsh, or one per-tensor scale
+    if case.layout == "bnsh" or a.ndim <= 1:  # bnsh, or one per-tensor scale (nvfp4's: 0-dim)
         return a
     if case.layout == "paged":
         t = case.block_table  # [B, max_pages]
@@ -109,7 +154,8 @@ def cache_bnsh(case, op):
         return np.swapaxes(dequantize_fbgemm_rows(op.rows, case.head_dim), 1, 2)
     planar = type(op)(op.storage, op.scheme, codes=to_bnsh(op.codes, case),
                       scales=None if op.scales is None else to_bnsh(op.scales, case),
-                      zero_points=None if op.zero_points is None else to_bnsh(op.zero_points, case))
+                      zero_points=None if op.zero_points is None else to_bnsh(op.zero_points, case),
+                      tensor_scale=op.tensor_scale)
     return dequantize_planar(planar, case.head_dim)
 
 

@@ -27,7 +27,7 @@ def _cache(op, layout):
         return gpu.Cache(op.storage, op.values, layout="bnsh" if layout == "bnsh" else "bsnh")
     if layout == "fbgemm":
         return gpu.Cache(op.storage, op.rows, layout="fbgemm")
-    return gpu.Cache(op.storage, op.codes, op.scales, op.zero_points, layout="bnsh")
+    return gpu.Cache(op.storage, op.codes, op.scales, op.zero_points, layout="bnsh", tensor_scale=op.tensor_scale)
 
 
 def kernel(variant="decode-tc", layout="bnsh", splits=0):

@@ -112,6 +112,26 @@ def nibbles_swapped(case):  # int4: element 2i read from the high nibble
     return numpy_decode(dataclasses.replace(case, k=swap(case.k), v=swap(case.v)))
 
 
+def fifth_bits_ignored(case):  # q5_0 / q5_1: reads the nibbles alone, as if the codes were 4-bit
+    def drop(op):
+        if op.scheme is None or op.scheme.format not in ("q5_0", "q5_1"):
+            return op
+        codes = op.codes.copy()
+        codes[..., case.head_dim // 2:] = 0
+        return dataclasses.replace(op, codes=codes)
+    return numpy_decode(dataclasses.replace(case, k=drop(case.k), v=drop(case.v)))
+
+
+def e2m1_not_doubled(case):  # mxfp4 / nvfp4: the e2m1 values without the table's 1/2 (twice too large)
+    def double(op):
+        if op.scheme is None or op.scheme.format not in ("mxfp4", "nvfp4"):
+            return op
+        if op.scheme.format == "nvfp4":
+            return dataclasses.replace(op, tensor_scale=op.tensor_scale * np.float32(2))
+        return dataclasses.replace(op, scales=np.where(op.scales < 254, op.scales + 1, op.scales).astype(op.scales.dtype))
+    return numpy_decode(dataclasses.replace(case, k=double(case.k), v=double(case.v)))
+
+
 def ignores_page_table(case):  # assumes sequence b's pages are b * max_pages + i, in order
     table = case.block_table
     pages = (case.k.values if case.k.values is not None else case.k.codes).shape[0]

@@ -41,7 +41,10 @@ def statuses(report):
     (numpy_paged, "bf16", "bf16"), (numpy_paged, "int8-head", "int4-g32-asym"),
     (numpy_paged, "int4-token-asym", "fp8-e4m3-g32-fp32"),
     (gate.Kernel(numpy_decode, name="numpy-paged-7", layout="paged", page_size=7), "int8-tensor", "fp16"),
-    (numpy_fbgemm, "int4-g32-asym", "int4-head-asym"), (numpy_fbgemm, "bf16", "int4-g64-asym")])
+    (numpy_fbgemm, "int4-g32-asym", "int4-head-asym"), (numpy_fbgemm, "bf16", "int4-g64-asym"),
+    # llama.cpp's cache types and mxfp4 / nvfp4, planar
+    (numpy_bnsh, "q4_0", "q5_1"), (numpy_bsnh, "iq4_nl", "nvfp4"), (numpy_paged, "mxfp4", "q8_0"),
+    (numpy_paged, "q5_0", "q4_1"), (numpy_bnsh, "nvfp4", "mxfp4")])
 def test_correct_kernels_pass_every_family(kern, k, v):
     r = run(kern, k, v)
     assert r.ok, [c.line(r.kernel) for c in r.with_status("FAIL")]
@@ -225,9 +228,8 @@ def test_arguments_the_gate_cannot_run_are_errors():
         gate.check(numpy_bnsh, "int4-g32-asym+had", "bf16", log=None)
     with pytest.raises(kvq.SchemeError):
         gate.check(numpy_bnsh, "int4-g3x", "bf16", log=None)
-    if hasattr(kvq, "to_ggml_blocks"):  # llama.cpp's block formats, where the module has them
-        with pytest.raises(ValueError, match="storage 'q8_0': kvq.gate gates int8 / int4 / FP8 schemes"):
-            gate.check(numpy_bnsh, "q8_0", "bf16", log=None)
+    with pytest.raises(ValueError, match="storage 'q4_1': FBGEMM's inline rows hold kvq's int4 schemes, not"):
+        gate.check(numpy_fbgemm, "q4_1", "bf16", log=None)
     with pytest.raises(ValueError, match="expected 'quick', 'full' or family names"):
         gate.check(numpy_bnsh, cases=["varlen", "nope"], log=None)
     with pytest.raises(ValueError, match="precision profile 'fp32-pbf8'"):
@@ -273,6 +275,29 @@ def test_padding_is_poisoned_where_the_docs_say():
     from kvq.gate_examples import cache_bnsh
     k = cache_bnsh(c, c.k)
     assert k.shape == (3, 2, 48, 128) and np.isfinite(k[1, :, :20]).all() and np.isnan(k[1, :, 20:]).all()
+
+
+def test_block_formats_arrive_as_stored_with_their_padding_poisoned():
+    c = captured("paged", "mxfp4", "nvfp4", "odd_t")  # T 37, lengths 37, 20, 1, pages of 16
+    table, pages = c.block_table, c.k.codes.shape[0]
+    unused = sorted(set(range(pages)) - set(table[0, :3].tolist() + table[1, :2].tolist() + table[2, :1].tolist()))
+    assert c.k.scales.dtype == np.uint8 and c.k.scales.shape == (pages, 16, 2, 4)  # e8m0, one per 32
+    assert c.v.scales.shape == (pages, 16, 2, 8) and c.k.codes.shape == (pages, 16, 2, 64)  # e4m3, one per 16
+    assert (c.k.scales[unused] == 0xFF).all() and (c.v.scales[table[1, 1], 4:] == 0xFF).all()  # NaN in both
+    assert (c.v.scales[table[1, 1], :4] != 0xFF).all()
+    assert c.k.tensor_scale is None and c.v.tensor_scale.dtype == np.float32 and c.v.tensor_scale.shape == ()
+    ref = kvq.quantize(np.zeros((1, 1, 1, 128), np.float32) + 1, "nvfp4")
+    assert ref.tensor_scale is not None and np.isfinite(c.v.tensor_scale)
+    c = captured("bnsh", "q5_1", "q8_0", "varlen")  # lengths 300, 0, 177
+    assert c.k.codes.shape == (3, 2, 300, 80) and c.k.codes.dtype == np.uint8  # D/2 nibbles, then D/8 fifth bits
+    assert c.k.zero_points.dtype == np.float16 and np.isnan(c.k.zero_points[2, :, 177:]).all()
+    assert c.v.codes.dtype == np.int8 and np.isfinite(c.v.scales[0]).all()
+
+
+def test_wrong_block_decoding_is_caught():
+    for kern, k, v in ((wrong.fifth_bits_ignored, "q5_0", "q5_1"), (wrong.e2m1_not_doubled, "mxfp4", "nvfp4")):
+        r = run(gate.Kernel(kern), k, v, cases=["varlen", "mha"])
+        assert not r.ok and {c.status for c in r.cases} == {"FAIL"}, [c.line(r.kernel) for c in r.cases]
 
 
 def test_fbgemm_rows_are_the_planar_codes_and_parameters():
