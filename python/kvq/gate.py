@@ -37,7 +37,7 @@ from .gate_cases import (FAMILIES, LAYOUTS, RAW_STORAGES, case_rng, case_specs, 
 __all__ = ["Kernel", "kernel", "DecodeCase", "KvOperand", "CaseReport", "GateReport", "check", "tolerance", "main",
            "FAMILIES", "LAYOUTS"]
 
-LAYOUT_NAMES = {"bnsh": "BNSH", "bsnh": "BSNH", "paged": "paged", "fbgemm": "FBGEMM"}
+LAYOUT_NAMES = {"bnsh": "BNSH", "bsnh": "BSNH", "paged": "paged", "fbgemm": "FBGEMM", "ggml": "ggml"}
 
 
 # ---- what a kernel receives ----
@@ -55,6 +55,7 @@ class KvOperand:
     zero_points: Any = None
     tensor_scale: Any = None  # nvfp4: its float32 per-tensor scale (0-dim)
     rows: Any = None  # FBGEMM: uint8 [B, T, Hkv, D/2 + 4n], n x (fp16 scale, fp16 shift) then the codes
+    blocks: Any = None  # ggml: uint8 [B, T, Hkv, D/32 * sizeof(block)], a llama.cpp cache row per (b, t, h)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class DecodeCase:
     softmax_scale: float  # the scale to use (1/sqrt(D) unless the case says otherwise)
     alibi_slopes: Any  # [Hq] float32, or None
     block_table: Any  # paged: [B, max_pages] int32 page ids; else None
-    layout: str  # "bnsh", "bsnh", "paged" or "fbgemm"
+    layout: str  # "bnsh", "bsnh", "paged", "fbgemm" or "ggml"
     page_size: Optional[int]  # paged: tokens per page; else None
     batch: int
     num_q_heads: int

@@ -11,9 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._core import SchemeError, fbgemm_rows, parse_scheme, quantize, round_to_format
+from ._core import SchemeError, fbgemm_rows, parse_scheme, quantize, round_to_format, to_ggml_blocks
 
-LAYOUTS = ("bnsh", "bsnh", "paged", "fbgemm")
+LAYOUTS = ("bnsh", "bsnh", "paged", "fbgemm", "ggml")
+# ggml's block structs: bytes per block, and where its scale fields are (offset, "fp16" / "byte"; quant/ggml_layout.hpp)
+GGML_BLOCKS = {"q8_0": (34, ((0, "fp16"),)), "q4_0": (18, ((0, "fp16"),)), "q4_1": (20, ((0, "fp16"), (2, "fp16"))),
+               "q5_0": (22, ((0, "fp16"),)), "q5_1": (24, ((0, "fp16"), (2, "fp16"))), "iq4_nl": (18, ((0, "fp16"),)),
+               "mxfp4": (17, ((0, "byte"),)), "nvfp4": (36, ((0, "byte"), (1, "byte"), (2, "byte"), (3, "byte")))}
 RAW_STORAGES = ("bf16", "fp16")
 # In the order they run. "long" runs with cases="full" only.
 FAMILIES = ("varlen", "head_dim", "mha", "mqa", "alibi", "group16", "one_key", "keys33", "odd_t", "no_keys",
@@ -109,7 +113,10 @@ def check_storage_name(name, layout):
     scheme = parse_scheme(name)  # SchemeError (a ValueError) for a bad name
     if layout == "fbgemm" and scheme.block_format:
         raise ValueError(f"storage '{name}': FBGEMM's inline rows hold kvq's int4 schemes, not llama.cpp's or the "
-                         "FP4 block formats (planar: layouts bnsh, bsnh, paged)")
+                         "FP4 block formats (planar: layouts bnsh, bsnh, paged; ggml's own blocks: layout ggml)")
+    if layout == "ggml" and not scheme.block_format:
+        raise ValueError(f"storage '{name}': the ggml layout holds llama.cpp's cache types and mxfp4 / nvfp4 "
+                         "(q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, nvfp4) or bf16 / fp16 values")
     if scheme.hadamard or scheme.window is not None:
         raise ValueError(f"storage '{name}': kvq.gate does not gate +had or +w<W> storages yet (the kernel would "
                          "need the rotation of Q or the window's full-precision values beside the codes)")
@@ -131,6 +138,8 @@ def storage_unfit_reason(name, layout, head_dim):
         scheme.fits(head_dim)
     except SchemeError as e:
         return f"storage {name} at head_dim {head_dim}: {e}"
+    if layout == "ggml" and scheme.format == "nvfp4" and head_dim % 64:
+        return f"storage {name} at head_dim {head_dim}: ggml's block_nvfp4 holds 64 elements"
     if layout == "fbgemm" and scheme.granularity == "group" and head_dim // scheme.group not in (1, 2, 4, 8):
         return (f"storage {name} at head_dim {head_dim}: FBGEMM rows hold 1, 2, 4 or 8 groups, not "
                 f"{head_dim // scheme.group}")
@@ -163,13 +172,29 @@ def poison_fbgemm_rows(kind, shape, groups):
     return rows
 
 
+def poison_ggml_blocks(kind, shape, fmt):
+    """Rows of ggml blocks [..., row bytes] whose scales (and mins) are NaN (fp16 0x7E00; one-byte
+    scales 0xFF) or, for the probe, 0.5 and 0x7E, and whose codes are garbage."""
+    rows = poison_codes(kind, shape, np.uint8)
+    size, fields = GGML_BLOCKS[fmt]
+    blocks = rows.reshape(rows.shape[:-1] + (rows.shape[-1] // size, size))
+    half = np.array([np.nan if kind == "nan" else 0.5], np.float16).view(np.uint8)
+    for offset, field in fields:
+        if field == "fp16":
+            blocks[..., offset:offset + 2] = half
+        else:
+            blocks[..., offset] = 0xFF if kind == "nan" else 0x7E
+    return rows
+
+
 @dataclass
 class StoredOperand:
     """K or V of one case before its layout: arrays in kvq's planar order (BNSH), the padding clean.
 
     arrays: name -> (array, token axis or None, head axis or None); names are "values" (raw), or
     "codes", "scales", "zero_points", "tensor_scale" (a kvq scheme; the last nvfp4's), or "rows"
-    (FBGEMM, already [B, T, Hkv, bytes]).
+    (FBGEMM, already [B, T, Hkv, bytes]), or "blocks" (ggml's, [B, T, Hkv, bytes], and nvfp4's
+    "tensor_scale").
     """
     storage: str
     scheme: object  # kvq.Scheme or None
@@ -190,6 +215,11 @@ def store_operand(x, storage, layout):
     if layout == "fbgemm":
         groups = 1 if scheme.granularity == "head" else D // scheme.group
         return StoredOperand(storage, scheme, reference, {"rows": (np.array(fbgemm_rows(r)), 1, 2)}, groups)
+    if layout == "ggml":
+        arrays = {"blocks": (np.array(to_ggml_blocks(r)), 1, 2)}
+        if r.tensor_scale is not None:
+            arrays["tensor_scale"] = (np.array(r.tensor_scale, dtype=np.float32).reshape(()), None, None)
+        return StoredOperand(storage, scheme, reference, arrays)
     # token axis of the scale array: tensor none; token [B, T]; head, gG [B, H, T(, n)]; chan-tN [B, H, T/N, D]
     g = scheme.granularity
     token_axis, head_axis = {"tensor": (None, None), "token": (1, None)}.get(g, (2, 1))
@@ -220,6 +250,9 @@ def poisoned(op, spec, kind):
         if name == "rows":  # [B, T, Hkv, bytes]
             pad = padding_tokens(spec, None, a.shape[1])
             a[pad] = poison_fbgemm_rows(kind, a[pad].shape, op.fbgemm_groups)
+        elif name == "blocks":  # ggml's [B, T, Hkv, bytes]
+            pad = padding_tokens(spec, None, a.shape[1])
+            a[pad] = poison_ggml_blocks(kind, a[pad].shape, op.scheme.format)
         elif t_axis is None:  # one per-tensor scale: padding only when every sequence is empty
             if a.size and not lens.any():
                 a[...] = poison_values(kind, a.shape, a.dtype)
@@ -263,12 +296,12 @@ def to_layout(arrays, op, layout, paging, kind):
     out = {}
     for name, a in arrays.items():
         _, t_axis, h_axis = op.arrays[name]
-        if layout == "bnsh" or layout == "fbgemm" and name == "rows" or t_axis is None:
+        if layout == "bnsh" or layout in ("fbgemm", "ggml") and name in ("rows", "blocks") or t_axis is None:
             out[name] = a
             continue
         if h_axis is not None:  # [B, H, T, ...] -> [B, T, H, ...]
             a = np.ascontiguousarray(np.moveaxis(a, h_axis, t_axis))
-        if layout in ("bsnh", "fbgemm"):
+        if layout in ("bsnh", "fbgemm", "ggml"):
             out[name] = a
             continue
         rest = a.shape[2:]

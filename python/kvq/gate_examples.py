@@ -11,7 +11,7 @@ does), O rounded to bf16 — the profile "fp32-obf16".
 """
 import numpy as np
 
-from ._core import round_to_format
+from ._core import from_ggml_blocks, round_to_format
 from .gate import Kernel
 
 
@@ -152,6 +152,17 @@ def cache_bnsh(case, op):
         return to_bnsh(op.values, case)
     if op.rows is not None:
         return np.swapaxes(dequantize_fbgemm_rows(op.rows, case.head_dim), 1, 2)
+    if op.blocks is not None:  # ggml's blocks: back to kvq's planar arrays (a byte-for-byte conversion)
+        blocks = np.array(op.blocks)
+        b, t, h, _ = blocks.shape
+        blocks[np.arange(t)[None, :] >= np.asarray(case.seq_lens)[:, None]] = 0  # padding: never read (zero blocks)
+        ts = None if op.tensor_scale is None else float(op.tensor_scale)
+        r = from_ggml_blocks(blocks, op.scheme, [b, h, t, case.head_dim],
+                             tensor_scale=None if ts is None else (ts if np.isfinite(ts) else 0.0))
+        planar = type(op)(op.storage, op.scheme, codes=np.asarray(r.codes), scales=np.asarray(r.scales),
+                          zero_points=None if r.zero_points is None else np.asarray(r.zero_points),
+                          tensor_scale=op.tensor_scale)
+        return dequantize_planar(planar, case.head_dim)
     planar = type(op)(op.storage, op.scheme, codes=to_bnsh(op.codes, case),
                       scales=None if op.scales is None else to_bnsh(op.scales, case),
                       zero_points=None if op.zero_points is None else to_bnsh(op.zero_points, case),
@@ -193,3 +204,4 @@ numpy_bnsh = Kernel(numpy_decode, name="numpy-bnsh", layout="bnsh", profile="fp3
 numpy_bsnh = Kernel(numpy_decode, name="numpy-bsnh", layout="bsnh", profile="fp32-obf16")
 numpy_paged = Kernel(numpy_decode, name="numpy-paged", layout="paged", profile="fp32-obf16", page_size=16)
 numpy_fbgemm = Kernel(numpy_decode, name="numpy-fbgemm", layout="fbgemm", profile="fp32-obf16")
+numpy_ggml = Kernel(numpy_decode, name="numpy-ggml", layout="ggml", profile="fp32-obf16")

@@ -132,6 +132,18 @@ def e2m1_not_doubled(case):  # mxfp4 / nvfp4: the e2m1 values without the table'
     return numpy_decode(dataclasses.replace(case, k=double(case.k), v=double(case.v)))
 
 
+def ggml_blocks_reversed(case):  # ggml layout: reads a row's blocks last to first
+    def flip(op):
+        if op.blocks is None:
+            return op
+        from kvq.gate_cases import GGML_BLOCKS
+        size = GGML_BLOCKS[op.scheme.format][0]
+        b = np.asarray(op.blocks)
+        blocks = b.reshape(b.shape[:-1] + (b.shape[-1] // size, size))[..., ::-1, :].reshape(b.shape)
+        return dataclasses.replace(op, blocks=np.ascontiguousarray(blocks))
+    return numpy_decode(dataclasses.replace(case, k=flip(case.k), v=flip(case.v)))
+
+
 def ignores_page_table(case):  # assumes sequence b's pages are b * max_pages + i, in order
     table = case.block_table
     pages = (case.k.values if case.k.values is not None else case.k.codes).shape[0]

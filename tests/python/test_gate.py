@@ -14,7 +14,7 @@ import pytest
 
 import kvq
 import kvq.gate as gate
-from kvq.gate_examples import numpy_bnsh, numpy_bsnh, numpy_decode, numpy_fbgemm, numpy_paged
+from kvq.gate_examples import numpy_bnsh, numpy_bsnh, numpy_decode, numpy_fbgemm, numpy_ggml, numpy_paged
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -292,6 +292,24 @@ def test_block_formats_arrive_as_stored_with_their_padding_poisoned():
     assert c.k.codes.shape == (3, 2, 300, 80) and c.k.codes.dtype == np.uint8  # D/2 nibbles, then D/8 fifth bits
     assert c.k.zero_points.dtype == np.float16 and np.isnan(c.k.zero_points[2, :, 177:]).all()
     assert c.v.codes.dtype == np.int8 and np.isfinite(c.v.scales[0]).all()
+
+
+@pytest.mark.parametrize("k,v", [("q4_0", "q8_0"), ("q5_1", "iq4_nl"), ("nvfp4", "mxfp4"), ("bf16", "q5_0")])
+def test_ggml_blocks_as_llama_cpp_keeps_them(k, v):
+    r = run(numpy_ggml, k, v)
+    assert r.ok, [c.line(r.kernel) for c in r.with_status("FAIL")]
+    skipped = r.with_status("SKIP")  # ggml's block_nvfp4 holds 64 elements: not at D = 96
+    assert [c.detail for c in skipped] == (["skipped: storage nvfp4 at head_dim 96: ggml's block_nvfp4 holds 64 "
+                                            "elements"] if k == "nvfp4" else [])
+    c = captured("ggml", "q4_1", "bf16", "odd_t")  # T 37, lengths 37, 20, 1
+    assert c.k.blocks.shape == (3, 37, 2, 4 * 20) and c.k.blocks.dtype == np.uint8 and c.k.codes is None
+    assert c.v.values.shape == (3, 37, 2, 128)  # raw operands in the cache's [B, T, H, D]
+    params = c.k.blocks.reshape(3, 37, 2, 4, 20)[..., :4].copy().view(np.float16)  # d, m of each block
+    assert np.isnan(params[1, 20:]).all() and np.isfinite(params[1, :20]).all() and np.isfinite(params[0]).all()
+    r = run(gate.Kernel(wrong.ggml_blocks_reversed, layout="ggml"), "q8_0", "q4_0", cases=["varlen"])
+    assert not r.ok
+    with pytest.raises(ValueError, match="storage 'int8-head': the ggml layout holds llama.cpp's cache types"):
+        gate.check(numpy_ggml, "int8-head", "bf16", log=None)
 
 
 def test_wrong_block_decoding_is_caught():
