@@ -32,7 +32,7 @@ struct BenchStorage {
 inline constexpr const char* kBenchStorages =
     "bf16,int8-tensor,int8-token,int8-head,int8-g32,int4-head-asym,int4-g32-asym,int4-head-asym:fbgemm,"
     "int4-g32-asym:fbgemm,fp8-e4m3,fp8-e4m3-head,int8-head/int4-g32-asym,int4-g32-asym/int8-head,bf16/int4-g32-asym,"
-    "fp8-e4m3-head/int4-g32-asym,int4-g32-asym+w128";
+    "fp8-e4m3-head/int4-g32-asym,int4-g32-asym+w128,q8_0,q4_0,q8_0/q4_0";
 
 // Throws InputError / SchemeError naming the bad entry.
 std::vector<BenchStorage> parse_bench_storages(const std::string& list);
