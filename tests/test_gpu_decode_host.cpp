@@ -136,6 +136,9 @@ TEST_CASE("the decode benchmark reads rotated and windowed storages and the kern
   p.k_window = scheme_window(parse_scheme("int4-g32-asym+had+w16"), KvOperand{}, KvFormat::kBf16);
   CHECK(tensor_core_unsupported_reason(p) == "K +had with a +wW window: tensor-core kernels do not read a rotated window");
   CHECK(parse_bench_storages("int4-g32-asym").size() == 1);
+  CHECK(parse_bench_storages("q8_0/q4_0").at(0).v_format == KvFormat::kInt4);
+  CHECK_THROWS_WITH_AS(parse_bench_storages("q4_0:fbgemm"),
+                       "q4_0:fbgemm: FBGEMM rows hold kvq's int4 K and V (block formats are planar)", InputError);
 }
 
 TEST_CASE("window starts and key regions follow quantized_length, per operand") {
@@ -196,7 +199,7 @@ TEST_CASE("the decode benchmark reads K/V pairs, raw operands and FP8") {
   CHECK((!st[3].k && !st[3].v && st[3].k_format == KvFormat::kFp16));
   CHECK((st[4].k_format == KvFormat::kInt4Fbgemm && st[4].v_format == KvFormat::kInt4Fbgemm));
   CHECK(test::message_of<InputError>([] { parse_bench_storages("int8-head/int4-head-asym:fbgemm"); }) ==
-        "int8-head/int4-head-asym:fbgemm: FBGEMM rows hold int4 K and V");
+        "int8-head/int4-head-asym:fbgemm: FBGEMM rows hold kvq's int4 K and V (block formats are planar)");
   CHECK_THROWS_AS(parse_bench_storages("int4-head/nonsense"), SchemeError);
 }
 

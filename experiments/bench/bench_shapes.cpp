@@ -32,8 +32,8 @@ BenchStorage bench_storage(const std::optional<Scheme>& k, KvFormat k_raw, const
   auto name = [](const std::optional<Scheme>& s, KvFormat raw) { return s ? to_string(*s) : std::string(to_string(raw)); };
   st.name = name(k, k_raw) == name(v, v_raw) ? name(k, k_raw) : name(k, k_raw) + "/" + name(v, v_raw);
   if (fbgemm) {
-    if (!k || !v || k->bits != 4 || v->bits != 4 || k->fp8() || v->fp8())
-      throw InputError(fmt::format("{}:fbgemm: FBGEMM rows hold int4 K and V", st.name));
+    if (!k || !v || k->bits != 4 || v->bits != 4 || k->fp8() || v->fp8() || k->block_format() || v->block_format())
+      throw InputError(fmt::format("{}:fbgemm: FBGEMM rows hold kvq's int4 K and V (block formats are planar)", st.name));
     st.name += ":fbgemm";
   }
   st.k_format = k ? quantized_format(*k, fbgemm) : k_raw;
