@@ -249,10 +249,9 @@ std::string cuda_core_unsupported_reason(const DecodeParams& p) {
                        to_string(p.k_format), to_string(p.v_format));
   if (p.k_format == KvFormat::kFp8E4m3 || p.k_format == KvFormat::kFp8E5m2)
     return fmt::format("{}: CUDA-core kernels read no FP8 (decode-tc does)", to_string(p.k_format));
-  for (const KvOperand* op : {&p.k, &p.v})
-    if (p.k_format == KvFormat::kInt5 || p.k_format == KvFormat::kLut4 || op->code_offset != 0.0f ||
-        op->param_bytes() == 1)
-      return "q4_0, q5_0, q5_1, iq4_nl, mxfp4, nvfp4: CUDA-core kernels read no block format but q8_0 and q4_1 (decode-tc reads them all)";
+  // K and V are in one format here; q4_0 (a code offset) shares int4's
+  if (p.k_format == KvFormat::kInt5 || p.k_format == KvFormat::kLut4 || p.k.code_offset != 0 || p.v.code_offset != 0)
+    return "q4_0, q5_0, q5_1, iq4_nl, mxfp4, nvfp4: CUDA-core kernels read no block format but q8_0 and q4_1 (decode-tc reads them all)";
   if (p.k_window.present() || p.v_window.present())
     return "full-precision windows (+wW): CUDA-core kernels read one storage per operand (decode-tc reads windows)";
   if (p.k.mode == ParamMode::kChannel || p.v.mode == ParamMode::kChannel)

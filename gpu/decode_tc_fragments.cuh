@@ -31,7 +31,7 @@ struct TcSource {
   int groups = 1;          // scale groups per row
   ParamMode mode = ParamMode::kNone;
   bool asymmetric = false;
-  bool has_zero = false, signed_codes = true;  // KvOperand's
+  bool has_zero = false;  // KvOperand's; without it the codes are signed (two's complement, kLut4's table)
   ScaleDtype scale_dtype = ScaleDtype::kFp16;
   float code_offset = 0.0f;
   float scale_mult = 1.0f;  // one-byte scales (mxfp4, nvfp4): times this (the table's 1/2, nvfp4's s_t)
@@ -72,8 +72,7 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const TcOpera
   s.mode = op.mode;
   s.asymmetric = op.asymmetric, s.scale_dtype = op.scale_dtype;
   if constexpr (kMayOffset) s.code_offset = static_cast<float>(op.code_offset);  // q4_0, q5_0
-  s.has_zero = op.asymmetric || s.code_offset != 0.0f;
-  s.signed_codes = !s.has_zero;  // kLut4's table values are signed, its operands never offset nor asymmetric
+  s.has_zero = kMayOffset ? op.has_zero() : op.asymmetric;
   if constexpr (F == KvFormat::kLut4) {
     constexpr uint32_t kIq4Nl[4] = {lut_word(LutTable::kIq4Nl, 0), lut_word(LutTable::kIq4Nl, 1),
                                     lut_word(LutTable::kIq4Nl, 2), lut_word(LutTable::kIq4Nl, 3)};
@@ -345,7 +344,7 @@ __device__ __forceinline__ uint32_t lut4_lookup(uint32_t nibbles, const uint32_t
 template <KvFormat F, typename Rows>
 __device__ __forceinline__ void k_fragment(const uint32_t* kc, int row, int j, int c, const TcSource& s, uint32_t (&a)[4]) {
   constexpr int kStride = Rows::kStride;
-  const bool sym = s.signed_codes;
+  const bool sym = !s.has_zero;
   if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp16) {
     const uint2 r0 = *reinterpret_cast<const uint2*>(kc + row * kStride + 8 * j + 2 * c);
     const uint2 r1 = *reinterpret_cast<const uint2*>(kc + (row + 8) * kStride + 8 * j + 2 * c);
@@ -411,7 +410,7 @@ template <KvFormat F, typename Rows>
 __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i, int g, const TcSource& s,
                                             uint32_t (&lo)[4], uint32_t (&hi)[4]) {
   constexpr int kStride = Rows::kStride;
-  const bool sym = s.signed_codes;
+  const bool sym = !s.has_zero;
   const int rows[4] = {key0, key0 + 1, key0 + 8, key0 + 9};
   if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp16) {
     uint2 w[4];

@@ -215,11 +215,11 @@ def store_operand(x, storage, layout):
     if layout == "fbgemm":
         groups = 1 if scheme.granularity == "head" else D // scheme.group
         return StoredOperand(storage, scheme, reference, {"rows": (np.array(fbgemm_rows(r)), 1, 2)}, groups)
+    # nvfp4: one fp32 per tensor beside its codes, padding only when every sequence is empty
+    tensor = {} if r.tensor_scale is None else {"tensor_scale": (np.array(r.tensor_scale, np.float32).reshape(()),
+                                                                 None, None)}
     if layout == "ggml":
-        arrays = {"blocks": (np.array(to_ggml_blocks(r)), 1, 2)}
-        if r.tensor_scale is not None:
-            arrays["tensor_scale"] = (np.array(r.tensor_scale, dtype=np.float32).reshape(()), None, None)
-        return StoredOperand(storage, scheme, reference, arrays)
+        return StoredOperand(storage, scheme, reference, {"blocks": (np.array(to_ggml_blocks(r)), 1, 2), **tensor})
     # token axis of the scale array: tensor none; token [B, T]; head, gG [B, H, T(, n)]; chan-tN [B, H, T/N, D]
     g = scheme.granularity
     token_axis, head_axis = {"tensor": (None, None), "token": (1, None)}.get(g, (2, 1))
@@ -228,9 +228,7 @@ def store_operand(x, storage, layout):
         arrays["scales"] = (np.array(r.scales), token_axis, head_axis)
         if scheme.asymmetric:
             arrays["zero_points"] = (np.array(r.zero_points), token_axis, head_axis)
-    if r.tensor_scale is not None:  # nvfp4: one fp32 per tensor, padding only when every sequence is empty
-        arrays["tensor_scale"] = (np.array(r.tensor_scale, dtype=np.float32).reshape(()), None, None)
-    return StoredOperand(storage, scheme, reference, arrays)
+    return StoredOperand(storage, scheme, reference, {**arrays, **tensor})
 
 
 def padding_tokens(spec, scheme, n_tokens):
