@@ -304,7 +304,10 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
 #pragma unroll
     for (int mt = 0; mt < Tr::kMTiles; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sc[mt][e] = (kKQuant ? total[mt][e] : acc[mt][0][e] + acc[mt][kChains - 1][e]) * factor[e % 2];
+      for (int e = 0; e < 4; ++e) {
+        const float raw = kChains == 1 ? acc[mt][0][e] : acc[mt][0][e] + acc[mt][kChains - 1][e];  // raw K: the chains' sum
+        sc[mt][e] = (kKQuant ? total[mt][e] : raw) * factor[e % 2];
+      }
     if (p.alibi_slopes)
 #pragma unroll
       for (int mt = 0; mt < Tr::kMTiles; ++mt)
