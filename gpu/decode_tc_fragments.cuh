@@ -475,4 +475,24 @@ __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i,
   }
 }
 
+// nvfp4 V (blocks of 16 along D): lane g's elements (dims 32i + 4g .. + 3) lie in block 2i + g / 4.
+// Each of its 4 keys' e4m3 block scale multiplies that key's fp16 values in lo / hi: an e2m1 value
+// (doubled: an integer <= 12) times an e4m3 scale is exact in fp16, so V's rounding stays P''s.
+// Keys outside [n_lo, n) take 0: their codes are zero-filled but their stale scale bytes may be NaN.
+__device__ __forceinline__ void scale_v_blocks16(uint32_t (&lo)[4], uint32_t (&hi)[4], const uint32_t* params,
+                                                 const TcSource& s, int key0, int i, int g, int n_lo, int n) {
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(params) + s.param_offset + 2 * i + (g >> 2);
+  const int rows[4] = {key0, key0 + 1, key0 + 8, key0 + 9};
+  uint32_t b[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) b[k] = rows[k] >= n_lo && rows[k] < n ? bytes[rows[k] * s.groups] : 0u;
+  auto pair = [](uint32_t x) {  // two e4m3 bytes -> their fp16 pair, the low byte low
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x), __NV_E4M3);
+    return static_cast<uint32_t>(h.x) | static_cast<uint32_t>(h.y) << 16;
+  };
+  const uint32_t ab = pair(b[0] | b[1] << 8), cd = pair(b[2] | b[3] << 8);  // keys (key0, +1), (+8, +9)
+  lo[0] = hmul2(lo[0], ab), lo[1] = hmul2(lo[1], ab), lo[2] = hmul2(lo[2], cd), lo[3] = hmul2(lo[3], cd);
+  hi[0] = hmul2(hi[0], ab), hi[1] = hmul2(hi[1], ab), hi[2] = hmul2(hi[2], cd), hi[3] = hmul2(hi[3], cd);
+}
+
 }  // namespace kvq::detail

@@ -132,13 +132,16 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, const TcP
 // group when known at compile time (0: read from p). The common shapes -- one group per row, and
 // groups of 32 -- get their own kernels: the group boundaries in the unrolled loops are then
 // constants and the loops straight-line code. kKSlicesPerGroup = -1: chan-tN K, dequantized to fp16
-// in the fragments (a step lies in one token group), then multiplied as raw fp16 K.
+// in the fragments (a step lies in one token group), then multiplied as raw fp16 K. kVPairsPerGroup =
+// -1: nvfp4 V, whose blocks of 16 split an m-tile pair: their e4m3 scales multiply the V fragments
+// (exact in fp16) and P' carries the uniform s_t / 2, built once per step.
 template <KvFormat FK, KvFormat FV, int D, int kKSlicesPerGroup, int kVPairsPerGroup>
 __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV, D>::kMinCtas)
     decode_tc_kernel(const DecodeParams p, const TcPlan plan) {
   using Tr = TcTraits<FK, FV, D>;
   constexpr bool kChanK = kKSlicesPerGroup < 0;
   constexpr bool kKQuant = Tr::K::kQuantized && !kChanK, kVQuant = Tr::V::kQuantized;  // kKQuant: scales after QK
+  constexpr bool kVBlocks16 = kVPairsPerGroup < 0;
   constexpr int kST = Tr::kStepTokens, kS = Tr::kStages;
   // Scale groups per row when the shape fixes them (0: read from p)
   constexpr int kKGroups = kKSlicesPerGroup > 0 ? Tr::kSlices / kKSlicesPerGroup : 0;
@@ -176,13 +179,15 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   const TcSource vs = tc_source<D, FV>(p.v, plan.v, p, b, hk, Tr::kVRowWords, t_begin);
   // Groups are powers of two (they divide D and hold whole k-slices): shifts, not divisions, in the loops.
   const int k_shift = kKSlicesPerGroup > 0 ? ilog2(kKSlicesPerGroup) : plan.k.group_shift;
-  const int v_shift = kVPairsPerGroup > 0 ? ilog2(kVPairsPerGroup) : plan.v.group_shift;
+  const int v_shift = kVPairsPerGroup > 0 ? ilog2(kVPairsPerGroup) : kVBlocks16 ? ilog2(Tr::kSlices / 2) : plan.v.group_shift;
   // The split's first V scale (2^Ev below) loaded before the prologue: its latency overlaps Q's.
   float first_v_scale = 0.0f;
   if (kVQuant && t_begin < t_end) {
     first_v_scale = vs.tensor_scale;
     if (vs.mode == ParamMode::kInlineRow)
       first_v_scale = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.rows + t_begin * vs.stride_t))));
+    else if (kVBlocks16)
+      first_v_scale = vs.scale_mult;
     else if (vs.mode != ParamMode::kTensor && vs.mode != ParamMode::kNone)
       first_v_scale = param_in_memory<FV == KvFormat::kLut4>(vs.scales, vs.first_param + t_begin * vs.groups,
                                                              vs.scale_dtype, vs.scale_mult);
@@ -362,7 +367,14 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
         if ((i & ((1 << v_shift) - 1)) == 0) {
           const int grp = i >> v_shift;
           RowParams vp[Tr::kMTiles][2];
-          tile_params<Tr::kMTiles, kST, kVGroups, FV == KvFormat::kLut4>(vs, st + lay.v_params, g, grp, n, vp);
+          if constexpr (kVBlocks16) {  // one factor for every key; rows past the range's end none
+#pragma unroll
+            for (int mt = 0; mt < Tr::kMTiles; ++mt)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) vp[mt][h] = {16 * mt + g + 8 * h < n ? vs.scale_mult : 0.0f, 0.0f};
+          } else {
+            tile_params<Tr::kMTiles, kST, kVGroups, FV == KvFormat::kLut4>(vs, st + lay.v_params, g, grp, n, vp);
+          }
           if (n_lo > 0)  // keys below the region: their (stale) V parameters must not reach P'
 #pragma unroll
             for (int mt = 0; mt < Tr::kMTiles; ++mt)
@@ -392,6 +404,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
       for (int mt = 0; mt < Tr::kMTiles; ++mt) {
         uint32_t lo[4], hi[4];
         v_fragments<FV, typename Tr::VRows>(vc, 16 * mt + 2 * c, i, g, vs, lo, hi);
+        if constexpr (kVBlocks16) scale_v_blocks16(lo, hi, st + lay.v_params, vs, 16 * mt + 2 * c, i, g, n_lo, n);
         mma_16816<Tr::V::kBf16Mma>(o[2 * i], lo, pb[mt][0], pb[mt][1]);
         mma_16816<Tr::V::kBf16Mma>(o[2 * i + 1], hi, pb[mt][0], pb[mt][1]);
       }
@@ -477,9 +490,11 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
 // chan-tN K (int8 / int4 K; int8, int4, bf16 or fp16 V) its own.
 // Mixed pairs of the common shapes (K one group per row or raw with V in groups of 32, and K in groups
 // of 32 with V one group per row) get theirs too (kRowG32, kG32Row; tc_kernel_for says for which).
-enum class TcGroupShape { kRow, kG32, kAny, kChannelK, kRowG32, kG32Row };
+// nvfp4 V (blocks of 16) has its own with any K (kVBlocks16).
+enum class TcGroupShape { kRow, kG32, kAny, kChannelK, kRowG32, kG32Row, kVBlocks16 };
 inline TcGroupShape tc_group_shape(const DecodeParams& p) {
   if (p.k.mode == ParamMode::kChannel) return TcGroupShape::kChannelK;
+  if (p.v_format == KvFormat::kLut4 && p.v.group == 16) return TcGroupShape::kVBlocks16;
   auto row = [&](const KvOperand& op) { return op.group <= 0 || op.group == p.head_dim; };
   const bool fp16_params = p.k.scale_dtype == ScaleDtype::kFp16 && p.v.scale_dtype == ScaleDtype::kFp16;
   if (tc_codes(p.k_format) != tc_codes(p.v_format)) {
@@ -529,7 +544,8 @@ TcOperandPlan tc_operand_plan(const KvOperand& op, const DecodeParams& p, int ro
   // Operands read without scale groups (raw, chan-tN K) count as one group per row.
   const bool grouped = is_k ? Tr::K::kQuantized && op.mode != ParamMode::kChannel : Tr::V::kQuantized;
   const int groups = grouped ? pl.groups : 1;
-  pl.group_shift = ilog2(is_k ? Tr::kSlices / groups : Tr::kSlices / 2 / groups);
+  const int per_group = is_k ? Tr::kSlices / groups : Tr::kSlices / 2 / groups;
+  pl.group_shift = per_group > 0 ? ilog2(per_group) : 0;  // 0 pairs: nvfp4 V, whose kernel ignores it
   return pl;
 }
 
@@ -570,6 +586,10 @@ const void* tc_kernel_for(TcGroupShape shape) {
   if (shape == TcGroupShape::kChannelK) {
     if constexpr (kChanPair) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, -1, 0>);
     else return nullptr;  // tensor_core_unsupported_reason names it
+  }
+  if (shape == TcGroupShape::kVBlocks16) {
+    if constexpr (FV == KvFormat::kLut4) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, -1>);
+    else return nullptr;
   }
   if constexpr (FK != FV) {
     // The mixed pairs the bench and the sweep's defaults use, at D = 64 and 128 (each kernel costs
@@ -626,7 +646,7 @@ TcEntry tc_entry() {
   e.kernels = [] {
     std::vector<const void*> all;
     for (TcGroupShape shape : {TcGroupShape::kRow, TcGroupShape::kG32, TcGroupShape::kAny, TcGroupShape::kChannelK,
-                               TcGroupShape::kRowG32, TcGroupShape::kG32Row})
+                               TcGroupShape::kRowG32, TcGroupShape::kG32Row, TcGroupShape::kVBlocks16})
       for (const void* k : {tc_kernel_for<FK, FV, 64>(shape), tc_kernel_for<FK, FV, 128>(shape),
                             tc_kernel_for<FK, FV, 256>(shape)})
         if (k) all.push_back(k);

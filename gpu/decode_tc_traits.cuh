@@ -260,6 +260,11 @@ __device__ __forceinline__ uint32_t hsub2(uint32_t x, uint32_t c) {
   asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(x), "r"(c));
   return r;
 }
+__device__ __forceinline__ uint32_t hmul2(uint32_t x, uint32_t m) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(x), "r"(m));
+  return r;
+}
 __device__ __forceinline__ uint32_t hfma2(uint32_t x, uint32_t m, uint32_t c) {
   uint32_t r;
   asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(x), "r"(m), "r"(c));

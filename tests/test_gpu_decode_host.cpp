@@ -96,8 +96,10 @@ TEST_CASE("block-format operands carry the codec's values as the kernels read th
   p.k = nv;
   CHECK(tensor_core_unsupported_reason(p).empty());
   p.k = op("q8_0"), p.v = nv, p.k_format = KvFormat::kInt8, p.v_format = KvFormat::kLut4;
+  CHECK(tensor_core_unsupported_reason(p).empty());  // nvfp4 V: its block scales multiply the fragments
+  p.v = op("int4-g16"), p.v_format = KvFormat::kInt4;  // other groups of 16 still split an m-tile pair
   CHECK(tensor_core_unsupported_reason(p) ==
-        "V scale groups of 16 elements: tensor-core kernels need a multiple of 32 (whole m-tile pairs; nvfp4 V blocks are 16)");
+        "V scale groups of 16 elements: tensor-core kernels need a multiple of 32 (whole m-tile pairs)");
   p.k = p.v = q4, p.k_format = p.v_format = KvFormat::kInt4;  // q4_0: the offset is decode-tc's
   CHECK(cuda_core_unsupported_reason(p) ==
         "q4_0, q5_0, q5_1, iq4_nl, mxfp4, nvfp4: CUDA-core kernels read no block format but q8_0 and q4_1 (decode-tc reads them all)");

@@ -338,20 +338,21 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
       quantized("int4-chan-t32-asym+had", "int4-g32-asym"), quantized("int4-g32-asym", "int4-g32-asym+had"),
       quantized("int4-g32-asym+had+w32", "int4-g32-asym"),
       // llama.cpp's cache types and mxfp4 / nvfp4 (the codec's planar layout); nvfp4 V: blocks of 16,
-      // which tensor cores do not read (skipped, with the reason)
+      // whose scales decode-tc multiplies into the V fragments
       quantized("q8_0", "q8_0"), quantized("q4_0", "q4_0"), quantized("q4_1", "q4_1"), quantized("q5_0", "q5_0"),
       quantized("q5_1", "q5_1"), quantized("iq4_nl", "iq4_nl"), quantized("mxfp4", "mxfp4"), quantized("nvfp4", "q8_0"),
       quantized("q8_0", "nvfp4"), quantized("q8_0", "q4_0"), quantized("q4_1", "q5_0"), quantized("q5_1", "iq4_nl"),
       quantized("mxfp4", "q4_1"), quantized("bf16", "q5_1"), quantized("iq4_nl", "fp16"), quantized("q8_0", "int4-g32-asym"),
       quantized("int8-head", "q5_0"), quantized("q4_0+w32", "q5_1+w64"), quantized("q4_0+had", "q4_0"),
-      quantized("nvfp4+had", "iq4_nl")};
+      quantized("nvfp4+had", "iq4_nl"), quantized("nvfp4", "nvfp4"), quantized("bf16", "nvfp4+w24")};
   for (const Storage& st : storages) g.run({"varlen GQA", gqa, lens, false, st});
   // Head dims, head-group sizes (MHA, MQA, groups that are not a power of two, groups over 8), ALiBi.
   for (const auto& [k, vs] : {std::pair{"bf16", "bf16"}, std::pair{"int8-head", "int8-head"},
                                std::pair{"int4-g32-asym", "int4-g32-asym"}, std::pair{"fp8-e4m3-head", "fp8-e4m3-head"},
                                std::pair{"int4-head-asym", "int8-g32-asym"}, std::pair{"q5_1", "q4_0"},
                                std::pair{"nvfp4", "mxfp4"}, std::pair{"q5_0", "q5_0"},
-                               std::pair{"int4-chan-t32-asym+w128", "int4-g32-asym+w128"}, std::pair{"bf16", "q4_0"}}) {
+                               std::pair{"int4-chan-t32-asym+w128", "int4-g32-asym+w128"}, std::pair{"bf16", "q4_0"},
+                               std::pair{"iq4_nl", "nvfp4"}}) {
     // raw K with quantized V: the general kernel (at D = 256 one MMA chain, whose sum is the score)
     const Storage st = std::string(k) == "bf16" && std::string(vs) == "bf16" ? raw(KvFormat::kBf16) : quantized(k, vs);
     for (int d : {64, 256}) g.run({"head_dim", {"", 2, 4, 2, T, d}, {}, false, st});
@@ -379,6 +380,7 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
                         Case{"odd T, groups", {"", 2, 8, 1, 45, 64}, {45, 13}, false, quantized("int4-g16-asym", "int4-g32")},
                         // one-byte scales: a row's span starts at any byte of a word
                         Case{"odd T, one-byte scales", {"", 2, 8, 1, 45, 64}, {45, 13}, false, quantized("nvfp4", "mxfp4")},
+                        Case{"odd T, nvfp4 V", {"", 2, 8, 1, 45, 64}, {45, 13}, false, quantized("mxfp4", "nvfp4")},
                         Case{"no keys", {"", 2, 4, 2, 16, 128}, {0, 0}, false, quantized("int8-head", "int8-head")},
                         // both windows over every key: one launch (the raw region), O written directly
                         Case{"windows over every key", {"", 2, 8, 2, 64, 128}, {}, false,

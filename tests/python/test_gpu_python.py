@@ -111,7 +111,8 @@ def test_every_quantize_variant_that_takes_a_scheme_agrees():
 
 @pytest.mark.parametrize("k,v,layout", [("bf16", "bf16", "bnsh"), ("int8-head", "int4-g32-asym", "bnsh"),
                                         ("fp8-e4m3", "fp8-e5m2", "bnsh"), ("int4-head-asym", "int4-head-asym", "fbgemm"),
-                                        ("q4_0", "q5_1", "bnsh"), ("nvfp4", "iq4_nl", "bnsh"), ("q8_0", "mxfp4", "bnsh")])
+                                        ("q4_0", "q5_1", "bnsh"), ("nvfp4", "iq4_nl", "bnsh"), ("q8_0", "mxfp4", "bnsh"),
+                                        ("q8_0", "nvfp4", "bnsh")])
 def test_decode_tc_from_python_passes_the_gate(k, v, layout):
     r = gate.check(gate_kvq.kernel("decode-tc", layout), k, v, cases="quick", device="cuda", log=None)
     assert r.ok, "\n".join(c.line("decode-tc") for c in r.cases if not c.ok)
