@@ -26,7 +26,7 @@ struct TcSource {
   const uint8_t* rows = nullptr;  // row t at rows + t * stride_t (inline params first, then codes)
   int64_t stride_t = 0;
   bool vec16 = false;      // 16-byte copies (aligned rows without inline params)
-  int copy_words = 1;      // otherwise: words per copy, 4 when rows with inline params split into 16-byte chunks
+  int copy_words = 1;      // otherwise: words per copy: 4 (16-byte chunks), 2 (8-byte), 1
   int inline_words = 0;    // FBGEMM rows: one (scale, shift) word per group before the codes
   int groups = 1;          // scale groups per row
   ParamMode mode = ParamMode::kNone;
@@ -159,6 +159,7 @@ __device__ __forceinline__ void copy_rows_in_units(uint32_t* codes, uint32_t* pa
     uint32_t* dst = w < s.inline_words ? params + r * s.inline_words + w : codes + Rows::word(r, w - s.inline_words);
     const uint8_t* src = s.rows + (ok ? (t0 + r) * s.stride_t + w * 4 : 0);
     if constexpr (kUnit == 4) cp_async16(smem_address(dst), src, ok);
+    else if constexpr (kUnit == 2) cp_async8(smem_address(dst), src, ok);
     else cp_async4(smem_address(dst), src, ok);
   }
 }
@@ -193,6 +194,8 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
     }
   } else if (s.copy_words == 4) {  // FBGEMM rows whose params and codes tile 16-byte chunks
     copy_rows_in_units<4, kRowWords, Rows, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic);
+  } else if (kRowWords % 4 == 2 && s.copy_words == 2) {  // 5-bit rows at D = 64 (40 bytes): 8-byte copies
+    copy_rows_in_units<2, kRowWords, Rows, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic);
   } else {  // other FBGEMM rows, unaligned rows
     copy_rows_in_units<1, kRowWords, Rows, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic);
   }

@@ -521,12 +521,17 @@ TcOperandPlan tc_operand_plan(const KvOperand& op, const DecodeParams& p, int ro
   pl.groups = op.group > 0 && op.mode != ParamMode::kChannel ? D / op.group : 1;
   pl.inline_words = op.inline_bytes / 4;
   // Every CTA's rows 16-byte aligned (a stride that never moves the pointer does not count).
-  auto moves = [](int64_t count, int64_t stride) { return count > 1 && stride % 16 != 0; };
-  const bool aligned = reinterpret_cast<uintptr_t>(op.data) % 16 == 0 && op.stride_t % 16 == 0 &&
-                       !moves(p.batch, op.stride_b) && !moves(p.kv_heads, op.stride_h);
+  auto aligned_to = [&](int64_t bytes) {
+    auto moves = [&](int64_t count, int64_t stride) { return count > 1 && stride % bytes != 0; };
+    return reinterpret_cast<uintptr_t>(op.data) % bytes == 0 && op.stride_t % bytes == 0 && !moves(p.batch, op.stride_b) &&
+           !moves(p.kv_heads, op.stride_h);
+  };
+  const bool aligned = aligned_to(16);
   // 16-byte copies whose chunks tile a warp (5-bit rows of 5 or 10 chunks copy as FBGEMM rows do)
   pl.vec16 = pl.inline_words == 0 && row_words % 4 == 0 && 32 % (row_words / 4) == 0 && aligned;
   if (!pl.vec16 && pl.inline_words % 4 == 0 && row_words % 4 == 0 && aligned) pl.copy_words = 4;
+  // 5-bit rows at D = 64 (10 words): 8-byte copies (copy_step compiles them for such rows only)
+  if (pl.inline_words == 0 && row_words % 4 == 2 && aligned_to(8)) pl.copy_words = 2;
   pl.units_magic = (1u << 24) / static_cast<uint32_t>((pl.inline_words + row_words) / pl.copy_words) + 1;
   const int pbytes = op.param_bytes();
   switch (op.mode) {
