@@ -327,12 +327,12 @@ __device__ __forceinline__ uint32_t int5_pair_low(uint32_t x, uint32_t fifth) { 
 __device__ __forceinline__ uint32_t int5_pair_high(uint32_t x, uint32_t fifth) {  // nibbles in bits 4..7
   return hfma2((x & 0x00f000f0u) | (fifth & 0x00010001u) << 8 | kFp16Magic, 0x2c002c00u, 0xd400d400u);
 }
-// The 4 fifth bits of elements d .. d+3 (d a multiple of 4) of a 5-bit row: its bytes from D/2 on.
+// The 4 fifth bits of elements d .. d+3 (d a multiple of 4) of a 5-bit row: its words from D/8 on.
+// Word loads: the k-slices j and j + 1 of a K row read the same word, which the compiler loads once.
 template <typename Rows>
 __device__ __forceinline__ uint32_t fifth_bits(const uint32_t* codes, int row, int d) {
-  constexpr int kNibbleBytes = Rows::kWords * 16 / 5;  // D/2
-  const uint8_t b = reinterpret_cast<const uint8_t*>(codes)[row * Rows::kStride * 4 + kNibbleBytes + d / 8];
-  return (b >> (d & 4)) & 0xfu;
+  constexpr int kNibbleWords = Rows::kWords * 4 / 5;  // D/8
+  return (codes[Rows::word(row, kNibbleWords + d / 32)] >> (d % 32)) & 0xfu;
 }
 
 // 4 nibbles (element order, low first) -> the 4 int8 entries of a 16-entry table they index, in one
