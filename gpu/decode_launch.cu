@@ -8,7 +8,7 @@
 #include <mutex>
 
 #include "gpu/decode_kernel.cuh"
-#include "gpu/decode_tc_kernel.cuh"
+#include "gpu/decode_tc_launch.cuh"
 #include "quant/errors.hpp"
 #include "quant/fbgemm_layout.hpp"
 #include "quant/groups.hpp"
