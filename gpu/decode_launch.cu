@@ -299,9 +299,7 @@ std::string tensor_core_unsupported_reason(const DecodeParams& p) {
       return "K chan-tN with fp32 parameters: tensor-core kernels dequantize K with fp16 ones";
   } else if (is_quantized(p.k_format) && p.k.group % 16 != 0)
     return fmt::format("K scale groups of {} elements: tensor-core kernels need a multiple of 16 (whole k-slices)", p.k.group);
-  // nvfp4 V's blocks of 16 split an m-tile pair: its scales multiply the fragments instead (exact in fp16)
-  const bool v_blocks16 = p.v_format == KvFormat::kLut4 && p.v.scale_dtype == ScaleDtype::kE4M3 && p.v.group == 16;
-  if (is_quantized(p.v_format) && p.v.group % 32 != 0 && !v_blocks16)
+  if (is_quantized(p.v_format) && p.v.group % 32 != 0 && !detail::tc_v_blocks16(p))
     return fmt::format("V scale groups of {} elements: tensor-core kernels need a multiple of 32 (whole m-tile pairs)",
                        p.v.group);
   for (const auto& [name, op] : {std::pair{"K", &p.k}, std::pair{"V", &p.v}})

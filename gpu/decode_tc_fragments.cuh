@@ -489,11 +489,9 @@ __device__ __forceinline__ void scale_v_blocks16(uint32_t (&lo)[4], uint32_t (&h
   uint32_t b[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) b[k] = rows[k] >= n_lo && rows[k] < n ? bytes[rows[k] * s.groups] : 0u;
-  auto pair = [](uint32_t x) {  // two e4m3 bytes -> their fp16 pair, the low byte low
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x), __NV_E4M3);
-    return static_cast<uint32_t>(h.x) | static_cast<uint32_t>(h.y) << 16;
-  };
-  const uint32_t ab = pair(b[0] | b[1] << 8), cd = pair(b[2] | b[3] << 8);  // keys (key0, +1), (+8, +9)
+  // keys (key0, key0 + 1) and (+ 8, + 9): two e4m3 bytes each to their fp16 pair, as FP8 codes convert
+  const uint32_t ab = fp8_pair<KvFormat::kFp8E4m3>(b[0] | b[1] << 8, false);
+  const uint32_t cd = fp8_pair<KvFormat::kFp8E4m3>(b[2] | b[3] << 8, false);
   lo[0] = hmul2(lo[0], ab), lo[1] = hmul2(lo[1], ab), lo[2] = hmul2(lo[2], cd), lo[3] = hmul2(lo[3], cd);
   hi[0] = hmul2(hi[0], ab), hi[1] = hmul2(hi[1], ab), hi[2] = hmul2(hi[2], cd), hi[3] = hmul2(hi[3], cd);
 }

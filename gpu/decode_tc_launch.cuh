@@ -16,9 +16,13 @@ namespace kvq::detail {
 // of 32 with V one group per row) get theirs too (kRowG32, kG32Row; tc_kernel_for says for which).
 // nvfp4 V (blocks of 16) has its own with any K (kVBlocks16).
 enum class TcGroupShape { kRow, kG32, kAny, kChannelK, kRowG32, kG32Row, kVBlocks16 };
+// nvfp4 V: blocks of 16, which split an m-tile pair (its scales multiply the V fragments instead)
+inline bool tc_v_blocks16(const DecodeParams& p) {
+  return p.v_format == KvFormat::kLut4 && p.v.scale_dtype == ScaleDtype::kE4M3 && p.v.group == 16;
+}
 inline TcGroupShape tc_group_shape(const DecodeParams& p) {
   if (p.k.mode == ParamMode::kChannel) return TcGroupShape::kChannelK;
-  if (p.v_format == KvFormat::kLut4 && p.v.group == 16) return TcGroupShape::kVBlocks16;
+  if (tc_v_blocks16(p)) return TcGroupShape::kVBlocks16;
   auto row = [&](const KvOperand& op) { return op.group <= 0 || op.group == p.head_dim; };
   const bool fp16_params = p.k.scale_dtype == ScaleDtype::kFp16 && p.v.scale_dtype == ScaleDtype::kFp16;
   if (tc_codes(p.k_format) != tc_codes(p.v_format)) {
@@ -44,7 +48,7 @@ TcOperandPlan tc_operand_plan(const KvOperand& op, const DecodeParams& p, int ro
   TcOperandPlan pl;
   pl.groups = op.group > 0 && op.mode != ParamMode::kChannel ? D / op.group : 1;
   pl.inline_words = op.inline_bytes / 4;
-  // Every CTA's rows 16-byte aligned (a stride that never moves the pointer does not count).
+  // Every CTA's rows aligned to `bytes` (a stride that never moves the pointer does not count).
   auto aligned_to = [&](int64_t bytes) {
     auto moves = [&](int64_t count, int64_t stride) { return count > 1 && stride % bytes != 0; };
     return reinterpret_cast<uintptr_t>(op.data) % bytes == 0 && op.stride_t % bytes == 0 && !moves(p.batch, op.stride_b) &&

@@ -84,6 +84,11 @@ class DecodeCase:
         return self.num_q_heads // self.num_kv_heads
 
 
+def _contiguous(a):
+    """A C-contiguous copy or view of `a`; 0-dim stays 0-dim (np.ascontiguousarray makes it 1-dim)."""
+    return np.ascontiguousarray(a) if np.ndim(a) else np.array(a)
+
+
 class _Cpu:
     """The CPU device: numpy arrays, read-only (a kernel must not write its inputs). Every array a
     kernel gets passes through put() and every output through get(); `values_format` names the float
@@ -94,7 +99,7 @@ class _Cpu:
     def put(a, values_format=None):
         if a is None:
             return None
-        a = np.ascontiguousarray(a) if np.ndim(a) else np.array(a)  # ascontiguousarray makes 0-dim 1-dim
+        a = _contiguous(a)
         a.setflags(write=False)
         return a
 
@@ -113,7 +118,7 @@ class _Cuda:
         if a is None:
             return None
         import torch
-        t = torch.from_numpy(np.ascontiguousarray(a) if np.ndim(a) else np.array(a)).to("cuda")
+        t = torch.from_numpy(_contiguous(a)).to("cuda")
         if values_format in ("bf16", "fp16"):
             t = t.to(torch.bfloat16 if values_format == "bf16" else torch.float16)
         return t
