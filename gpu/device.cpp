@@ -21,6 +21,20 @@ void require_device() {
   if (!cuda_device_available()) throw NoDeviceError();
 }
 
+bool kernels_optimized() {
+#ifdef KVQ_CUDA_COMPILE_CHECK
+  return false;
+#else
+  return true;
+#endif
+}
+
+void require_optimized_kernels() {
+  if (!kernels_optimized())
+    throw CudaError("this build's kernels were compiled only to check that they build (KVQ_CUDA_COMPILE_CHECK=ON, "
+                    "NVVM -O1), so their times are not kvq's: reconfigure with -DKVQ_CUDA_COMPILE_CHECK=OFF to time them");
+}
+
 std::string DeviceInfo::driver_string() const {
   return fmt::format("{}.{}", driver_version / 1000, (driver_version % 1000) / 10);
 }

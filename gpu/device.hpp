@@ -25,6 +25,10 @@ struct DeviceInfo {
 bool cuda_device_available();
 // Throws NoDeviceError when there is none.
 void require_device();
+// False in a KVQ_CUDA_COMPILE_CHECK build (kernels compiled to check that they build, NVVM -O1).
+bool kernels_optimized();
+// Throws CudaError naming the build option in such a build: its times are not kvq's.
+void require_optimized_kernels();
 DeviceInfo device_info();
 
 // Device memory for n elements of T; move-only.

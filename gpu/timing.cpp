@@ -32,6 +32,7 @@ class Event {
 GpuTiming time_graph_replays(const std::function<void(cudaStream_t, int)>& launch, int sets, int reps, int warmup,
                              int calls_per_graph) {
   require_device();
+  require_optimized_kernels();
   Stream stream;
   std::vector<cudaGraphExec_t> graphs(sets, nullptr);
   for (int s = 0; s < sets; ++s) {

@@ -68,8 +68,11 @@ t0=$SECONDS
 export KVQ=$kvq
 array=$(sbatch --parsable --array=0-3 --output="$tmp/long/%A_%a.out" scripts/slurm/sweep.sbatch "$tmp/long")
 units=$tmp/long/shards/1/units
-for _ in $(seq 240); do  # kill task 1 once it has finished a unit, while it runs the next
-  (($(find "$units" -name '*.json' 2>/dev/null | wc -l) >= 1)) && break
+# Kill task 1 once it has finished a unit (a unit file gets its final name, *.json, only when whole),
+# while it runs the next.
+deadline=$((SECONDS + 300))
+until (($(find "$units" -name '*.json' 2>/dev/null | wc -l) >= 1)); do
+  ((SECONDS < deadline)) || fail "task 1 finished no unit within 300 s"
   sleep 0.25
 done
 scancel "${array}_1"

@@ -76,11 +76,13 @@ def test_a_killed_shard_loses_at_most_its_unit_in_flight(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.Popen([binary(), "sweep", "--plan", study / "plan.json", "--shard", "0", "--out", shard0],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.time() + 60
-    while time.time() < deadline and p.poll() is None and len(list((shard0 / "units").glob("*.json"))) < 2:
+    # Killed once two units are finished: a unit file gets its final name (*.json) only when whole.
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and p.poll() is None and len(list((shard0 / "units").glob("*.json"))) < 2:
         time.sleep(0.02)
     p.send_signal(signal.SIGKILL)
     p.wait()
+    assert p.returncode == -signal.SIGKILL, "shard 0 finished (or failed) before two units were written"
     kept = sorted(f.name for f in (shard0 / "units").glob("*.json"))
     assert 2 <= len(kept) < 6, kept  # killed mid-run, finished units kept whole
     for f in kept:
