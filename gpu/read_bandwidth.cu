@@ -20,6 +20,7 @@ __global__ void empty_kernel() {}
 }  // namespace
 
 double read_bandwidth_gbps(size_t bytes, int reps) {
+  require_optimized_kernels();
   DeviceBuffer<uint4> data(bytes / 16);
   DeviceBuffer<unsigned> sink(4096);
   data.fill_bytes(1);

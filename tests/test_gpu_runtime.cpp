@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include "gpu/quantize.hpp"
+#include "gpu/timing.hpp"
 #include "test_util.hpp"
 
 using namespace kvq;
@@ -20,4 +21,16 @@ TEST_CASE("GPU entry points say there is no device in one sentence") {
           run_quantize(launch_quantize_generic, DeviceKv::bnsh(host.data(), InputDtype::kFp32, {1, 1, 2, 8}),
                        parse_scheme("int8-head"), CodeLayout::kPlanar, "K");
         }) == expected);
+}
+
+TEST_CASE("a build whose kernels were compiled only to check that they build refuses to time them") {
+  // KVQ_EXPECT_COMPILE_CHECK: the build's KVQ_CUDA_COMPILE_CHECK (tests/CMakeLists.txt), so the
+  // option must reach the kernels' library.
+  CHECK(kernels_optimized() == !KVQ_EXPECT_COMPILE_CHECK);
+  if (kernels_optimized()) return;
+  for (const auto& timed : std::vector<std::function<void()>>{[] { time_graph_replays([](cudaStream_t, int) {}, 1); },
+                                                              [] { copy_bandwidth_gbps(1 << 20); },
+                                                              [] { read_bandwidth_gbps(1 << 20); },
+                                                              [] { empty_kernel_us(1); }})
+    CHECK(test::message_of<CudaError>(timed).find("KVQ_CUDA_COMPILE_CHECK=ON") != std::string::npos);
 }
