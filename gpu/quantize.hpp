@@ -117,6 +117,22 @@ GpuQuantized run_quantize(void (*launch)(const QuantizeParams&, cudaStream_t), c
                           cudaStream_t stream = nullptr, const std::vector<int32_t>& seq_lens = {},
                           std::optional<float> tensor_scale = std::nullopt);
 
+// ---- dequantize -------------------------------------------------------------------------------
+// Planar codes back to fp32 values [B, H, T, D] (BNSH, contiguous), element by element through
+// quant/planar_codes.hpp: the CPU's dequantize arithmetic, so the same bits. +had: the rotated
+// values (what is stored); a +wW window's tokens: the value of code 0 (their own values are the
+// caller's). Device pointers; scales / zeros in the scheme's scale dtype as the quantizers store them.
+struct DequantizeParams {
+  Scheme scheme;
+  KvShape shape;
+  const uint8_t* codes = nullptr;
+  const void* scales = nullptr;       // nullptr for scale-free schemes
+  const void* zeros = nullptr;        // asymmetric schemes (q4_1 / q5_1: the min)
+  const float* tensor_scale = nullptr;  // nvfp4: s_t [1]
+  float* out = nullptr;
+};
+void launch_dequantize(const DequantizeParams& p, cudaStream_t stream);
+
 // ---- kernels' launch functions (one per variant) ----------------------------------------------
 // Generic: any scheme (+had: a rotation pass into p.rotated first; +wW: statistics over the
 // quantized tokens, code 0 in the window), any even D, any strides; stats pass (two-pass

@@ -166,6 +166,38 @@ nb::dict sizes_of(const std::string& scheme_name, int64_t b, int64_t h, int64_t 
   return r;
 }
 
+// codes: planar [B, H, T, row bytes] (contiguous) of `scheme` at head_dim; scales / zeros / nvfp4's
+// tensor_scale as quantize_py wrote them; out: fp32 [B, H, T, D], contiguous.
+void dequantize_py(const Tensor& codes, const std::string& scheme_name, int64_t head_dim, nb::object scales,
+                   nb::object zeros, nb::object tensor_scale, const Tensor& out, uintptr_t stream) {
+  const Scheme s = parse_scheme(scheme_name);
+  check_scheme_fits(s, static_cast<int>(head_dim));
+  require(codes, "codes", {dt::kUint8, dt::kInt8}, 4);
+  if (!contiguous(codes)) throw InputError("codes: must be contiguous");
+  check_dim(codes, "codes", 3, code_bytes_per_row(s, head_dim), "bytes per row");
+  const KvShape shape{static_cast<int64_t>(codes.shape(0)), static_cast<int64_t>(codes.shape(1)),
+                      static_cast<int64_t>(codes.shape(2)), head_dim};
+  require(out, "out", {dt::kFp32}, 4);
+  if (!contiguous(out)) throw InputError("out: must be contiguous");
+  for (size_t axis = 0; axis < 4; ++axis)
+    check_dim(out, "out", axis, axis < 3 ? static_cast<int64_t>(codes.shape(axis)) : head_dim, "the codes' [B, H, T, D]");
+  const QuantizedSizes sizes = quantized_sizes(s, shape, CodeLayout::kPlanar);
+  DequantizeParams p{s, shape, static_cast<const uint8_t*>(codes.data())};
+  const void* tensor_scale_ptr = nullptr;
+  for (auto [obj, bytes, what, ptr] : {std::tuple{scales, sizes.scales, "scales", &p.scales},
+                                       std::tuple{zeros, sizes.zeros, "zero_points", &p.zeros},
+                                       std::tuple{tensor_scale, sizes.tensor_scale, "tensor_scale", &tensor_scale_ptr}}) {
+    if (bytes == 0) continue;
+    if (obj.is_none()) throw InputError(fmt::format("{} needs {} ({} bytes)", to_string(s), what, bytes));
+    const Tensor t = nb::cast<Tensor>(obj);
+    require_buffer(t, what, bytes);
+    *ptr = t.data();
+  }
+  p.tensor_scale = static_cast<const float*>(tensor_scale_ptr);
+  p.out = static_cast<float*>(out.data());
+  launch_dequantize(p, to_stream(stream));
+}
+
 // ---- decode ----
 
 // One of K or V from the Python side: {"storage", "layout" (bnsh | bsnh | fbgemm), "data", "scales",
@@ -392,6 +424,8 @@ NB_MODULE(_gpu, m) {
   m.def("quantized_sizes", &kvq::sizes_of, "scheme"_a, "batch"_a, "heads"_a, "tokens"_a, "head_dim"_a, "layout"_a);
   m.def("quantize", &kvq::quantize_py, "x"_a, "scheme"_a, "codes"_a, "scales"_a.none(), "zeros"_a.none(),
         "tensor_scale_out"_a.none(), "tensor_scale"_a.none(), "layout"_a, "variant"_a, "seq_lens"_a, "stream"_a);
+  m.def("dequantize", &kvq::dequantize_py, "codes"_a, "scheme"_a, "head_dim"_a, "scales"_a.none(), "zeros"_a.none(),
+        "tensor_scale"_a.none(), "out"_a, "stream"_a);
   m.def("decode", &kvq::decode_py, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "seq_lens"_a.none(), "alibi_slopes"_a.none(),
         "softmax_scale"_a, "variant"_a, "splits"_a, "stream"_a);
 }

@@ -110,11 +110,4 @@ void quantize_blocks(const KvView& x, QuantizedKv& q, const std::string& tensor_
   }
 }
 
-float block_value(const QuantizedKv& q, int64_t b, int64_t h, int64_t t, int64_t d) {
-  const KvShape& s = q.shape;
-  const int64_t g = ((b * s.heads + h) * s.tokens + t) * (s.head_dim / q.scheme.group) + d / q.scheme.group;
-  return block_decode(q.scheme.format, q.code(b, h, t, d), q.scales[g], q.scheme.asymmetric ? q.zeros[g] : 0.0f,
-                      q.tensor_scale);
-}
-
 }  // namespace kvq

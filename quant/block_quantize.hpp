@@ -17,9 +17,6 @@ namespace kvq {
 void quantize_blocks(const KvView& x, QuantizedKv& q, const std::string& tensor_name,
                      std::optional<float> tensor_scale);
 
-// The dequantized value of element (b, h, t, d) of a quantized (not window) token.
-float block_value(const QuantizedKv& q, int64_t b, int64_t h, int64_t t, int64_t d);
-
 // One (b, h, t) row's codes (one per element, q8_0 as its int8 byte) to and from the planar layout's
 // row of code_bytes_per_row(scheme, head_dim) bytes.
 void pack_codes_row(const uint8_t* codes, int64_t head_dim, int bits, uint8_t* row);

@@ -6,6 +6,7 @@
 
 #include "quant/codec.hpp"
 #include "quant/groups.hpp"
+#include "quant/planar_codes.hpp"
 
 namespace kvq {
 
@@ -48,11 +49,7 @@ struct QuantizedKv {
   bool quantized_at(int64_t b, int64_t t) const { return quantized_tokens.empty() || t < quantized_tokens[b]; }
   int code(int64_t b, int64_t h, int64_t t, int64_t d) const {
     const int64_t row = (b * shape.heads + h) * shape.tokens + t;
-    const uint8_t* r = codes.data() + row * code_bytes_per_row(scheme, shape.head_dim);
-    if (scheme.bits == 8) return byte_to_code(r[d], !scheme.signed_codes());
-    const int low = nibble_to_code(d % 2 ? r[d / 2] >> 4 : r[d / 2], !scheme.signed_codes());
-    if (scheme.bits == 4) return low;
-    return low | (((r[shape.head_dim / 2 + d / 8] >> (d % 8)) & 1) << 4);  // 5-bit
+    return planar_code(scheme, codes.data() + row * code_bytes_per_row(scheme, shape.head_dim), shape.head_dim, d);
   }
   // Scale and zero point of a group, for decode(). No reciprocal is computed (that would put a
   // division per element into dequantize); encode() with these params divides instead, exactly.

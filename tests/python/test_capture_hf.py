@@ -121,8 +121,8 @@ def test_reference_run_is_the_models_own_forward_pass(tiny_model_dir):
 def test_bf16_storage_of_a_bf16_model_is_exact(tiny_model_dir):
     _, kvq_eval = eval_module()
     runner = kvq_eval.HfRunner(str(tiny_model_dir), "cpu", "bfloat16")
-    rows = kvq_eval.evaluate(runner, runner.tokenize(" ".join(WORDS)), [("bf16", "bf16"), ("int8-head", "int8-head")],
-                             log=lambda *_: None)
+    rows = kvq_eval.evaluate(kvq_eval.eval_engines.CpuEngine(runner), [runner.tokenize(" ".join(WORDS))],
+                             [("bf16", "bf16"), ("int8-head", "int8-head")], log=lambda *_: None)
     assert (rows[0]["kld_max"], rows[0]["ppl_delta"]) == (0.0, 0.0)
     assert rows[1]["kld_max"] > 0
 

@@ -65,8 +65,8 @@ def test_perplexity_and_kl_by_hand():
 def test_unquantized_cache_is_exactly_the_reference(request, model):
     runner = request.getfixturevalue(model)
     tokens = runner.tokenize("Once upon a time, a cat sat in the sun.")[:24]
-    rows = kvq_eval.evaluate(runner, tokens, [("none", "none"), ("fp32", "fp32"), ("int8-head", "none")],
-                             log=lambda *_: None)
+    rows = kvq_eval.evaluate(kvq_eval.eval_engines.CpuEngine(runner), [tokens],
+                             [("none", "none"), ("fp32", "fp32"), ("int8-head", "none")], log=lambda *_: None)
     exact, fp32, int8 = rows
     assert (exact["kld_mean"], exact["kld_max"], exact["ppl_delta"], exact["top1_agreement"]) == (0.0, 0.0, 0.0, 1.0)
     assert exact["out_rel_l2_mean"] == 0.0
@@ -269,3 +269,75 @@ def test_bad_pairs_are_refused_before_running(tmp_path, capsys, args, message):
     assert kvq_eval.main(["--model", "stories260k"] + args + ["--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "eval.csv").exists()
+
+
+def test_windows_are_cut_like_llama_perplexity():
+    import windows
+    assert windows.cut_windows(range(10)) == [list(range(10))]
+    assert windows.cut_windows(range(10), 4) == [[0, 1, 2, 3], [4, 5, 6, 7]]  # the tail of 2 is dropped
+    assert windows.cut_windows(range(8), 8) == [list(range(8))]
+    with pytest.raises(ValueError, match="only 7 tokens, fewer than one window"):
+        windows.cut_windows(range(7), 8)
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        windows.cut_windows(range(7), 1)
+
+
+def test_window_metrics_pool_every_position():
+    import windows
+    rng = np.random.default_rng(3)
+    parts = []
+    for T in (5, 9):
+        ref, test, tokens = rng.normal(size=(T, 11)), rng.normal(size=(T, 11)), list(rng.integers(0, 11, T))
+        parts.append((ref, test, tokens))
+        one = windows.summarize([windows.position_metrics(windows.Reference(ref, tokens), test, tokens)])
+        assert one == pytest.approx(kvq_eval.compare_logits(ref, test, tokens), rel=1e-13)
+    pooled = windows.summarize([windows.position_metrics(windows.Reference(r, t), x, t) for r, x, t in parts])
+    kl = np.concatenate([windows.position_metrics(windows.Reference(r, t), x, t).kl for r, x, t in parts])
+    assert pooled["kld_mean"] == pytest.approx(kl.mean(), rel=1e-13) and pooled["kld_max"] == kl.max()
+    nll = np.concatenate([windows.next_token_nll(windows.log_softmax(x), t) for _, x, t in parts])
+    assert pooled["ppl"] == pytest.approx(np.exp(nll.mean()), rel=1e-13)  # 4 + 8 scored tokens, not 2 means
+
+
+def test_ctx_runs_every_window_and_reports_each(tmp_path):
+    out = tmp_path / "eval"
+    assert kvq_eval.main(["--model", "stories260k", "--engine", "cpu", "--ctx", "24", "--max-tokens", "80",
+                          "--k", "int8-head,none", "--v", "int4-token-asym", "--out", str(out), "--no-plot"]) == 0
+    rows = list(csv.DictReader(open(out / "eval.csv")))
+    per_window = list(csv.DictReader(open(out / "eval_windows.csv")))
+    assert [r["tokens"] for r in rows] == ["72", "72"]  # 3 windows of 24; the tail of 8 dropped
+    assert [(w["window"], w["first_token"], w["tokens"]) for w in per_window[:3]] == [
+        ("0", "0", "24"), ("1", "24", "24"), ("2", "48", "24")]
+    for r in rows:
+        mine = [w for w in per_window if (w["k_scheme"], w["v_scheme"]) == (r["k_scheme"], r["v_scheme"])]
+        assert len(mine) == 3
+        assert float(r["kld_mean"]) == pytest.approx(np.mean([float(w["kld_mean"]) for w in mine]), rel=1e-6)
+        assert float(r["kld_max"]) == pytest.approx(max(float(w["kld_max"]) for w in mine), rel=1e-6)
+    # each window is its own sequence from position 0: the first window is a --max-tokens 24 run
+    first = tmp_path / "first"
+    assert kvq_eval.main(["--model", "stories260k", "--engine", "cpu", "--max-tokens", "24", "--k", "int8-head",
+                          "--v", "int4-token-asym", "--out", str(first), "--no-plot"]) == 0
+    alone = list(csv.DictReader(open(first / "eval.csv")))[0]
+    assert float(alone["kld_mean"]) == pytest.approx(float(per_window[0]["kld_mean"]), rel=1e-9)
+    meta = json.load(open(out / "eval.json"))[0]
+    assert (meta["ctx"], meta["windows"], meta["engine"]) == (24, 3, "cpu")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--ctx", "5000"], "fewer than one window"),
+    (["--ctx", "1"], "at least 2 tokens"),
+])
+def test_bad_windows_are_refused(tmp_path, capsys, args, message):
+    assert kvq_eval.main(["--model", "stories260k", "--engine", "cpu", "--k", "int8-head", "--v", "int8-head"] + args +
+                         ["--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_gpu_engine_is_refused_with_its_reason_where_it_cannot_run(tmp_path, capsys):
+    why = kvq_eval.gpu_engine_available()
+    if not why:
+        pytest.skip("the GPU engine can run here (tests/python/test_gpu_engine.py covers it)")
+    assert kvq_eval.main(["--model", "smollm2", "--engine", "gpu", "--out", str(tmp_path)]) == 2
+    assert f"--engine gpu: {why}" in capsys.readouterr().err
+    assert kvq_eval.main(["--model", "stories260k", "--engine", "gpu", "--out", str(tmp_path)]) == 2
+    assert kvq_eval.main(["--model", "random:llama3-8b", "--out", str(tmp_path)]) == 2
+    assert "random-weight models run on the GPU engine only" in capsys.readouterr().err
