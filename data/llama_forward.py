@@ -132,14 +132,14 @@ def causal_attention(q, k, v, scale, block=512):
     return out.reshape(Hq, T, hd)
 
 
-def forward_sequence(m, tokens, record=True, block=512, attend=None):
-    """Runs tokens [T] causally through the model at positions 0..T-1 in one pass (float32 matrix
-    products). Returns (logits [T, vocab], Q, K, V): every layer's post-RoPE queries Q [L, Hq, T, D],
+def forward_sequence(m, tokens, record=True, block=512, attend=None, dtype=np.float32):
+    """Runs tokens [T] causally through the model at positions 0..T-1 in one pass (matrix products
+    in `dtype`: float32, or float64 where rounding noise must not matter). Returns (logits [T, vocab], Q, K, V): every layer's post-RoPE queries Q [L, Hq, T, D],
     keys K [L, Hkv, T, D] and values V [L, Hkv, T, D] (None each unless record). Attention runs in
     query blocks of `block` rows to bound its memory; attend(q, k, v, scale) -> [Hq, T, D] replaces it
     (kvq eval attends over a quantized cache that way)."""
     theta, eps, order = model_rope(m)
-    dt = np.float32
+    dt = np.dtype(dtype).type
     tokens = np.asarray(tokens, dtype=np.int64)
     T, hd, Hq, Hkv = len(tokens), m.head_dim, m.n_heads, m.n_kv_heads
     f32 = lambda a: np.asarray(a, dtype=dt)  # noqa: E731

@@ -84,14 +84,18 @@ def gpu_devices(count):
     return [torch.device("cuda", i) for i in range(count)]
 
 
-def gguf_gpu_engine(model, rope_order, gpus):
-    """A Llama GGUF file on the GPU(s): its tensors (gguf_llama's float32) moved there once."""
+def gguf_gpu_engine(model, rope_order, gpus, precision="float32"):
+    """A Llama GGUF file on the GPU(s): its tensors (gguf_llama's float32) moved there once, in
+    `precision` (float32, or float64 for comparisons free of float32's rounding noise)."""
     import gguf_llama
     import gpu_models
+    import torch
     path = gguf_llama.find_model(model)
     m = gguf_llama.GgufLlama(path, rope_order=rope_order)
-    return GpuEngine(gpu_models.GgufModel(m, gpu_devices(gpus)), f"gguf:{os.path.splitext(os.path.basename(path))[0]}",
-                     m.n_kv_heads, m.head_dim, m.seq_len, 32, m.tokenizer)
+    dtype = {"float32": torch.float32, "float64": torch.float64}[precision]
+    return GpuEngine(gpu_models.GgufModel(m, gpu_devices(gpus), dtype),
+                     f"gguf:{os.path.splitext(os.path.basename(path))[0]}", m.n_kv_heads, m.head_dim, m.seq_len,
+                     8 * dtype.itemsize, m.tokenizer)
 
 
 def hf_gpu_engine(name, torch_dtype, gpus, text=None, seed=0, vocab=32000):

@@ -10,6 +10,7 @@ positions. The model is a ModelAdapter (gpu_models.py: Hugging Face or GGUF):
     logits(hidden[rows]) -> float32 [rows, vocab]
 """
 import contextlib
+import math
 
 import numpy as np
 import torch
@@ -34,17 +35,18 @@ def float32_arithmetic():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-_rotate_back = {}  # (D, device) -> the float64 matrix of kvq.hadamard_rotate_back
-
-
 def hadamard_back(x):
-    """kvq.hadamard_rotate_back along the last axis of x (float32), in float64 as the CPU does."""
+    """kvq.hadamard_rotate_back along the last axis of x (float32): quant/hadamard.hpp's butterflies
+    in float64, in its order, so the same bits as the CPU's."""
     D = x.shape[-1]
-    key = (D, x.device)
-    if key not in _rotate_back:  # rows: the images of the unit vectors (the map is linear)
-        eye = np.eye(D, dtype=np.float32)[None, None]
-        _rotate_back[key] = torch.from_numpy(np.asarray(kvq.hadamard_rotate_back(eye), np.float64)[0, 0]).to(x.device)
-    return (x.double() @ _rotate_back[key]).float()
+    y = x.double()
+    h = 1
+    while h < D:
+        pairs = y.reshape(*y.shape[:-1], D // (2 * h), 2, h)
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        y = torch.stack((a + b, a - b), dim=-2).reshape(y.shape)
+        h *= 2
+    return (y * (1.0 / math.sqrt(D))).float()
 
 
 def base_scheme(name):
@@ -53,22 +55,28 @@ def base_scheme(name):
 
 
 def quantized(x, name):
-    """x [H, T, D] (a CUDA tensor) through kvq.gpu.quantize: the Cache and the stored values (float32,
-    the rotated basis for +had)."""
-    cache = kvq.gpu.quantize(x[None], name)
+    """x [H, T, D] (a CUDA tensor; float64 is rounded to float32 first, as kvq.quantize does) through
+    kvq.gpu.quantize: the Cache and the stored values (float32, the rotated basis for +had)."""
+    cache = kvq.gpu.quantize((x.float() if x.dtype == torch.float64 else x)[None], name)
     return cache, kvq.gpu.dequantize(cache)[0]
 
 
+def compute_dtype(x):
+    """Attention's arithmetic for inputs of x's dtype: float32, or float64 for a float64 model."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def stored_values(x, name):
-    """One layer's K or V x [H, T, D] as the storage holds it once quantized, float32, in x's basis
-    (+had rotated back): sequence_eval.stored_values on the GPU."""
+    """One layer's K or V x [H, T, D] as the storage holds it once quantized, in x's basis (+had
+    rotated back), in compute_dtype(x): sequence_eval.stored_values on the GPU."""
+    dtype = compute_dtype(x)
     if name == "none":
-        return x.float()
+        return x.to(dtype)
     if name in FLOAT_STORAGES:
-        return x.to(FLOAT_STORAGES[name]).float()
+        return x.to(FLOAT_STORAGES[name]).to(dtype)
     scheme = kvq.parse_scheme(name)
     _, values = quantized(x, base_scheme(name))
-    return hadamard_back(values) if scheme.hadamard else values
+    return (hadamard_back(values) if scheme.hadamard else values).to(dtype)
 
 
 class CacheView:
@@ -78,7 +86,7 @@ class CacheView:
 
     def __init__(self, x, name, whole=False):
         T = x.shape[1]
-        self.raw = x.float()
+        self.raw = x.to(compute_dtype(x))
         self.stored = self.raw if name == "none" else stored_values(x, name)
         if whole:  # groups.hpp's quantized_length: all T without a window
             windowed = name not in sequence_eval.STORAGES and kvq.parse_scheme(name).window is not None
@@ -94,19 +102,19 @@ class CacheView:
         return min(int(self.prefix_host[start]), stop)
 
 
-def query_block(Hq, T):
-    return max(1, min(T, SCORE_BYTES // (4 * Hq * T)))
+def query_block(Hq, T, itemsize=4):
+    return max(1, min(T, SCORE_BYTES // (itemsize * Hq * T)))
 
 
 def attend(q, k, v, scale):
-    """Causal attention of q [Hq, T, D] (float32) over CacheViews k, v [Hkv, T, D] (GQA by head
-    groups), float32, in query blocks; the computed values enter only in the band of keys a block's
+    """Causal attention of q [Hq, T, D] (float32, or float64) over CacheViews k, v [Hkv, T, D] (GQA
+    by head groups) in q's dtype, in query blocks; the computed values enter only in the band of keys a block's
     queries read unquantized (prefix[first row] .. last row). Returns [Hq, T, D] float32."""
     Hq, T, D = q.shape
     Hkv = k.raw.shape[0]
     qg = q.reshape(Hkv, Hq // Hkv, T, D)
     out = torch.empty_like(qg)
-    block = query_block(Hq, T)
+    block = query_block(Hq, T, q.element_size())
     for start in range(0, T, block):
         stop = min(T, start + block)
         qb = qg[:, :, start:stop]
@@ -155,7 +163,7 @@ class Recorded:
     def error(self, k_name, v_name):
         means, maxes = [], []
         for _, r in sorted(self.layers.items()):
-            q = r["q"].float()
+            q = r["q"].to(compute_dtype(r["q"]))
             if r["o_ref"] is None:
                 r["o_ref"] = attend(q, CacheView(r["k"], "none"), CacheView(r["v"], "none"), r["scale"])
             o = attend(q, CacheView(r["k"], k_name, whole=True), CacheView(r["v"], v_name, whole=True), r["scale"])
@@ -181,7 +189,7 @@ def make_attend(k_name, v_name, recorded=None):
     def attend_stored(layer, q, k, v, scale):
         if recorded is not None:
             recorded.add(layer, q, k, v, scale)
-        return attend(q.float(), CacheView(k, k_name), CacheView(v, v_name), scale)
+        return attend(q.to(compute_dtype(q)), CacheView(k, k_name), CacheView(v, v_name), scale)
     return attend_stored
 
 

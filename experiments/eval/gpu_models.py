@@ -118,13 +118,16 @@ class HfModel:
 
 class GgufModel:
     """A GgufLlama (data/gguf_llama.py) on the GPU: llama_forward.forward_sequence's arithmetic in
-    torch float32, each layer's tensors on its device (layer_devices over `devices`)."""
+    torch, in `dtype` (float32; float64 for comparisons free of float32's rounding noise), each
+    layer's tensors on its device (layer_devices over `devices`)."""
 
-    def __init__(self, m, devices):
+    def __init__(self, m, devices, dtype=torch.float32):
+        self.dtype = dtype
         self.theta, self.eps, self.order = lf.model_rope(m)
         self.n_layers, self.head_dim, self.n_heads, self.n_kv_heads = m.n_layers, m.head_dim, m.n_heads, m.n_kv_heads
         self.devices = layer_devices(m.n_layers, devices)
-        put = lambda a, d: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(d)  # noqa: E731
+        host = np.float64 if dtype == torch.float64 else np.float32
+        put = lambda a, d: torch.from_numpy(np.array(a, dtype=host)).to(d)  # noqa: E731 (a copy: a memory-mapped file is read-only)
         self.emb = put(m.emb, devices[0])
         self.layers = [{name: put(getattr(m, name)[i], d) for name in ("rms_att", "wq", "wk", "wv", "wo", "rms_ffn",
                                                                       "w1", "w2", "w3")}
@@ -150,8 +153,9 @@ class GgufModel:
     def forward(self, tokens, attend):
         T, hd = len(tokens), self.head_dim
         angle = lf.rope_angles(np.arange(T), hd, self.theta)
-        cos, sin = np.cos(angle).astype(np.float32)[:, None], np.sin(angle).astype(np.float32)[:, None]
-        scale = float(np.float32(1.0 / np.sqrt(hd)))
+        host = np.float64 if self.dtype == torch.float64 else np.float32
+        cos, sin = np.cos(angle).astype(host)[:, None], np.sin(angle).astype(host)[:, None]
+        scale = float(host(1.0 / np.sqrt(hd)))
         x = self.emb[torch.as_tensor(np.asarray(tokens, dtype=np.int64), device=self.emb.device)]
         for i, (w, device) in enumerate(zip(self.layers, self.devices)):
             x = x.to(device)

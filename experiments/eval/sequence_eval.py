@@ -43,10 +43,12 @@ def stored_whole(x, name):
 
 
 def stored_values(x, name):
-    """x [H, T, D] float32 as the storage holds it once quantized, in x's basis (+had rotated back)."""
+    """x [H, T, D] as the storage holds it once quantized (float32; "none": x itself), in x's basis
+    (+had rotated back)."""
     if name not in STORAGES and "+w" in name:  # the window only decides when a token is quantized
         name = kvq.parse_scheme(name.split("+w")[0]).name
-    return stored_whole(x[None], name)[0].astype(np.float32, copy=False)
+    stored = stored_whole(x[None], name)[0]
+    return stored if name == "none" else stored.astype(np.float32, copy=False)
 
 
 class CacheView:
@@ -89,15 +91,15 @@ def attend(q, k, v, scale, block=512):
     return out.reshape(Hq, T, D)
 
 
-def run_sequence(m, tokens, k_name, v_name, record=False, kernel=None):
+def run_sequence(m, tokens, k_name, v_name, record=False, kernel=None, dtype=np.float32):
     """Logits [T, vocab] of the model over tokens with every layer's K in storage k_name and V in
-    v_name (llama_forward.forward_sequence, attending through CacheViews, or through `kernel`, a
-    kernel_attention.KernelAttention); with record, every layer's {"q", "k", "v"} [1, H, T, D] as
-    computed (float32)."""
+    v_name (llama_forward.forward_sequence in `dtype`, attending through CacheViews, or through
+    `kernel`, a kernel_attention.KernelAttention); with record, every layer's {"q", "k", "v"}
+    [1, H, T, D] as computed."""
     def attend_stored(q, k, v, scale):
         return attend(q, CacheView(k, k_name), CacheView(v, v_name), scale)
 
-    logits, Q, K, V = lf.forward_sequence(m, tokens, record=record, attend=kernel or attend_stored)
+    logits, Q, K, V = lf.forward_sequence(m, tokens, record=record, attend=kernel or attend_stored, dtype=dtype)
     layers = None
     if record:
         layers = [{"q": Q[i][None], "k": K[i][None], "v": V[i][None], "softmax_scale": 0.0} for i in range(m.n_layers)]

@@ -95,10 +95,10 @@ def test_attention_error_equals_the_cpu_paths():
             assert got[key] == pytest.approx(want[key], rel=1e-3), (pair, key)
 
 
-def close(gpu_row, cpu_row):
+def close(gpu_row, cpu_row, rel=0.01):
     for key in ("kld_mean", "kld_max", "ppl_delta", "out_rel_l2_mean"):
         g, c = gpu_row[key], cpu_row[key]
-        assert abs(g - c) <= max(1e-7, 0.01 * abs(c)), (gpu_row["k_scheme"], gpu_row["v_scheme"], key, g, c)
+        assert abs(g - c) <= max(1e-7, rel * abs(c)), (gpu_row["k_scheme"], gpu_row["v_scheme"], key, g, c)
 
 
 PAIRS = [("none", "none"), ("fp16", "fp16"), ("int8-head", "int8-head"), ("int4-chan-t32-asym+w128", "int4-g32-asym+w128"),
@@ -117,8 +117,10 @@ def smollm2():
 
 @pytest.mark.parametrize("order", ["hf", "llamacpp"])
 def test_gguf_engine_equals_the_cpu_path(smollm2, order):
-    cpu = eval_engines.CpuEngine(kvq_eval.GgufRunner("smollm2", order))
-    gpu = eval_engines.gguf_gpu_engine("smollm2", order, 1)
+    """In float64 (float32's rounding noise alone moves a KLD by a few %: a code near a rounding
+    boundary flips, and the flip propagates through the later layers), the two engines agree."""
+    cpu = eval_engines.CpuEngine(kvq_eval.GgufRunner("smollm2", order, "float64"))
+    gpu = eval_engines.gguf_gpu_engine("smollm2", order, 1, "float64")
     with open(smollm2) as f:
         tokens = cpu.tokenize(f.read())[:160]
     quiet = lambda *_: None  # noqa: E731
