@@ -16,11 +16,16 @@ cheap proxy predicts the end result.
     python experiments/eval/kvq_eval.py --model meta-llama/Llama-3.2-1B --text story.txt --max-tokens 1024 \\
         --k int4-chan-t32-asym,int8-head --v int4-token-asym,int8-head      # Hugging Face: torch + transformers
 
-A GGUF file runs through data/gguf_llama.py and the whole-sequence path (sequence_eval.py: every
-position of a layer at once, float32, the same stored values as appending token by token); a
-llama2.c checkpoint through capture_llama2c's fp64 forward pass, token by token.
+Two engines (eval_engines.py). Where kvq's kernels, torch and a CUDA device are there, GGUF and
+Hugging Face models run on the GPU engine (gpu_engine.py, gpu_models.py): one whole-sequence
+forward pass per pair on the GPU, kvq's GPU quantizers, --ctx windows, --gpus layers over several
+GPUs. Otherwise (or --engine cpu) the CPU path: a GGUF file through data/gguf_llama.py and the
+whole-sequence path (sequence_eval.py: every position of a layer at once, float32, the same stored
+values as appending token by token); a llama2.c checkpoint through capture_llama2c's fp64 forward
+pass, token by token; a Hugging Face model token by token through capture_hf's hook.
 
-Writes OUT/eval.csv (one row per pair), OUT/eval.json (the run) and OUT/eval.png. Cache storages
+Writes OUT/eval.csv (one row per pair), OUT/eval_windows.csv (one per pair and window), OUT/eval.json
+(the run) and OUT/eval.png. Cache storages
 besides kvq schemes: none (as computed), fp32, fp16, bf16. Per-tensor schemes are refused (their
 scale needs the finished cache). nvfp4's per-tensor scale runs on the GGUF path only, where it is
 the layer's whole K (or V) over the text: a scale calibrated offline on the same text (token by
