@@ -360,7 +360,7 @@ def pair_row(engine, tokens, shape, k_name, v_name, acc, sweep):
     """A pair's row over all windows, its per-window rows under "windows"."""
     kb, vb = storage_bits(k_name, shape, engine.cache_bits), storage_bits(v_name, shape, engine.cache_bits)
     attn = acc["attn"]
-    row = {"source": engine.source, "tokens": tokens, "k_scheme": k_name, "v_scheme": v_name,
+    row = {"source": engine.source, "engine": engine.name, "tokens": tokens, "k_scheme": k_name, "v_scheme": v_name,
            "k_bits_per_element": kb, "v_bits_per_element": vb, "kv_bits_per_element": (kb + vb) / 2,
            "k_bytes_per_token_head": kb * engine.head_dim / 8, "v_bytes_per_token_head": vb * engine.head_dim / 8,
            **windows.summarize([m for _, _, m in acc["metrics"]]),
@@ -437,15 +437,22 @@ def run_shard(args, plan, engine, token_windows, pairs, sweep):
     return 0
 
 
+def run_meta(source, model, text, tokens, ctx, windows, engine, pairs, seconds):
+    """eval.json's description of a run (a single run's and a merged one's alike)."""
+    return {"command": "eval", "kvq_version": kvq.__version__, "kvq_commit": git_commit(), "source": source,
+            "model": model, "text": text, "tokens": tokens, "ctx": ctx, "windows": windows, "engine": engine,
+            "pairs": pairs, "csv": "eval.csv", "seconds": seconds}
+
+
 def merge_units(path, out):
     """kvq merge's checked units (in plan order) into the single run's files."""
     with open(path) as f:
         merged = json.load(f)
     os.remove(path)
     settings, rows = merged["settings"], [u["result"]["row"] for u in merged["units"]]
-    meta = {"command": "eval", "kvq_version": kvq.__version__, "kvq_commit": git_commit(), "source": settings["source"],
-            "model": settings["model"], "text": settings["text"], "tokens": settings["tokens"], "pairs": len(rows),
-            "csv": "eval.csv", "seconds": sum(r["seconds"] for r in rows)}
+    meta = run_meta(settings["source"], settings["model"], settings["text"], settings["tokens"], settings.get("ctx"),
+                    len(rows[0]["windows"]) if rows and "windows" in rows[0] else 1,
+                    rows[0].get("engine", "cpu") if rows else "cpu", len(rows), sum(r["seconds"] for r in rows))
     write_outputs(rows, meta, out, settings["attention"], settings["no_plot"])
     return 0
 
@@ -608,10 +615,8 @@ def main(argv=None):
             return 2
     started = time.perf_counter()
     rows = evaluate(engine, token_windows, pairs, sweep=sweep, attention=args.attention, variant=args.decode_variant)
-    meta = {"command": "eval", "kvq_version": kvq.__version__, "kvq_commit": git_commit(), "source": engine.source,
-            "model": args.model, "text": args.text, "tokens": sum(map(len, token_windows)), "ctx": args.ctx,
-            "windows": len(token_windows), "engine": engine.name, "pairs": len(rows), "csv": "eval.csv",
-            "seconds": time.perf_counter() - started}
+    meta = run_meta(engine.source, args.model, args.text, sum(map(len, token_windows)), args.ctx, len(token_windows),
+                    engine.name, len(rows), time.perf_counter() - started)
     if engine.name == "gpu":
         import gpu_engine
         meta["gpu_peak_memory_gib"] = gpu_engine.peak_memory_gib()
