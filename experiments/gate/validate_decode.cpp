@@ -12,6 +12,7 @@
 #include "data/dump.hpp"
 #include "experiments/gate/decode_run.hpp"
 #include "experiments/gate/dump_decode_cases.hpp"
+#include "experiments/gate/large_logits.hpp"
 #include "quant/fbgemm_layout.hpp"
 #include "quant/hadamard.hpp"
 #include "quant/quantize.hpp"
@@ -239,6 +240,39 @@ Storage quantized(const char* k, const char* v, bool fbgemm = false) {
   return st;
 }
 
+// kvq.gate's large_logits and split_stress families (gate_cases.py): scores past float32's exp range in
+// some sequences of a batch and not in others, a dominating key first, last or mid-sequence, lengths that
+// leave T-based splits empty; split-K variants also at forced split counts.
+void run_large_logits(Gate& g, int64_t T, bool split_k) {
+  struct Shaped {
+    const char* name;
+    DecodeShape shape;
+    std::vector<int32_t> lens;
+    std::vector<const char*> modes;
+  };
+  const int32_t t = static_cast<int32_t>(T);
+  const std::vector<Shaped> cases = {
+      {"large logits", {"", 5, 8, 2, T, 128}, {t, t - 3, t / 2, 7, t}, {"plain", "large", "negative", "dominant@0.5", "plain"}},
+      {"large logits, MQA", {"", 3, 8, 1, T, 64}, {t, t, 1}, {"dominant@1", "plain", "large"}},
+      {"split stress", {"", 5, 8, 2, 4 * T, 128}, {4 * t, 4 * t - 1, t + 1, 65, 4 * t},
+       {"dominant@1", "dominant@0", "dominant@0.99", "dominant@1", "plain"}}};
+  for (const Storage& st : {raw(KvFormat::kBf16), raw(KvFormat::kFp16), quantized("int8-head", "int8-head"),
+                            quantized("int4-g32-asym", "int4-g32-asym"), quantized("fp8-e4m3-head", "fp8-e4m3-head"),
+                            quantized("q4_0", "q8_0"), quantized("int4-chan-t32-asym+w64", "int4-g32-asym+w64")})
+    for (const Shaped& c : cases)
+      for (int splits : split_k ? std::vector<int>{0, 7, 64} : std::vector<int>{0}) {
+        const DecodeShape& s = c.shape;
+        const int64_t kv_n = s.batch * s.kv_heads * s.tokens * s.head_dim;
+        std::vector<float> k = random_normal(kv_n, 11, s.head_dim), v = random_normal(kv_n, 12, s.head_dim, 3.0f);
+        std::vector<float> q = random_normal(s.batch * s.q_heads * s.head_dim, 13, s.head_dim, 1.0f);
+        std::vector<LogitMode> modes;
+        for (const char* m : c.modes) modes.push_back(LogitMode::parse(m));
+        shape_logits(q, k, s, c.lens, modes, 1.0 / std::sqrt(static_cast<double>(s.head_dim)), 17);
+        const std::string name = splits ? fmt::format("{}, {} splits", c.name, splits) : std::string(c.name);
+        g.run({name, s, c.lens, false, st, splits}, std::move(k), std::move(v), std::move(q));
+      }
+}
+
 // Why no decode kernel reads storage `st` at `head_dim` (a dump's D may be anything), or "" when one
 // does; a variant's own limits are checked on the planned launch (Gate::run).
 std::string storage_unsupported_reason(const Storage& st, int64_t head_dim) {
@@ -372,6 +406,7 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
       g.run({fmt::format("forced {} splits, windows", splits), {"", 2, 8, 2, 1000, 128}, {1000, 333}, false,
              quantized("int4-g32-asym+w200", "int8-head+w37"), splits});
     }
+  run_large_logits(g, T, v.split_k);
   // Hostile shapes: one key, keys not a tile multiple, no keys at all, no batch.
   for (const Case& c : {Case{"one key", {"", 1, 4, 1, 1, 128}, {}, false, raw(KvFormat::kBf16)},
                         Case{"33 keys", {"", 2, 4, 2, 33, 128}, {}, false, quantized("int4-g32-asym", "int4-g32-asym")},

@@ -31,11 +31,11 @@ import numpy as np
 
 from ._core import Error, __version__, alibi_slopes, attention, parse_scheme, round_to_format
 from .gate_cases import (FAMILIES, LAYOUTS, RAW_STORAGES, case_rng, case_specs, check_storage_name,
-                         make_paging, padding_tokens, poisoned, random_values, storage_unfit_reason, store_operand,
-                         to_layout)
+                         make_paging, padding_tokens, poisoned, random_values, shape_logits, share_prefix,
+                         storage_unfit_reason, store_operand, to_layout)
 
-__all__ = ["Kernel", "kernel", "DecodeCase", "KvOperand", "CaseReport", "GateReport", "check", "tolerance", "main",
-           "FAMILIES", "LAYOUTS"]
+__all__ = ["Kernel", "kernel", "DecodeCase", "KvOperand", "CaseReport", "GateReport", "Refused", "check", "tolerance",
+           "main", "FAMILIES", "LAYOUTS"]
 
 LAYOUT_NAMES = {"bnsh": "BNSH", "bsnh": "BSNH", "paged": "paged", "fbgemm": "FBGEMM", "ggml": "ggml"}
 
@@ -335,7 +335,7 @@ class CaseReport:
     scheme: str
     dtype: str
     layout: str
-    status: str = "OK"  # "OK", "FAIL" or "SKIP"
+    status: str = "OK"  # "OK", "FAIL", "REFUSED" (the kernel said it does not take the case) or "SKIP"
     detail: str = ""
     values: int = 0
     tolerance: Optional[Tolerance] = None
@@ -357,7 +357,7 @@ class CaseReport:
         return self.tolerance.worst if self.tolerance else None
 
     def line(self, kernel_name):
-        tag = {"OK": "[OK]  ", "FAIL": "[FAIL]", "SKIP": "[SKIP]"}[self.status]
+        tag = {"OK": "[OK]  ", "FAIL": "[FAIL]", "SKIP": "[SKIP]", "REFUSED": "[REFUSED]"}[self.status]
         return f"{tag} {kernel_name} {self.name} {self.scheme} {self.shape}: {self.detail}"
 
     def to_json(self, kernel_name):
@@ -397,19 +397,20 @@ class GateReport:
         return {c.family for c in self.cases if c.status == status}
 
     def summary(self):
-        failed, skipped = len(self.with_status("FAIL")), len(self.with_status("SKIP"))
+        failed, skipped, refused = (len(self.with_status(s)) for s in ("FAIL", "SKIP", "REFUSED"))
         values = sum(c.values for c in self.cases if not c.skipped)
-        return (f"{'[FAIL]' if failed else '[OK]  '} {self.kernel}: {len(self.cases) - skipped} cases, {failed} "
-                f"failed, {skipped} skipped (unsupported), {values} outputs checked")
+        return (f"{'[FAIL]' if failed else '[OK]  '} {self.kernel}: {len(self.cases) - skipped - refused} cases, "
+                f"{failed} failed, {refused} refused by the kernel, {skipped} skipped (outside its declarations), "
+                f"{values} outputs checked")
 
     def to_json(self):
         """The document `kvq validate --report` writes (gpu, dump, variants, cases), for the CPU."""
-        failed, skipped = len(self.with_status("FAIL")), len(self.with_status("SKIP"))
+        failed, skipped, refused = (len(self.with_status(s)) for s in ("FAIL", "SKIP", "REFUSED"))
         return {"gpu": _gpu_info() if self.device == "cuda" else None, "dump": None,
                 "gate": {"device": self.device, "kvq_version": __version__, "k": self.k, "v": self.v,
                          "kernel": self.kernel, "declarations": self.declarations},
-                "variants": [{"variant": self.kernel, "cases": len(self.cases) - skipped, "failed": failed,
-                              "skipped": skipped,
+                "variants": [{"variant": self.kernel, "cases": len(self.cases) - skipped - refused, "failed": failed,
+                              "skipped": skipped, "refused": refused,
                               "values_checked": sum(c.values for c in self.cases if not c.skipped)}],
                 "cases": [c.to_json(self.kernel) for c in self.cases]}
 
@@ -445,12 +446,15 @@ class _Inputs:
         self.spec, self.layout, self.device = spec, layout, device
         self.lens = spec.lens()
         q = random_values(case_rng(seed, spec, "q"), (B, Hq, D), 1.0)
-        self.q = np.asarray(round_to_format(q, "bf16"), np.float32)
         keep = ~padding_tokens(spec, None, T)[:, None, :, None]
+        x = {which: random_values(case_rng(seed, spec, which), (B, Hkv, T, D), outlier)
+             for which, outlier in (("k", 12.0), ("v", 3.0))}
+        shape_logits(q, x["k"], spec, case_rng(seed, spec, "logits"))
+        self.q = np.asarray(round_to_format(q, "bf16"), np.float32)
         self.ops = {}
-        for which, storage, outlier in (("k", k, 12.0), ("v", v, 3.0)):
-            x = np.where(keep, random_values(case_rng(seed, spec, which), (B, Hkv, T, D), outlier), np.float32(0))
-            self.ops[which] = store_operand(x, storage, layout)
+        for which, storage in (("k", k), ("v", v)):
+            share_prefix(x[which], spec)
+            self.ops[which] = store_operand(np.where(keep, x[which], np.float32(0)), storage, layout)
         self.paging = make_paging(spec, page_size, case_rng(seed, spec, "pages")) if layout == "paged" else None
         # padding a kernel could read: tokens >= seq_len, and in a paged cache the unused pages
         self.has_padding = bool((self.lens < T).any()) or layout == "paged"
@@ -478,12 +482,25 @@ class _Inputs:
                           label=s.label)
 
 
+class Refused(Exception):
+    """Raised by a kernel for a case it does not take (as NotImplementedError is): REFUSED, not FAIL."""
+
+
+# Exception messages that say "I do not take this" rather than "I broke" (peers raise their own classes).
+REFUSAL_WORDS = ("not supported", "unsupported", "not implemented", "does not support", "not yet supported")
+
+
+def is_refusal(e):
+    return isinstance(e, (Refused, NotImplementedError)) or any(w in str(e).lower() for w in REFUSAL_WORDS)
+
+
 def _call(kern, case, device):
-    """The kernel's (O, LSE or None) as numpy arrays, or a one-line error."""
+    """The kernel's (O, LSE or None) as numpy arrays, or a one-line error ("error: ..." or, when the
+    kernel refused the case, "refused: ...")."""
     try:
         result = kern(case)
-    except Exception as e:  # the kernel failed the case; the gate goes on
-        return f"error: {type(e).__name__}: {e}"
+    except Exception as e:  # the kernel failed (or refused) the case; the gate goes on
+        return f"{'refused' if is_refusal(e) else 'error'}: {type(e).__name__}: {e}"
     if kern.returns_lse:
         if not isinstance(result, (tuple, list)) or len(result) != 2:
             return f"error: returned {type(result).__name__}, expected (O, LSE) (the kernel declares returns_lse=True)"
@@ -515,7 +532,7 @@ def _padding_probe(kern, inputs, first, device):
     if any(op.scheme is not None for op in inputs.ops.values()):
         where += ", their codes and scales"
     if isinstance(probe, str):
-        return True, f"reads padding: with finite values in the padding ({where}) it raised {probe[7:]}"
+        return True, f"reads padding: with finite values in the padding ({where}) it raised {probe.split(': ', 1)[1]}"
     if _same_bits(first, probe):
         return False, ""
     nan_moved = bool((np.isnan(first[0]) != np.isnan(probe[0])).any())
@@ -546,7 +563,9 @@ def _run_case(kern, spec, k, v, seed, device):
     case = inputs.case("nan")
     first = _call(kern, case, device)
     if isinstance(first, str):
-        rep.status, rep.detail = "FAIL", first
+        refused = first.startswith("refused:")
+        rep.status, rep.detail = ("REFUSED", first) if refused else ("FAIL", first)
+        rep.values = 0 if refused else rep.values
         return rep
     ref_o, ref_lse = inputs.reference("fp64")
     mimic_o, mimic_lse = inputs.reference(kern.profile)

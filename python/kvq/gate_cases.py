@@ -21,7 +21,9 @@ GGML_BLOCKS = {"q8_0": (34, ((0, "fp16"),)), "q4_0": (18, ((0, "fp16"),)), "q4_1
 RAW_STORAGES = ("bf16", "fp16")
 # In the order they run. "long" runs with cases="full" only.
 FAMILIES = ("varlen", "head_dim", "mha", "mqa", "alibi", "group16", "one_key", "keys33", "odd_t", "no_keys",
-            "batch0", "long", "reruns")
+            "batch0", "large_logits", "split_stress", "shared_pages", "long", "reruns")
+LOGIT_SCALE = 40.0  # Q's magnitude in the large-logit sequences: scores in the hundreds
+LOGIT_TARGET = 300.0  # the score of a dominating key (or minus that of every key, "negative")
 SPARE_PAGES = 2  # unused pages in every paged cache; page table entries past a sequence's pages name one
 
 
@@ -38,6 +40,11 @@ class CaseSpec:
     alibi: bool = False
     softmax_scale: float = 0.0  # 0: 1/sqrt(D)
     reruns: int = 0  # the reruns family: calls on the same inputs, compared bitwise
+    # per sequence: "plain", "large" (Q x LOGIT_SCALE: scores of both signs in the hundreds), "negative"
+    # (every key's score near -LOGIT_TARGET) or "dominant@F" (one key, at fraction F of the sequence,
+    # near +LOGIT_TARGET, the rest in the tens); None: all plain
+    logits: tuple = None
+    shared_prefix: int = 0  # paged: sequence 1's first pages are sequence 0's (its first tokens the same)
 
     def lens(self):
         return np.array(self.seq_lens if self.seq_lens is not None else [self.tokens] * self.batch, dtype=np.int32)
@@ -53,6 +60,10 @@ class CaseSpec:
             s += " alibi"
         if self.softmax_scale:
             s += f" scale={self.softmax_scale:g}"
+        if self.logits:
+            s += " logits " + ",".join(self.logits)
+        if self.shared_prefix:
+            s += f" shared prefix {self.shared_prefix}"
         return s
 
     @property
@@ -88,6 +99,19 @@ def case_specs(cases, reruns=None):
         "no_keys": [CaseSpec("no_keys", "no keys", 2, 4, 2, 16, 128, (0, 0)),
                     CaseSpec("no_keys", "T = 0", 1, 4, 2, 0, 128)],
         "batch0": [CaseSpec("batch0", "B = 0", 0, 4, 2, 16, 128)],
+        # scores past exp's range in float32 (88.7) and fp16 (11.1), in some sequences of the batch only
+        "large_logits": [CaseSpec("large_logits", "large logits", 5, 8, 2, T, 128, (T, T - 3, T // 2, 7, T),
+                                  logits=("plain", "large", "negative", "dominant@0.5", "plain")),
+                         CaseSpec("large_logits", "large logits, MQA", 3, 8, 1, T, 64, (T, T, 1),
+                                  logits=("dominant@1.0", "plain", "large"))],
+        # split-K: lengths that leave a T-based split empty, a dominating key first, last or in the middle
+        "split_stress": [CaseSpec("split_stress", "split stress", 5, 8, 2, 4 * T, 128,
+                                  (4 * T, 4 * T - 1, T + 1, 65, 4 * T),
+                                  logits=("dominant@1.0", "dominant@0.0", "dominant@0.99", "dominant@1.0", "plain"))],
+        # paged: sequence 1 shares sequence 0's first pages (a common prompt), as engines share prefixes
+        # (other layouts: the two sequences merely begin with the same tokens)
+        "shared_pages": [CaseSpec("shared_pages", "shared prefix pages", 3, 8, 2, T, 128, (T, T - 5, T // 2),
+                                  shared_prefix=128)],
         "long": [CaseSpec("long", "long", 2, 8, 2, 2048, 128, (2048, 1500))],
         "reruns": [CaseSpec("reruns", f"{n} reruns", 4, 8, 2, 64 if quick else 2048, 128, reruns=n)],
     }
@@ -104,6 +128,39 @@ def random_values(rng, shape, outlier):
     x = rng.standard_normal(shape, dtype=np.float32)
     x[..., np.arange(shape[-1]) % 23 == 5] *= outlier
     return x
+
+
+def shape_logits(q, k, spec, rng):
+    """Gives each sequence of q [B, Hq, D] and k [B, Hkv, T, D] (float32, in place) the scores its
+    spec.logits mode asks for; the fp64 reference sees whatever results (Q is rounded to bf16 after)."""
+    if not spec.logits:
+        return
+    D, group, scale = spec.head_dim, spec.q_heads // spec.kv_heads, spec.scale()
+    for b, mode in enumerate(spec.logits):
+        n = int(spec.lens()[b])
+        if mode == "plain":
+            continue
+        if mode == "large":
+            q[b] *= LOGIT_SCALE
+            continue
+        for h in range(spec.kv_heads):  # one direction u per KV head, its query heads all along u
+            u = rng.standard_normal(D).astype(np.float32)
+            u /= np.linalg.norm(u)
+            q[b, h * group:(h + 1) * group] = LOGIT_SCALE * u
+            c = LOGIT_TARGET / (LOGIT_SCALE * scale)  # |k . u| that gives a score of LOGIT_TARGET
+            if mode == "negative":
+                k[b, h, :n] -= c * u
+            elif mode.startswith("dominant@") and n:
+                j = min(n - 1, int(float(mode.split("@")[1]) * n))
+                k[b, h, j] += c * u
+            elif not mode.startswith("dominant@"):
+                raise ValueError(f"logits mode '{mode}': expected plain, large, negative or dominant@F")
+
+
+def share_prefix(x, spec):
+    """x [B, H, T, D]: sequence 1's first spec.shared_prefix tokens made sequence 0's (in place)."""
+    if spec.shared_prefix:
+        x[1, :, :spec.shared_prefix] = x[0, :, :spec.shared_prefix]
 
 
 def check_storage_name(name, layout):
@@ -274,17 +331,23 @@ class Paging:
 
 def make_paging(spec, page_size, rng):
     """ceil(seq_len / page_size) pages per sequence, all pages (and SPARE_PAGES unused ones) shuffled;
-    table entries past a sequence's pages name an unused (poisoned) page."""
+    table entries past a sequence's pages name an unused (poisoned) page. spec.shared_prefix: the
+    whole pages of it are sequence 0's in sequence 1's table too (one page, two sequences)."""
     lens = spec.lens()
     counts = -(-lens // page_size)
-    total = int(counts.sum()) + SPARE_PAGES
+    # whole pages of the prefix both sequences hold (a page with one's padding in it is not the other's)
+    shared = min(spec.shared_prefix, int(lens[0]), int(lens[1])) // page_size if spec.shared_prefix else 0
+    total = int(counts.sum()) - shared + SPARE_PAGES
     perm = rng.permutation(total).astype(np.int32)
     max_pages = -(-spec.tokens // page_size)
     table = np.full((spec.batch, max_pages), perm[-1], dtype=np.int32)
     start = 0
     for b, n in enumerate(counts):
-        table[b, :n] = perm[start:start + n]
-        start += n
+        own = n - (shared if b == 1 else 0)
+        table[b, n - own:n] = perm[start:start + own]
+        start += own
+    if shared:
+        table[1, :shared] = table[0, :shared]
     return Paging(page_size, table, counts, total)
 
 

@@ -370,7 +370,7 @@ def test_json_report_has_kvq_validates_fields(tmp_path):
                log=None)
     doc = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON report"))
     assert set(doc) == {"gpu", "dump", "gate", "variants", "cases"}
-    assert doc["variants"] == [{"variant": "reads-padding", "cases": 2, "failed": 1, "skipped": 0,
+    assert doc["variants"] == [{"variant": "reads-padding", "cases": 2, "failed": 1, "skipped": 0, "refused": 0,
                                 "values_checked": 3 * 8 * 128 + 2 * 4 * 128}]
     assert doc["gate"]["declarations"]["layout"] == "bnsh" and doc["gate"]["k"] == "bf16"
     varlen, mha = doc["cases"]
@@ -433,3 +433,66 @@ def test_kvq_exports_gate_lazily():
                         "print(kvq.gate.check.__module__, kvq.gate_examples.numpy_paged.layout)"],
                        capture_output=True, text=True, env=dict(os.environ))
     assert r.returncode == 0 and r.stdout.split() == ["kvq.gate", "paged"], r.stderr
+
+
+# ---- the mutation score, refusals, the large-logit and split families ----
+
+def test_mutation_score_catches_every_bug_class():
+    """kvq.gate_mutants: every mutant FAILs a case of its families and its right kernel passes them."""
+    from kvq.gate_mutants import CATALOGUE, mutation_score
+    lines = []
+    report = mutation_score(log=lines.append)
+    assert report.all_caught, [line for line in lines if line.startswith("[FAIL]")]
+    assert lines[-1] == f"{len(CATALOGUE)} of {len(CATALOGUE)} bug classes caught"
+    # the classes the new families exist for: caught by them, and by nothing that ran before them (ALiBi's
+    # biases of -200 over 300 keys catch a merge by the first split too, in kernels that take ALiBi)
+    old = [f for f in gate.FAMILIES if f not in ("large_logits", "split_stress", "shared_pages", "long", "reruns")]
+    for name in ("no_running_max", "batch_max", "merge_by_first_split", "shared_pages_owned"):
+        c = next(c for c in CATALOGUE if c.name == name)
+        r = run(c.mutant, c.k, c.v, cases=old)
+        assert r.families("FAIL") == ({"alibi"} if name == "merge_by_first_split" else set()), name
+
+
+def test_mutants_command_line():
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "kvq.gate_mutants", *args], capture_output=True, text=True)
+    r = cli("no_running_max", "reads_padding")
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "2 of 2 bug classes caught", r.stdout + r.stderr
+    r = cli("no_such_bug")
+    assert r.returncode == 2 and "no_such_bug" in r.stderr
+    assert "merge_by_first_split" in cli("--list").stdout
+
+
+def test_large_logits_leave_exp_range_in_the_sequences_that_ask_for_it():
+    from kvq.gate_cases import case_specs
+    spec = next(s for s in case_specs(["large_logits"]) if s.name == "large logits")
+    inputs = gate._Inputs(spec, "bf16", "bf16", "bnsh", 16, 0, gate._Cpu)
+    k, lens = inputs.ops["k"].reference, inputs.lens
+    top = {}
+    for b, mode in enumerate(spec.logits):
+        s = np.einsum("hd,htd->ht", inputs.q[b].astype(np.float64),
+                      np.repeat(k[b], spec.q_heads // spec.kv_heads, axis=0)[:, :lens[b]]) * spec.scale()
+        top[mode] = (s.max(), s.min())
+    assert top["plain"][0] < 40 and top["plain"][1] > -40
+    assert top["large"][0] > 88.7 and top["large"][1] < -88.7  # past float32's exp, both signs
+    assert top["negative"][0] < -200  # every key far below zero: exp(s) alone is 0 / 0
+    assert top["dominant@0.5"][0] > 250 and sorted(top)  # one key far above the rest
+
+
+def test_a_refusal_is_reported_apart_from_a_failure():
+    def picky(case):
+        if case.num_kv_heads == 1:
+            raise NotImplementedError("MQA is not supported by this kernel")
+        if case.head_dim == 256:
+            raise gate.Refused("head_dim 256")
+        return numpy_decode(case)
+    r = run(gate.Kernel(picky, name="picky"), cases=["mqa", "head_dim", "mha"])
+    assert r.ok and not r.with_status("FAIL")
+    refused = r.with_status("REFUSED")
+    assert [c.family for c in refused] == ["head_dim", "mqa"]
+    assert "MQA is not supported" in refused[1].detail and refused[1].line("picky").startswith("[REFUSED]")
+    assert "0 failed, 2 refused by the kernel, 0 skipped" in r.summary()
+
+    def broken(case):
+        raise RuntimeError("illegal memory access")
+    assert run(gate.Kernel(broken), cases=["mha"]).with_status("FAIL")
