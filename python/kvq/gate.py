@@ -30,14 +30,15 @@ from typing import Any, Optional
 import numpy as np
 
 from ._core import Error, __version__, alibi_slopes, attention, parse_scheme, round_to_format
-from .gate_cases import (FAMILIES, LAYOUTS, RAW_STORAGES, case_rng, case_specs, check_storage_name,
-                         make_paging, padding_tokens, poisoned, random_values, shape_logits, share_prefix,
+from .gate_cases import (ENGINE_LAYOUTS, FAMILIES, LAYOUTS, PAGED_LAYOUTS, RAW_STORAGES, case_rng, case_specs,
+                         check_storage_name, flashinfer_indices, make_paging, padding_tokens, poisoned, random_values, shape_logits, share_prefix,
                          storage_unfit_reason, store_operand, to_layout)
 
 __all__ = ["Kernel", "kernel", "DecodeCase", "KvOperand", "CaseReport", "GateReport", "Refused", "check", "tolerance",
            "main", "FAMILIES", "LAYOUTS"]
 
-LAYOUT_NAMES = {"bnsh": "BNSH", "bsnh": "BSNH", "paged": "paged", "fbgemm": "FBGEMM", "ggml": "ggml"}
+LAYOUT_NAMES = {"bnsh": "BNSH", "bsnh": "BSNH", "paged": "paged", "fbgemm": "FBGEMM", "ggml": "ggml", "vllm": "vLLM",
+                "flashinfer_nhd": "FlashInfer NHD", "flashinfer_hnd": "FlashInfer HND"}
 
 
 # ---- what a kernel receives ----
@@ -70,7 +71,7 @@ class DecodeCase:
     softmax_scale: float  # the scale to use (1/sqrt(D) unless the case says otherwise)
     alibi_slopes: Any  # [Hq] float32, or None
     block_table: Any  # paged: [B, max_pages] int32 page ids; else None
-    layout: str  # "bnsh", "bsnh", "paged", "fbgemm" or "ggml"
+    layout: str  # "bnsh", "bsnh", "paged", "fbgemm", "ggml", "vllm", "flashinfer_nhd" or "flashinfer_hnd"
     page_size: Optional[int]  # paged: tokens per page; else None
     batch: int
     num_q_heads: int
@@ -78,6 +79,15 @@ class DecodeCase:
     head_dim: int
     tokens: int  # T: the cache's length (paged: the table has ceil(T / page_size) columns)
     label: str  # the case's name and shape, for messages
+    # The serving engines' layouts (vllm, flashinfer_nhd, flashinfer_hnd): K and V in one cache
+    # [pages, 2, ...] (k / v hold its two halves, the split-K/V form); FlashInfer's page lists; FP8's
+    # per-tensor scales (vLLM's k_scale / v_scale; 1.0 for scale-free FP8, None for bf16 / fp16)
+    kv_cache: Any = None
+    kv_indptr: Any = None  # [B + 1] int32
+    kv_indices: Any = None  # [pages in use] int32
+    kv_last_page_len: Any = None  # [B] int32: tokens in each sequence's last page (0: no pages)
+    k_scale: Optional[float] = None
+    v_scale: Optional[float] = None
 
     @property
     def group(self):
@@ -455,9 +465,9 @@ class _Inputs:
         for which, storage in (("k", k), ("v", v)):
             share_prefix(x[which], spec)
             self.ops[which] = store_operand(np.where(keep, x[which], np.float32(0)), storage, layout)
-        self.paging = make_paging(spec, page_size, case_rng(seed, spec, "pages")) if layout == "paged" else None
+        self.paging = make_paging(spec, page_size, case_rng(seed, spec, "pages")) if layout in PAGED_LAYOUTS else None
         # padding a kernel could read: tokens >= seq_len, and in a paged cache the unused pages
-        self.has_padding = bool((self.lens < T).any()) or layout == "paged"
+        self.has_padding = bool((self.lens < T).any()) or layout in PAGED_LAYOUTS
 
     def reference(self, precision):
         s = self.spec
@@ -474,12 +484,40 @@ class _Inputs:
             operands[which] = KvOperand(op.storage, op.scheme, **{
                 n: put(a, op.storage if n == "values" else None) for n, a in arrays.items()})
         slopes = np.asarray(alibi_slopes(s.q_heads), np.float32) if s.alibi else None
+        engine = {}
+        if self.layout in ENGINE_LAYOUTS:
+            engine = self._engine_cache(poison, put)
+            operands = {w: engine.pop(w) for w in ("k", "v")}
+        flashinfer = self.layout.startswith("flashinfer")
         return DecodeCase(q=put(self.q, "bf16"), k=operands["k"], v=operands["v"], seq_lens=put(self.lens),
                           softmax_scale=float(s.scale()), alibi_slopes=put(slopes),
-                          block_table=put(self.paging.block_table) if self.paging else None, layout=self.layout,
-                          page_size=self.paging.page_size if self.paging else None, batch=s.batch,
+                          block_table=put(self.paging.block_table) if self.paging and not flashinfer else None,
+                          layout=self.layout, page_size=self.paging.page_size if self.paging else None, batch=s.batch,
                           num_q_heads=s.q_heads, num_kv_heads=s.kv_heads, head_dim=s.head_dim, tokens=s.tokens,
-                          label=s.label)
+                          label=s.label, **engine)
+
+    def _engine_cache(self, poison, put):
+        """A serving engine's cache: K and V pages stacked into one [pages, 2, ...] array, each operand
+        holding its half; FlashInfer's page lists; FP8's per-tensor scales."""
+        halves, ops, scales = [], {}, {}
+        for which, op in self.ops.items():
+            arrays = to_layout(poisoned(op, self.spec, poison), op, self.layout, self.paging, poison)
+            halves.append(arrays["values" if op.scheme is None else "codes"])
+            scale = np.asarray(arrays.get("scales", [])).reshape(-1)  # one per tensor; none for an empty cache
+            scales[which] = None if op.scheme is None else float(scale[0]) if scale.size else 1.0
+        if halves[0].dtype != halves[1].dtype:
+            raise ValueError(f"the {self.layout} layout holds K and V in one array: K {self.ops['k'].storage} and "
+                             f"V {self.ops['v'].storage} differ in dtype")
+        both = np.stack(halves, axis=1)  # [pages, 2, ...]
+        cache = put(both, self.ops["k"].storage if self.ops["k"].scheme is None else None)
+        for i, (which, op) in enumerate(self.ops.items()):
+            name = "values" if op.scheme is None else "codes"
+            ops[which] = KvOperand(op.storage, op.scheme, **{name: cache[:, i]},
+                                   scales=None if scales[which] is None else put(np.float32(scales[which])))
+        out = {"kv_cache": cache, "k": ops["k"], "v": ops["v"], "k_scale": scales["k"], "v_scale": scales["v"]}
+        if self.layout.startswith("flashinfer"):
+            out.update(zip(("kv_indptr", "kv_indices", "kv_last_page_len"), map(put, flashinfer_indices(self.paging))))
+        return out
 
 
 class Refused(Exception):
@@ -528,7 +566,7 @@ def _same_bits(a, b):
 def _padding_probe(kern, inputs, first, device):
     """Runs the kernel again with the padding holding other (finite) values. Returns (reads_padding, note)."""
     probe = _call(kern, inputs.case("finite"), device)
-    where = "positions >= seq_len" + (", unused pages" if inputs.layout == "paged" else "")
+    where = "positions >= seq_len" + (", unused pages" if inputs.layout in PAGED_LAYOUTS else "")
     if any(op.scheme is not None for op in inputs.ops.values()):
         where += ", their codes and scales"
     if isinstance(probe, str):
@@ -551,7 +589,7 @@ def _run_case(kern, spec, k, v, seed, device):
     layout = kern.layout
     scheme = f"{k} {LAYOUT_NAMES[layout]}" if k == v else f"K {k} / V {v} {LAYOUT_NAMES[layout]}"
     dtype = _format_name(k) if _format_name(k) == _format_name(v) else f"{_format_name(k)}/{_format_name(v)}"
-    shape = spec.shape() + (f" page_size={kern.page_size}" if layout == "paged" else "")
+    shape = spec.shape() + (f" page_size={kern.page_size}" if layout in PAGED_LAYOUTS else "")
     rep = CaseReport(spec.family, spec.name, shape, scheme, dtype, LAYOUT_NAMES[layout],
                      values=spec.batch * spec.q_heads * spec.head_dim * max(spec.reruns, 1))
     why = (kern.unsupported_reason(spec, k, v) or storage_unfit_reason(k, layout, spec.head_dim)
@@ -602,6 +640,10 @@ def _run_case(kern, spec, k, v, seed, device):
     return rep
 
 
+def _engine_dtype(storage):
+    return storage if storage in RAW_STORAGES else parse_scheme(storage).format
+
+
 def _prepare(kernel, k, v, layout, profile, cases, reruns, device, name):
     """Validates the arguments (ValueError) and returns (Kernel, case specs, device)."""
     if device not in DEVICES:
@@ -619,6 +661,8 @@ def _prepare(kernel, k, v, layout, profile, cases, reruns, device, name):
         kern = Kernel(kernel, name=name, layout=layout or "bnsh", profile=profile or "fp32-obf16")
     for storage in (k, v):
         check_storage_name(storage, kern.layout)
+    if kern.layout in ENGINE_LAYOUTS and _engine_dtype(k) != _engine_dtype(v):
+        raise ValueError(f"K {k}, V {v}: the {kern.layout} layout keeps K and V in one array of one dtype")
     kern = kern.for_storages(k, v)
     if reruns is not None and (not isinstance(reruns, int) or reruns < 2):
         raise ValueError(f"reruns must be an int >= 2, got {reruns!r}")

@@ -13,7 +13,13 @@ import numpy as np
 
 from ._core import SchemeError, fbgemm_rows, parse_scheme, quantize, round_to_format, to_ggml_blocks
 
-LAYOUTS = ("bnsh", "bsnh", "paged", "fbgemm", "ggml")
+LAYOUTS = ("bnsh", "bsnh", "paged", "fbgemm", "ggml", "vllm", "flashinfer_nhd", "flashinfer_hnd")
+# Serving engines' own paged caches (docs/gate.md): vLLM's [num_blocks, 2, block_size, Hkv, D] with a block
+# table; FlashInfer's [pages, 2, page_size, Hkv, D] (NHD) or [pages, 2, Hkv, page_size, D] (HND) with
+# kv_indptr / kv_indices / kv_last_page_len. They hold bf16 / fp16 values or FP8 codes with a per-tensor
+# scale (vLLM's k_scale / v_scale).
+ENGINE_LAYOUTS = ("vllm", "flashinfer_nhd", "flashinfer_hnd")
+PAGED_LAYOUTS = ("paged",) + ENGINE_LAYOUTS
 # ggml's block structs: bytes per block, and where its scale fields are (offset, "fp16" / "byte"; quant/ggml_layout.hpp)
 GGML_BLOCKS = {"q8_0": (34, ((0, "fp16"),)), "q4_0": (18, ((0, "fp16"),)), "q4_1": (20, ((0, "fp16"), (2, "fp16"))),
                "q5_0": (22, ((0, "fp16"),)), "q5_1": (24, ((0, "fp16"), (2, "fp16"))), "iq4_nl": (18, ((0, "fp16"),)),
@@ -174,6 +180,10 @@ def check_storage_name(name, layout):
     if layout == "ggml" and not scheme.block_format:
         raise ValueError(f"storage '{name}': the ggml layout holds llama.cpp's cache types and mxfp4 / nvfp4 "
                          "(q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4, nvfp4) or bf16 / fp16 values")
+    if layout in ENGINE_LAYOUTS and not (scheme.format in ("fp8-e4m3", "fp8-e5m2")
+                                         and (scheme.scale_free or scheme.granularity == "tensor")):
+        raise ValueError(f"storage '{name}': the {layout} layout holds bf16 / fp16 values or FP8 codes with one "
+                         "scale per tensor (fp8-e4m3, fp8-e4m3-tensor, fp8-e5m2, fp8-e5m2-tensor), as the engine does")
     if scheme.hadamard or scheme.window is not None:
         raise ValueError(f"storage '{name}': kvq.gate does not gate +had or +w<W> storages yet (the kernel would "
                          "need the rotation of Q or the window's full-precision values beside the codes)")
@@ -320,6 +330,17 @@ def poisoned(op, spec, kind):
     return out
 
 
+def flashinfer_indices(paging):
+    """FlashInfer's (kv_indptr [B + 1], kv_indices [pages in use], kv_last_page_len [B]) of a Paging:
+    sequence b's pages are kv_indices[kv_indptr[b]:kv_indptr[b + 1]], its last page holds
+    kv_last_page_len[b] tokens (0 for an empty sequence)."""
+    counts = paging.counts.astype(np.int32)
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    indices = np.concatenate([paging.block_table[b, :n] for b, n in enumerate(counts)] or [np.zeros(0, np.int32)])
+    last = np.where(counts > 0, paging.lens - (counts - 1) * paging.page_size, 0).astype(np.int32)
+    return indptr, indices.astype(np.int32), last
+
+
 @dataclass(frozen=True)
 class Paging:
     """Where each sequence's pages lie: page_size, the page table [B, max_pages], pages per sequence."""
@@ -327,6 +348,7 @@ class Paging:
     block_table: np.ndarray
     counts: np.ndarray  # [B]: ceil(seq_len / page_size)
     num_pages: int
+    lens: np.ndarray  # [B]: seq_len
 
 
 def make_paging(spec, page_size, rng):
@@ -348,12 +370,13 @@ def make_paging(spec, page_size, rng):
         start += own
     if shared:
         table[1, :shared] = table[0, :shared]
-    return Paging(page_size, table, counts, total)
+    return Paging(page_size, table, counts, total, lens)
 
 
 def to_layout(arrays, op, layout, paging, kind):
-    """BNSH arrays -> the kernel's layout: BSNH moves each head axis after its token axis; paged puts
-    the BSNH tokens into pages [num_pages, page_size, ...] by the page table."""
+    """BNSH arrays -> the kernel's layout: BSNH moves each head axis after its token axis; the paged
+    layouts put the BSNH tokens into pages [num_pages, page_size, ...] by the page table (FlashInfer's
+    HND: [num_pages, Hkv, page_size, D])."""
     out = {}
     for name, a in arrays.items():
         _, t_axis, h_axis = op.arrays[name]
@@ -373,5 +396,5 @@ def to_layout(arrays, op, layout, paging, kind):
             for i in range(paging.counts[b]):  # the last page's tail: tokens >= seq_len, poisoned in `a`
                 n = min(P, T - i * P)
                 pages[paging.block_table[b, i], :n] = a[b, i * P:i * P + n]
-        out[name] = pages
+        out[name] = np.ascontiguousarray(pages.swapaxes(1, 2)) if layout == "flashinfer_hnd" else pages
     return out

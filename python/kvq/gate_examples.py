@@ -134,14 +134,28 @@ def dequantize_fbgemm_rows(rows, head_dim):
     return fma32(q, scale, shift)
 
 
+def page_table(case):
+    """Each sequence's pages [B, max_pages]: the block table, or FlashInfer's kv_indptr / kv_indices
+    (entries past a sequence's pages: page 0, never read)."""
+    if case.block_table is not None:
+        return np.asarray(case.block_table)
+    indptr, indices = np.asarray(case.kv_indptr), np.asarray(case.kv_indices)
+    table = np.zeros((case.batch, -(-case.tokens // case.page_size)), np.int32)
+    for b in range(case.batch):
+        table[b, :indptr[b + 1] - indptr[b]] = indices[indptr[b]:indptr[b + 1]]
+    return table
+
+
 def to_bnsh(a, case):
     """A stored array (values, codes or scales) -> kvq's BNSH order. Paged: the page table gathers each
     sequence's pages into [B, max_pages * page_size, ...]; BSNH-ordered arrays swap T and H back."""
     a = np.asarray(a)
     if case.layout == "bnsh" or a.ndim <= 1:  # bnsh, or one per-tensor scale (nvfp4's: 0-dim)
         return a
-    if case.layout == "paged":
-        t = case.block_table  # [B, max_pages]
+    if case.layout in ("paged", "vllm", "flashinfer_nhd", "flashinfer_hnd"):
+        t = page_table(case)  # [B, max_pages]
+        if case.layout == "flashinfer_hnd":  # [pages, Hkv, page_size, D] -> [pages, page_size, Hkv, D]
+            a = np.swapaxes(a, 1, 2)
         a = a[t].reshape((t.shape[0], t.shape[1] * case.page_size) + a.shape[2:])
     return np.swapaxes(a, 1, 2) if a.ndim >= 3 else a  # [B, T, H, ...] -> [B, H, T, ...]; token scales stay [B, T]
 
@@ -205,3 +219,6 @@ numpy_bsnh = Kernel(numpy_decode, name="numpy-bsnh", layout="bsnh", profile="fp3
 numpy_paged = Kernel(numpy_decode, name="numpy-paged", layout="paged", profile="fp32-obf16", page_size=16)
 numpy_fbgemm = Kernel(numpy_decode, name="numpy-fbgemm", layout="fbgemm", profile="fp32-obf16")
 numpy_ggml = Kernel(numpy_decode, name="numpy-ggml", layout="ggml", profile="fp32-obf16")
+numpy_vllm = Kernel(numpy_decode, name="numpy-vllm", layout="vllm", profile="fp32-obf16", page_size=16)
+numpy_flashinfer_nhd = Kernel(numpy_decode, name="numpy-flashinfer-nhd", layout="flashinfer_nhd", profile="fp32-obf16")
+numpy_flashinfer_hnd = Kernel(numpy_decode, name="numpy-flashinfer-hnd", layout="flashinfer_hnd", profile="fp32-obf16")

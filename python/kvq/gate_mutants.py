@@ -255,6 +255,28 @@ def shared_pages_owned(case):  # gathers pages into per-sequence buffers by each
     return numpy_decode(dataclasses.replace(case, block_table=table))
 
 
+# ---- serving engines' layouts ----
+
+def hnd_read_as_nhd(case):  # FlashInfer: an HND cache [pages, Hkv, page_size, D] read as NHD
+    def as_nhd(op):
+        name = "values" if op.values is not None else "codes"
+        a = np.asarray(getattr(op, name))
+        return dataclasses.replace(op, **{name: np.ascontiguousarray(a.reshape(a.shape[0], a.shape[2], a.shape[1], -1))})
+    return numpy_decode(dataclasses.replace(case, layout="flashinfer_nhd", k=as_nhd(case.k), v=as_nhd(case.v)))
+
+
+def last_page_full(case):  # FlashInfer: every page taken as full, kv_last_page_len ignored
+    indptr = np.asarray(case.kv_indptr)
+    lens = np.minimum((indptr[1:] - indptr[:-1]) * case.page_size, case.tokens).astype(np.int32)
+    return numpy_decode(dataclasses.replace(case, seq_lens=lens))
+
+
+def fp8_scale_ignored(case):  # vLLM FP8: the codes' values without k_scale / v_scale
+    def unscaled(op):
+        return op if op.scales is None else dataclasses.replace(op, scales=np.float32(1.0))
+    return numpy_decode(dataclasses.replace(case, k=unscaled(case.k), v=unscaled(case.v)))
+
+
 # ---- the catalogue ----
 
 @dataclass(frozen=True)
@@ -277,6 +299,8 @@ def _k(fn, **declarations):
 RIGHT = _k(numpy_decode)
 RIGHT_SPLITK, RIGHT_SPLITK_BY_T = _k(splitk), _k(splitk_by_t)
 RIGHT_PAGED = _k(numpy_decode, layout="paged")
+RIGHT_VLLM, RIGHT_HND = _k(numpy_decode, layout="vllm"), _k(numpy_decode, layout="flashinfer_hnd")
+RIGHT_NHD = _k(numpy_decode, layout="flashinfer_nhd")
 
 CATALOGUE = (
     BugClass("reads_padding", "attends over all T keys, not seq_len", _k(reads_padding), RIGHT,
@@ -313,6 +337,12 @@ CATALOGUE = (
              _k(merge_by_first_split), RIGHT_SPLITK, ("split_stress",)),
     BugClass("shared_pages_owned", "paged: a page shared by two sequences (a common prefix) read by one only",
              _k(shared_pages_owned, layout="paged"), RIGHT_PAGED, ("shared_pages",), "int8-head", "int8-head"),
+    BugClass("hnd_read_as_nhd", "FlashInfer: an HND cache read as NHD", _k(hnd_read_as_nhd, layout="flashinfer_hnd"),
+             RIGHT_HND, ("varlen",)),
+    BugClass("last_page_full", "FlashInfer: kv_last_page_len ignored, every page read whole",
+             _k(last_page_full, layout="flashinfer_nhd"), RIGHT_NHD, ("varlen",)),
+    BugClass("fp8_scale_ignored", "vLLM FP8: the codes' values without k_scale / v_scale",
+             _k(fp8_scale_ignored, layout="vllm"), RIGHT_VLLM, ("varlen",), "fp8-e4m3-tensor", "fp8-e4m3-tensor"),
 )
 
 

@@ -496,3 +496,46 @@ def test_a_refusal_is_reported_apart_from_a_failure():
     def broken(case):
         raise RuntimeError("illegal memory access")
     assert run(gate.Kernel(broken), cases=["mha"]).with_status("FAIL")
+
+
+# ---- serving engines' own cache layouts ----
+
+@pytest.mark.parametrize("layout", ["vllm", "flashinfer_nhd", "flashinfer_hnd"])
+@pytest.mark.parametrize("storage", ["bf16", "fp8-e4m3-tensor", "fp8-e5m2"])
+def test_engine_layouts_pass_the_right_kernel(layout, storage):
+    r = run(gate.Kernel(numpy_decode, layout=layout), storage, storage)
+    assert r.ok and not r.with_status("SKIP"), [c.line(r.kernel) for c in r.with_status("FAIL")]
+
+
+def test_engine_layouts_hold_the_cache_as_the_engines_do():
+    c = captured("vllm", "fp8-e4m3-tensor", "fp8-e4m3-tensor", "odd_t")  # T 37, lengths 37, 20, 1, blocks of 16
+    pages = 3 + 2 + 1 + 2  # the sequences' pages and two spare ones
+    assert c.kv_cache.shape == (pages, 2, 16, 2, 128) and c.kv_cache.dtype == np.uint8
+    assert np.array_equal(c.k.codes, c.kv_cache[:, 0]) and np.array_equal(c.v.codes, c.kv_cache[:, 1])
+    assert c.block_table.shape == (3, 3) and c.kv_indptr is None
+    spec = next(s for s in gate.case_specs(["odd_t"]))
+    stored = gate._Inputs(spec, "fp8-e4m3-tensor", "fp8-e4m3-tensor", "vllm", 16, 0, gate._Cpu).ops  # the same case
+    assert c.k_scale == float(stored["k"].arrays["scales"][0].reshape(-1)[0]) and float(c.k.scales) == c.k_scale
+    assert c.v_scale == float(stored["v"].arrays["scales"][0].reshape(-1)[0]) != c.k_scale
+
+    c = captured("flashinfer_hnd", "bf16", "bf16", "odd_t")
+    assert c.block_table is None and c.kv_cache.shape == (pages, 2, 2, 16, 128)  # [pages, 2, Hkv, page_size, D]
+    indptr, indices, last = c.kv_indptr, c.kv_indices, c.kv_last_page_len
+    assert indptr.tolist() == [0, 3, 5, 6] and last.tolist() == [37 - 32, 20 - 16, 1] and len(set(indices.tolist())) == 6
+    unused = sorted(set(range(pages)) - set(indices.tolist()))
+    assert np.isnan(c.kv_cache[unused]).all()  # spare pages poisoned
+    tail = c.kv_cache[indices[indptr[1] - 1], :, :, last[0]:]  # sequence 0's last page past its length
+    assert np.isnan(tail).all() and np.isfinite(c.kv_cache[indices[indptr[1] - 1], :, :, :last[0]]).all()
+
+
+def test_engine_layouts_refuse_what_the_engines_do_not_hold():
+    for k, v, message in (("int8-head", "int8-head", "holds bf16 / fp16 values or FP8 codes"),
+                          ("bf16", "fp16", "one array of one dtype")):
+        with pytest.raises(ValueError, match=message):
+            run(gate.Kernel(numpy_decode, layout="flashinfer_nhd"), k, v)
+
+
+def test_a_token_indexed_pool_is_pages_of_one_token():
+    """SGLang's pool (req_to_token -> a slot per token) is the paged layout with page_size 1."""
+    r = run(gate.Kernel(numpy_decode, layout="paged", page_size=1), "int8-head", "fp16")
+    assert r.ok and all("page_size=1" in c.shape for c in r.cases)
