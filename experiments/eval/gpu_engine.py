@@ -108,8 +108,8 @@ def query_block(Hq, T, itemsize=4):
 
 def attend(q, k, v, scale):
     """Causal attention of q [Hq, T, D] (float32, or float64) over CacheViews k, v [Hkv, T, D] (GQA
-    by head groups) in q's dtype, in query blocks; the computed values enter only in the band of keys a block's
-    queries read unquantized (prefix[first row] .. last row). Returns [Hq, T, D] float32."""
+    by head groups) in q's dtype, in query blocks; the computed values enter only in the band of keys
+    a block's queries read unquantized (prefix[first row] .. last row). Returns [Hq, T, D]."""
     Hq, T, D = q.shape
     Hkv = k.raw.shape[0]
     qg = q.reshape(Hkv, Hq // Hkv, T, D)
