@@ -69,7 +69,7 @@ TEST_CASE("large-logit modes give the scores they name, each in its own sequence
   CHECK(std::all_of(out.lse.begin(), out.lse.end(), [](double x) { return std::isfinite(x); }));
 }
 
-TEST_CASE("logit modes parse and name themselves; a bad one names itself") {
+TEST_CASE("logit modes parse and name themselves, and an unknown one is named in the error") {
   CHECK(LogitMode::parse("dominant@1").name() == "dominant@1");
   CHECK(LogitMode::parse("negative").kind == LogitMode::kNegative);
   CHECK_THROWS_WITH_AS(LogitMode::parse("dominant@2"), doctest::Contains("logit mode 'dominant@2'"), InputError);
