@@ -102,10 +102,10 @@ def rmsnorm_rows(x, w, eps):
 
 
 def rope_rows(x, c, s, order):
-    """x [T, H, D] with c, s [T, D/2]."""
+    """x [T, H, D] with c, s [T, D/2]: numpy arrays, or torch tensors (kvq eval's GPU engine)."""
     T, H, D = x.shape
     c, s = c[:, None, :], s[:, None, :]
-    out = np.empty_like(x)
+    out = x.new_empty(x.shape) if hasattr(x, "new_empty") else np.empty_like(x)
     if order == "llamacpp":
         a, b = x[..., 0::2], x[..., 1::2]
         out[..., 0::2], out[..., 1::2] = a * c - b * s, a * s + b * c

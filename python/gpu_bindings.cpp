@@ -113,6 +113,24 @@ const QuantizeVariant& quantize_variant_for(const std::string& name, const Schem
   return incumbent_quantize_variant();
 }
 
+// The device pointers of a planar scheme's scales, zero points and nvfp4 tensor scale: each checked
+// to be a buffer of `sizes`' bytes where the scheme has it (else left nullptr, the object ignored).
+std::tuple<void*, void*, void*> param_buffers(const Scheme& s, const QuantizedSizes& sizes, nb::object scales,
+                                              nb::object zeros, nb::object tensor_scale) {
+  void* ptrs[3] = {nullptr, nullptr, nullptr};
+  int i = 0;
+  for (auto [obj, bytes, what] : {std::tuple{scales, sizes.scales, "scales"}, std::tuple{zeros, sizes.zeros, "zero_points"},
+                                  std::tuple{tensor_scale, sizes.tensor_scale, "tensor_scale"}}) {
+    void*& ptr = ptrs[i++];
+    if (bytes == 0) continue;
+    if (obj.is_none()) throw InputError(fmt::format("{} needs {} ({} bytes)", to_string(s), what, bytes));
+    const Tensor t = nb::cast<Tensor>(obj);
+    require_buffer(t, what, bytes);
+    ptr = t.data();
+  }
+  return {ptrs[0], ptrs[1], ptrs[2]};
+}
+
 // x: [B, H, T, D] (any strides but D's); outputs sized by quantized_sizes (nvfp4: tensor_scale_out, one
 // float32, written by the launch: `tensor_scale` when given, else amax / 2688). Returns the variant used.
 std::string quantize_py(const Tensor& x, const std::string& scheme_name, const Tensor& codes, nb::object scales,
@@ -134,15 +152,7 @@ std::string quantize_py(const Tensor& x, const std::string& scheme_name, const T
   out.codes = static_cast<uint8_t*>(codes.data());
   if (layout == CodeLayout::kPlanar) {
     void* tensor_scale_ptr = nullptr;
-    for (auto [obj, bytes, what, ptr] : {std::tuple{scales, sizes.scales, "scales", &out.scales},
-                                         std::tuple{zeros, sizes.zeros, "zero_points", &out.zeros},
-                                         std::tuple{tensor_scale_out, sizes.tensor_scale, "tensor_scale", &tensor_scale_ptr}}) {
-      if (bytes == 0) continue;
-      if (obj.is_none()) throw InputError(fmt::format("{} needs {} ({} bytes)", to_string(s), what, bytes));
-      const Tensor t = nb::cast<Tensor>(obj);
-      require_buffer(t, what, bytes);
-      *ptr = t.data();
-    }
+    std::tie(out.scales, out.zeros, tensor_scale_ptr) = param_buffers(s, sizes, scales, zeros, tensor_scale_out);
     out.tensor_scale = static_cast<float*>(tensor_scale_ptr);
   }
   const QuantizeVariant& v = quantize_variant_for(variant, s, shape.head_dim, layout, in);
@@ -183,17 +193,8 @@ void dequantize_py(const Tensor& codes, const std::string& scheme_name, int64_t 
     check_dim(out, "out", axis, axis < 3 ? static_cast<int64_t>(codes.shape(axis)) : head_dim, "the codes' [B, H, T, D]");
   const QuantizedSizes sizes = quantized_sizes(s, shape, CodeLayout::kPlanar);
   DequantizeParams p{s, shape, static_cast<const uint8_t*>(codes.data())};
-  const void* tensor_scale_ptr = nullptr;
-  for (auto [obj, bytes, what, ptr] : {std::tuple{scales, sizes.scales, "scales", &p.scales},
-                                       std::tuple{zeros, sizes.zeros, "zero_points", &p.zeros},
-                                       std::tuple{tensor_scale, sizes.tensor_scale, "tensor_scale", &tensor_scale_ptr}}) {
-    if (bytes == 0) continue;
-    if (obj.is_none()) throw InputError(fmt::format("{} needs {} ({} bytes)", to_string(s), what, bytes));
-    const Tensor t = nb::cast<Tensor>(obj);
-    require_buffer(t, what, bytes);
-    *ptr = t.data();
-  }
-  p.tensor_scale = static_cast<const float*>(tensor_scale_ptr);
+  const auto [scales_ptr, zeros_ptr, tensor_scale_ptr] = param_buffers(s, sizes, scales, zeros, tensor_scale);
+  p.scales = scales_ptr, p.zeros = zeros_ptr, p.tensor_scale = static_cast<const float*>(tensor_scale_ptr);
   p.out = static_cast<float*>(out.data());
   launch_dequantize(p, to_stream(stream));
 }

@@ -138,31 +138,21 @@ class GgufModel:
     def _rmsnorm(self, x, w):
         return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + self.eps) * w
 
-    def _rope(self, x, c, s):
-        """x [T, H, D] with c, s [T, 1, D/2]: llama_forward.rope_rows."""
-        D = x.shape[-1]
-        out = torch.empty_like(x)
-        if self.order == "llamacpp":
-            a, b = x[..., 0::2], x[..., 1::2]
-            out[..., 0::2], out[..., 1::2] = a * c - b * s, a * s + b * c
-        else:
-            a, b = x[..., :D // 2], x[..., D // 2:]
-            out[..., :D // 2], out[..., D // 2:] = a * c - b * s, b * c + a * s
-        return out
-
     def forward(self, tokens, attend):
         T, hd = len(tokens), self.head_dim
         angle = lf.rope_angles(np.arange(T), hd, self.theta)
         host = np.float64 if self.dtype == torch.float64 else np.float32
-        cos, sin = np.cos(angle).astype(host)[:, None], np.sin(angle).astype(host)[:, None]
+        cos, sin = np.cos(angle).astype(host), np.sin(angle).astype(host)
         scale = float(host(1.0 / np.sqrt(hd)))
         x = self.emb[torch.as_tensor(np.asarray(tokens, dtype=np.int64), device=self.emb.device)]
+        tables = {d: (torch.from_numpy(cos).to(d), torch.from_numpy(sin).to(d)) for d in set(self.devices)}
         for i, (w, device) in enumerate(zip(self.layers, self.devices)):
             x = x.to(device)
-            c, s = torch.from_numpy(cos).to(device), torch.from_numpy(sin).to(device)
+            c, s = tables[device]
             xb = self._rmsnorm(x, w["rms_att"])
-            q = self._rope((xb @ w["wq"].T).reshape(T, self.n_heads, hd), c, s).transpose(0, 1)
-            k = self._rope((xb @ w["wk"].T).reshape(T, self.n_kv_heads, hd), c, s).transpose(0, 1).contiguous()
+            q = lf.rope_rows((xb @ w["wq"].T).reshape(T, self.n_heads, hd), c, s, self.order).transpose(0, 1)
+            k = lf.rope_rows((xb @ w["wk"].T).reshape(T, self.n_kv_heads, hd), c, s, self.order).transpose(0, 1)
+            k = k.contiguous()
             v = (xb @ w["wv"].T).reshape(T, self.n_kv_heads, hd).transpose(0, 1).contiguous()
             out = attend(i, q.contiguous(), k, v, scale)
             x = x + out.transpose(0, 1).reshape(T, self.n_heads * hd) @ w["wo"].T

@@ -478,16 +478,17 @@ class _Inputs:
     def case(self, poison):
         """The DecodeCase with the padding filled by `poison` ("nan": NaN / garbage; "finite": the probe's)."""
         s, put = self.spec, self.device.put
-        operands = {}
-        for which, op in self.ops.items():
-            arrays = to_layout(poisoned(op, s, poison), op, self.layout, self.paging, poison)
-            operands[which] = KvOperand(op.storage, op.scheme, **{
-                n: put(a, op.storage if n == "values" else None) for n, a in arrays.items()})
-        slopes = np.asarray(alibi_slopes(s.q_heads), np.float32) if s.alibi else None
+        arrays = {which: to_layout(poisoned(op, s, poison), op, self.layout, self.paging, poison)
+                  for which, op in self.ops.items()}
         engine = {}
         if self.layout in ENGINE_LAYOUTS:
-            engine = self._engine_cache(poison, put)
+            engine = self._engine_cache(arrays, put)
             operands = {w: engine.pop(w) for w in ("k", "v")}
+        else:
+            operands = {which: KvOperand(op.storage, op.scheme, **{
+                n: put(a, op.storage if n == "values" else None) for n, a in arrays[which].items()})
+                for which, op in self.ops.items()}
+        slopes = np.asarray(alibi_slopes(s.q_heads), np.float32) if s.alibi else None
         flashinfer = self.layout.startswith("flashinfer")
         return DecodeCase(q=put(self.q, "bf16"), k=operands["k"], v=operands["v"], seq_lens=put(self.lens),
                           softmax_scale=float(s.scale()), alibi_slopes=put(slopes),
@@ -496,18 +497,15 @@ class _Inputs:
                           num_q_heads=s.q_heads, num_kv_heads=s.kv_heads, head_dim=s.head_dim, tokens=s.tokens,
                           label=s.label, **engine)
 
-    def _engine_cache(self, poison, put):
-        """A serving engine's cache: K and V pages stacked into one [pages, 2, ...] array, each operand
-        holding its half; FlashInfer's page lists; FP8's per-tensor scales."""
+    def _engine_cache(self, arrays, put):
+        """A serving engine's cache from each operand's paged arrays: K and V pages stacked into one
+        [pages, 2, ...] array (one dtype: _prepare checked), each operand holding its half;
+        FlashInfer's page lists; FP8's per-tensor scales."""
         halves, ops, scales = [], {}, {}
         for which, op in self.ops.items():
-            arrays = to_layout(poisoned(op, self.spec, poison), op, self.layout, self.paging, poison)
-            halves.append(arrays["values" if op.scheme is None else "codes"])
-            scale = np.asarray(arrays.get("scales", [])).reshape(-1)  # one per tensor; none for an empty cache
+            halves.append(arrays[which]["values" if op.scheme is None else "codes"])
+            scale = np.asarray(arrays[which].get("scales", [])).reshape(-1)  # one per tensor; none for an empty cache
             scales[which] = None if op.scheme is None else float(scale[0]) if scale.size else 1.0
-        if halves[0].dtype != halves[1].dtype:
-            raise ValueError(f"the {self.layout} layout holds K and V in one array: K {self.ops['k'].storage} and "
-                             f"V {self.ops['v'].storage} differ in dtype")
         both = np.stack(halves, axis=1)  # [pages, 2, ...]
         cache = put(both, self.ops["k"].storage if self.ops["k"].scheme is None else None)
         for i, (which, op) in enumerate(self.ops.items()):
