@@ -30,8 +30,9 @@ from typing import Any, Optional
 import numpy as np
 
 from ._core import Error, __version__, alibi_slopes, attention, parse_scheme, round_to_format
-from .gate_cases import (ENGINE_LAYOUTS, FAMILIES, LAYOUTS, PAGED_LAYOUTS, RAW_STORAGES, case_rng, case_specs,
-                         check_storage_name, flashinfer_indices, make_paging, padding_tokens, poisoned, random_values, shape_logits, share_prefix,
+from .gate_cases import (ENGINE_LAYOUTS, FAMILIES, HUGE_OFFSET, LAYOUTS, PAGED_LAYOUTS, RAW_STORAGES, STRIDE_PAD,
+                         break_values, case_rng, case_specs, check_storage_name, family_unfit_reason, flashinfer_indices,
+                         make_paging, padding_tokens, poisoned, random_values, shape_logits, share_prefix,
                          storage_unfit_reason, store_operand, to_layout)
 
 __all__ = ["Kernel", "kernel", "DecodeCase", "KvOperand", "CaseReport", "GateReport", "Refused", "check", "tolerance",
@@ -99,17 +100,35 @@ def _contiguous(a):
     return np.ascontiguousarray(a) if np.ndim(a) else np.array(a)
 
 
+def _pad_fill(dtype, kind):
+    """What the padding of a strided view or an inflated cache holds: NaN (or a finite 8.0) in float
+    arrays, garbage bytes in integer ones."""
+    if np.issubdtype(np.dtype(dtype), np.floating):
+        return np.nan if kind == "nan" else 8.0
+    return 0x7E if kind == "nan" else 0x35
+
+
+def _strided_shape(a):
+    """The buffer a strided view of `a` lives in: its last axis STRIDE_PAD elements longer."""
+    return a.shape[:-1] + (a.shape[-1] + STRIDE_PAD,)
+
+
 class _Cpu:
     """The CPU device: numpy arrays, read-only (a kernel must not write its inputs). Every array a
     kernel gets passes through put() and every output through get(); `values_format` names the float
-    format a float32 array holds ("bf16", "fp16"), which a GPU device would allocate it in."""
+    format a float32 array holds ("bf16", "fp16"), which a GPU device would allocate it in. strided:
+    a view with padded rows (the strided family; the padding holds `kind`'s poison)."""
     name = "cpu"
 
     @staticmethod
-    def put(a, values_format=None):
+    def put(a, values_format=None, strided=False, kind="nan"):
         if a is None:
             return None
         a = _contiguous(a)
+        if strided and a.ndim >= 2 and a.size:
+            buf = np.full(_strided_shape(a), _pad_fill(a.dtype, kind), a.dtype)
+            buf[..., :a.shape[-1]] = a
+            a = buf[..., :a.shape[-1]]
         a.setflags(write=False)
         return a
 
@@ -117,21 +136,54 @@ class _Cpu:
     def get(x):
         return np.asarray(x)
 
-
-class _Cuda:
-    """The GPU device: torch CUDA tensors. Float arrays holding bf16 / fp16 values are allocated in
-    that dtype (Q, raw K/V), the rest keep their numpy dtype (codes, scales, lengths, slopes)."""
-    name = "cuda"
+    @staticmethod
+    def put_inflated(a, values_format, axis, length, at_end, kind):
+        """As _Torch.put_inflated (the tests shrink HUGE_OFFSET to run the huge_cache family here)."""
+        a = _contiguous(a)
+        shape = list(a.shape)
+        shape[axis] = length
+        big = np.full(shape, _pad_fill(a.dtype, kind), a.dtype)
+        index = [slice(None)] * a.ndim
+        index[axis] = slice(length - a.shape[axis], length) if at_end else slice(0, a.shape[axis])
+        big[tuple(index)] = a
+        big.setflags(write=False)
+        return big
 
     @staticmethod
-    def put(a, values_format=None):
+    def free_bytes():  # no device memory: the huge_cache family does not run here
+        return None
+
+
+class _Torch:
+    """torch tensors on `where`. Float arrays holding bf16 / fp16 values are allocated in that dtype
+    (Q, raw K/V), the rest keep their numpy dtype (codes, scales, lengths, slopes)."""
+    where = "cpu"
+
+    @classmethod
+    def put(cls, a, values_format=None, strided=False, kind="nan"):
         if a is None:
             return None
         import torch
-        t = torch.from_numpy(_contiguous(a)).to("cuda")
+        t = torch.from_numpy(_contiguous(a)).to(cls.where)
         if values_format in ("bf16", "fp16"):
             t = t.to(torch.bfloat16 if values_format == "bf16" else torch.float16)
+        if strided and t.dim() >= 2 and t.numel():
+            buf = torch.full(_strided_shape(t), _pad_fill(a.dtype, kind), dtype=t.dtype, device=t.device)
+            buf[..., :t.shape[-1]] = t
+            t = buf[..., :t.shape[-1]]
         return t
+
+    @classmethod
+    def put_inflated(cls, a, values_format, axis, length, at_end, kind):
+        """`a` placed in a tensor whose `axis` is `length` long, the rest poisoned: at its start
+        (at_end False: tokens past T) or its end (True: pages before the pool's)."""
+        import torch
+        t = cls.put(a, values_format)
+        shape = list(t.shape)
+        shape[axis] = length
+        big = torch.full(shape, _pad_fill(a.dtype, kind), dtype=t.dtype, device=t.device)
+        big.narrow(axis, length - t.shape[axis] if at_end else 0, t.shape[axis]).copy_(t)
+        return big
 
     @staticmethod
     def get(x):
@@ -144,13 +196,40 @@ class _Cuda:
     @staticmethod
     def why_unavailable():
         try:
-            import torch
+            import torch  # noqa: F401
         except ImportError:
-            return "device 'cuda' hands kernels torch CUDA tensors: torch is not installed"
+            return "device 'cuda' (or 'torch-cpu') hands kernels torch tensors: torch is not installed"
+        return ""
+
+    @staticmethod
+    def free_bytes():
+        return None
+
+
+class _TorchCpu(_Torch):
+    """torch CPU tensors: for torch kernels on a machine without a GPU."""
+    name = "torch-cpu"
+
+
+class _Cuda(_Torch):
+    """The GPU device: torch CUDA tensors."""
+    name, where = "cuda", "cuda"
+
+    @staticmethod
+    def why_unavailable():
+        why = _Torch.why_unavailable()
+        if why:
+            return why
+        import torch
         return "" if torch.cuda.is_available() else "device 'cuda': torch sees no CUDA device"
 
+    @staticmethod
+    def free_bytes():
+        import torch
+        return torch.cuda.mem_get_info()[0]
 
-DEVICES = {"cpu": _Cpu, "cuda": _Cuda}
+
+DEVICES = {"cpu": _Cpu, "cuda": _Cuda, "torch-cpu": _TorchCpu}
 
 
 # ---- what a kernel declares ----
@@ -173,13 +252,16 @@ class Kernel:
     fn(case: DecodeCase) returns O [B, Hq, D], or (O, LSE [B, Hq]) when returns_lse.
     head_dims / storages: None for any, else a set; max_tokens: the largest cache length T, or None.
     profile: a precision profile name, or profile(k, v) -> name for one that depends on the K and V
-    storages. page_size: tokens per page of the paged layout. why_not(spec, k, v): the kernel's own reason for
+    storages. page_size: tokens per page of the paged layouts. strides: the kernel reads Q and the cache
+    through their strides (the strided family hands it views with padded rows; else SKIP).
+    why_not(spec, k, v): the kernel's own reason for
     not taking a case (a gate_cases.CaseSpec and the K/V storage names), or "" — for limits the other
     declarations cannot say.
     """
 
     def __init__(self, fn, *, name=None, layout="bnsh", profile="fp32-obf16", head_dims=None, max_tokens=None,
-                 alibi=True, deterministic=True, returns_lse=True, page_size=16, storages=None, why_not=None):
+                 alibi=True, deterministic=True, returns_lse=True, page_size=16, storages=None, why_not=None,
+                 strides=False):
         if not callable(fn):
             raise TypeError(f"kvq.gate.Kernel: fn must be callable, got {type(fn).__name__}")
         if layout not in LAYOUTS:
@@ -194,6 +276,7 @@ class Kernel:
         self.head_dims = None if head_dims is None else frozenset(int(d) for d in head_dims)
         self.max_tokens = max_tokens
         self.alibi, self.deterministic, self.returns_lse = bool(alibi), bool(deterministic), bool(returns_lse)
+        self.strides = bool(strides)
         self.storages = None if storages is None else frozenset(_canonical_storage(s) for s in storages)
         if why_not is not None and not callable(why_not):
             raise TypeError(f"kvq.gate.Kernel: why_not must be callable(spec, k, v) -> str, got {type(why_not).__name__}")
@@ -219,7 +302,7 @@ class Kernel:
         return {"layout": self.layout, "profile": self.profile, "page_size": self.page_size,
                 "head_dims": None if self.head_dims is None else sorted(self.head_dims),
                 "max_tokens": self.max_tokens, "alibi": self.alibi, "deterministic": self.deterministic,
-                "returns_lse": self.returns_lse, "storages": None if self.storages is None else sorted(self.storages),
+                "returns_lse": self.returns_lse, "strides": self.strides, "storages": None if self.storages is None else sorted(self.storages),
                 "why_not": None if self.why_not is None else getattr(self.why_not, "__qualname__", repr(self.why_not))}
 
     def unsupported_reason(self, spec, k, v):
@@ -234,6 +317,11 @@ class Kernel:
             return f"T = {spec.tokens} (the kernel declares max_tokens {self.max_tokens})"
         if spec.alibi and not self.alibi:
             return "ALiBi (the kernel declares alibi=False)"
+        if spec.strided and not self.strides:
+            return "strided views (the kernel declares strides=False: contiguous arrays only)"
+        if spec.huge and self.max_tokens is not None and self.layout not in PAGED_LAYOUTS:
+            return (f"a cache inflated past 2^31 elements along T (the kernel declares max_tokens "
+                    f"{self.max_tokens})")
         return self.why_not(spec, k, v) if self.why_not else ""
 
 
@@ -465,39 +553,54 @@ class _Inputs:
         for which, storage in (("k", k), ("v", v)):
             share_prefix(x[which], spec)
             self.ops[which] = store_operand(np.where(keep, x[which], np.float32(0)), storage, layout)
-        self.paging = make_paging(spec, page_size, case_rng(seed, spec, "pages")) if layout in PAGED_LAYOUTS else None
-        # padding a kernel could read: tokens >= seq_len, and in a paged cache the unused pages
-        self.has_padding = bool((self.lens < T).any()) or layout in PAGED_LAYOUTS
+            break_values(self.ops[which], spec, which)
+        self.paging = None
+        if layout in PAGED_LAYOUTS:
+            self.paging = make_paging(spec, page_size, case_rng(seed, spec, "pages"),
+                                      page_elements=page_size * Hkv * D)
+        # padding a kernel could read: tokens >= seq_len, in a paged cache the unused pages, the rows'
+        # padding of strided views, the inflated part of a huge cache
+        self.has_padding = bool((self.lens < T).any()) or layout in PAGED_LAYOUTS or spec.strided or spec.huge
+        self.rows = spec.judged()
 
     def reference(self, precision):
         s = self.spec
         o, lse = attention(self.q[:, :, None, :], self.ops["k"].reference, self.ops["v"].reference,
                            seq_lens=self.lens, alibi=s.alibi, softmax_scale=s.scale(), precision=precision)
-        return o[:, :, 0, :], lse[:, :, 0]
+        return o[self.rows, :, 0, :], lse[self.rows, :, 0]
 
     def case(self, poison):
         """The DecodeCase with the padding filled by `poison` ("nan": NaN / garbage; "finite": the probe's)."""
-        s, put = self.spec, self.device.put
+        s = self.spec
         arrays = {which: to_layout(poisoned(op, s, poison), op, self.layout, self.paging, poison)
                   for which, op in self.ops.items()}
+        inflate = _Inflation(self, poison, arrays) if s.huge else None
+
+        def put(a, values_format=None, name=None):
+            if inflate and name is not None:
+                return inflate.put(a, values_format, name)
+            return self.device.put(a, values_format, strided=s.strided and name is not None, kind=poison)
         engine = {}
         if self.layout in ENGINE_LAYOUTS:
-            engine = self._engine_cache(arrays, put)
+            engine = self._engine_cache(arrays, put, inflate.pages if inflate else 0)
             operands = {w: engine.pop(w) for w in ("k", "v")}
         else:
             operands = {which: KvOperand(op.storage, op.scheme, **{
-                n: put(a, op.storage if n == "values" else None) for n, a in arrays[which].items()})
+                n: put(a, op.storage if n == "values" else None, n) for n, a in arrays[which].items()})
                 for which, op in self.ops.items()}
         slopes = np.asarray(alibi_slopes(s.q_heads), np.float32) if s.alibi else None
         flashinfer = self.layout.startswith("flashinfer")
-        return DecodeCase(q=put(self.q, "bf16"), k=operands["k"], v=operands["v"], seq_lens=put(self.lens),
-                          softmax_scale=float(s.scale()), alibi_slopes=put(slopes),
-                          block_table=put(self.paging.block_table) if self.paging and not flashinfer else None,
+        table = None
+        if self.paging is not None and not flashinfer:
+            table = self.paging.block_table + (inflate.pages if inflate else 0)
+        return DecodeCase(q=put(self.q, "bf16", "q"), k=operands["k"], v=operands["v"], seq_lens=put(self.lens),
+                          softmax_scale=float(s.scale()), alibi_slopes=put(slopes), block_table=put(table),
                           layout=self.layout, page_size=self.paging.page_size if self.paging else None, batch=s.batch,
-                          num_q_heads=s.q_heads, num_kv_heads=s.kv_heads, head_dim=s.head_dim, tokens=s.tokens,
-                          label=s.label, **engine)
+                          num_q_heads=s.q_heads, num_kv_heads=s.kv_heads, head_dim=s.head_dim,
+                          tokens=inflate.tokens if inflate and self.paging is None else s.tokens, label=s.label,
+                          **engine)
 
-    def _engine_cache(self, arrays, put):
+    def _engine_cache(self, arrays, put, pages):
         """A serving engine's cache from each operand's paged arrays: K and V pages stacked into one
         [pages, 2, ...] array (one dtype: _prepare checked), each operand holding its half;
         FlashInfer's page lists; FP8's per-tensor scales."""
@@ -507,15 +610,53 @@ class _Inputs:
             scale = np.asarray(arrays[which].get("scales", [])).reshape(-1)  # one per tensor; none for an empty cache
             scales[which] = None if op.scheme is None else float(scale[0]) if scale.size else 1.0
         both = np.stack(halves, axis=1)  # [pages, 2, ...]
-        cache = put(both, self.ops["k"].storage if self.ops["k"].scheme is None else None)
+        cache = put(both, self.ops["k"].storage if self.ops["k"].scheme is None else None, "kv_cache")
         for i, (which, op) in enumerate(self.ops.items()):
             name = "values" if op.scheme is None else "codes"
             ops[which] = KvOperand(op.storage, op.scheme, **{name: cache[:, i]},
                                    scales=None if scales[which] is None else put(np.float32(scales[which])))
         out = {"kv_cache": cache, "k": ops["k"], "v": ops["v"], "k_scale": scales["k"], "v_scale": scales["v"]}
         if self.layout.startswith("flashinfer"):
-            out.update(zip(("kv_indptr", "kv_indices", "kv_last_page_len"), map(put, flashinfer_indices(self.paging))))
+            indptr, indices, last = flashinfer_indices(self.paging)
+            out.update(kv_indptr=put(indptr), kv_indices=put(indices + pages), kv_last_page_len=put(last))
         return out
+
+
+class _Inflation:
+    """The huge_cache family: every cache array put in a larger one so that the last sequence's live
+    keys lie past HUGE_OFFSET elements of it, the rest poisoned. Contiguous layouts grow their token
+    axis to `tokens`; paged ones get `pages` poisoned pages before the pool (page ids shifted by as
+    many). `arrays`: each operand's arrays in the kernel's layout."""
+
+    def __init__(self, inputs, poison, arrays):
+        self.device, self.poison, self.spec = inputs.device, poison, inputs.spec
+        self.bnsh = inputs.layout == "bnsh"
+        self.tokens, self.pages = self.spec.tokens, 0
+        data = [a for ops in arrays.values() for n, a in ops.items() if n in ("values", "codes", "rows", "blocks")]
+        if inputs.paging is not None:  # [pages, ...]: enough pages that the smallest page ends past the offset
+            self.pages = -(-HUGE_OFFSET // min(a.size // a.shape[0] for a in data)) + 1
+            return
+        last = max((b for b in range(self.spec.batch) if inputs.lens[b]), default=0)
+        for a in data:  # the token count that puts the last live sequence's first key (last head) past it
+            t_axis, h_axis = (2, 1) if self.bnsh else (1, 2)
+            index = [0] * a.ndim
+            index[0], index[h_axis] = last, a.shape[h_axis] - 1
+
+            def offset(t, a=a, t_axis=t_axis, index=index):
+                shape = list(a.shape)
+                shape[t_axis] = t
+                return int(np.ravel_multi_index(index, shape))
+            step = offset(2) - offset(1)
+            self.tokens = max(self.tokens, -(-(HUGE_OFFSET - offset(1)) // step) + 2)
+
+    def put(self, a, values_format, name):
+        if name == "q" or np.ndim(a) <= 1:
+            return self.device.put(a, values_format)
+        if self.pages:
+            return self.device.put_inflated(a, values_format, 0, a.shape[0] + self.pages, True, self.poison)
+        t_axis = 2 if self.bnsh and name not in ("rows", "blocks") and np.ndim(a) >= 3 else 1
+        per = max(self.spec.tokens // max(a.shape[t_axis], 1), 1)  # chan-tN scales: one per N tokens
+        return self.device.put_inflated(a, values_format, t_axis, -(-self.tokens // per), False, self.poison)
 
 
 class Refused(Exception):
@@ -530,9 +671,9 @@ def is_refusal(e):
     return isinstance(e, (Refused, NotImplementedError)) or any(w in str(e).lower() for w in REFUSAL_WORDS)
 
 
-def _call(kern, case, device):
-    """The kernel's (O, LSE or None) as numpy arrays, or a one-line error ("error: ..." or, when the
-    kernel refused the case, "refused: ...")."""
+def _call(kern, case, device, rows=None):
+    """The kernel's (O, LSE or None) as numpy arrays (the sequences `rows` selects), or a one-line
+    error ("error: ..." or, when the kernel refused the case, "refused: ...")."""
     try:
         result = kern(case)
     except Exception as e:  # the kernel failed (or refused) the case; the gate goes on
@@ -553,6 +694,8 @@ def _call(kern, case, device):
     for what, a in (("O", o), ("LSE", lse)):
         if a is not None and not np.issubdtype(a.dtype, np.floating):
             return f"error: {what} must be a floating-point array, got {a.dtype}"
+    if rows is not None:
+        o, lse = o[rows], None if lse is None else lse[rows]
     return o, lse
 
 
@@ -563,8 +706,10 @@ def _same_bits(a, b):
 
 def _padding_probe(kern, inputs, first, device):
     """Runs the kernel again with the padding holding other (finite) values. Returns (reads_padding, note)."""
-    probe = _call(kern, inputs.case("finite"), device)
+    probe = _call(kern, inputs.case("finite"), device, inputs.rows)
     where = "positions >= seq_len" + (", unused pages" if inputs.layout in PAGED_LAYOUTS else "")
+    where += ", the rows' padding of the views" if inputs.spec.strided else ""
+    where += ", the inflated cache" if inputs.spec.huge else ""
     if any(op.scheme is not None for op in inputs.ops.values()):
         where += ", their codes and scales"
     if isinstance(probe, str):
@@ -575,7 +720,7 @@ def _padding_probe(kern, inputs, first, device):
     if not kern.deterministic and not nan_moved:
         return False, "the output changed with the padding's values, inconclusive: declared non-deterministic"
     if kern.deterministic and not nan_moved:
-        again = _call(kern, inputs.case("nan"), device)
+        again = _call(kern, inputs.case("nan"), device, inputs.rows)
         if isinstance(again, str) or not _same_bits(first, again):
             return False, ("two calls on the same inputs differ (non-deterministic, see the reruns family): the "
                            "padding probe is inconclusive")
@@ -591,13 +736,15 @@ def _run_case(kern, spec, k, v, seed, device):
     rep = CaseReport(spec.family, spec.name, shape, scheme, dtype, LAYOUT_NAMES[layout],
                      values=spec.batch * spec.q_heads * spec.head_dim * max(spec.reruns, 1))
     why = (kern.unsupported_reason(spec, k, v) or storage_unfit_reason(k, layout, spec.head_dim)
-           or storage_unfit_reason(v, layout, spec.head_dim))
+           or storage_unfit_reason(v, layout, spec.head_dim) or family_unfit_reason(spec, k, v, layout)
+           or (_huge_unfit_reason(device) if spec.huge else ""))
     if why:
         rep.status, rep.detail, rep.values = "SKIP", "skipped: " + why, 0
         return rep
     inputs = _Inputs(spec, k, v, layout, kern.page_size, seed, device)
+    rep.values = int(inputs.rows.sum()) * spec.q_heads * spec.head_dim * max(spec.reruns, 1)
     case = inputs.case("nan")
-    first = _call(kern, case, device)
+    first = _call(kern, case, device, inputs.rows)
     if isinstance(first, str):
         refused = first.startswith("refused:")
         rep.status, rep.detail = ("REFUSED", first) if refused else ("FAIL", first)
@@ -617,7 +764,7 @@ def _run_case(kern, spec, k, v, seed, device):
     if spec.reruns:
         differing, diff = 0, 0.0
         for _ in range(spec.reruns - 1):
-            again = _call(kern, case, device)
+            again = _call(kern, case, device, inputs.rows)
             if isinstance(again, str):
                 rep.status = "FAIL"
                 notes.append(f"rerun {again}")
@@ -638,6 +785,19 @@ def _run_case(kern, spec, k, v, seed, device):
     return rep
 
 
+HUGE_BYTES = 40 << 30  # device memory the huge_cache family wants free: two cases' inflated K and V at once
+
+
+def _huge_unfit_reason(device):
+    free = device.free_bytes()
+    if free is None:
+        return (f"a cache past 2^31 elements is built on the GPU only (device 'cuda'); on device '{device.name}' "
+                "it would take tens of GB of host memory")
+    if free < HUGE_BYTES:
+        return f"a cache past 2^31 elements wants {HUGE_BYTES / 2**30:.0f} GiB of free GPU memory, {free / 2**30:.1f} free"
+    return ""
+
+
 def _engine_dtype(storage):
     return storage if storage in RAW_STORAGES else parse_scheme(storage).format
 
@@ -645,8 +805,8 @@ def _engine_dtype(storage):
 def _prepare(kernel, k, v, layout, profile, cases, reruns, device, name):
     """Validates the arguments (ValueError) and returns (Kernel, case specs, device)."""
     if device not in DEVICES:
-        raise ValueError(f"device '{device}': kvq.gate runs on {' or '.join(DEVICES)} (numpy arrays / torch CUDA "
-                         "tensors)")
+        raise ValueError(f"device '{device}': kvq.gate runs on {', '.join(DEVICES)} (numpy arrays, torch CUDA "
+                         "tensors, torch CPU tensors)")
     why = getattr(DEVICES[device], "why_unavailable", lambda: "")()
     if why:
         raise ValueError(why)
@@ -690,7 +850,7 @@ def check(kernel, k="bf16", v="bf16", *, layout=None, profile=None, cases="full"
     k, v: "bf16", "fp16" or a kvq scheme name (no +had / +w<W>). cases: "quick", "full" or a list of
     family names (kvq.gate.FAMILIES, at the full sizes). reruns: calls in the reruns family (default 3
     quick, 50 full). report: a path for the JSON report. log: called with each line (None: quiet).
-    device: "cpu" (numpy arrays) or "cuda" (torch CUDA tensors). Returns a GateReport; raises ValueError
+    device: "cpu" (numpy arrays), "cuda" (torch CUDA tensors) or "torch-cpu". Returns a GateReport; raises ValueError
     for arguments it cannot run.
     """
     kern, specs, dev = _prepare(kernel, k, v, layout, profile, cases, reruns, device, name)
@@ -755,7 +915,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reruns", type=int, help="calls in the reruns family (default 3 quick, 50 full)")
     p.add_argument("--device", choices=list(DEVICES), default="cpu",
-                   help="cpu: numpy arrays; cuda: torch CUDA tensors (default cpu)")
+                   help="cpu: numpy arrays; cuda: torch CUDA tensors; torch-cpu: torch CPU tensors (default cpu)")
     a = p.parse_args(argv)
     cases = a.cases if a.cases in ("quick", "full") else [c for c in a.cases.split(",") if c]
     try:

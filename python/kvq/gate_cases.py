@@ -27,10 +27,16 @@ GGML_BLOCKS = {"q8_0": (34, ((0, "fp16"),)), "q4_0": (18, ((0, "fp16"),)), "q4_1
 RAW_STORAGES = ("bf16", "fp16")
 # In the order they run. "long" runs with cases="full" only.
 FAMILIES = ("varlen", "head_dim", "mha", "mqa", "alibi", "group16", "one_key", "keys33", "odd_t", "no_keys",
-            "batch0", "large_logits", "split_stress", "shared_pages", "long", "reruns")
+            "batch0", "large_logits", "split_stress", "shared_pages", "spaced_pages", "strided", "nonfinite", "long",
+            "huge_cache", "reruns")
+FULL_ONLY = ("long", "huge_cache")  # families that "quick" leaves out
 LOGIT_SCALE = 40.0  # Q's magnitude in the large-logit sequences: scores in the hundreds
 LOGIT_TARGET = 300.0  # the score of a dominating key (or minus that of every key, "negative")
 SPARE_PAGES = 2  # unused pages in every paged cache; page table entries past a sequence's pages name one
+SPREAD_PAGE_ID = 1 << 15  # spaced_pages: page ids reach past int16's range ...
+SPREAD_POOL_ELEMENTS = 1 << 26  # ... where a pool of at most this many elements per operand holds that many pages
+HUGE_OFFSET = 1 << 31  # huge_cache: live keys of the last sequence sit past 2^31 elements of their array
+STRIDE_PAD = 8  # strided: elements between the rows of a view (the last axis padded, the padding poisoned)
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,12 @@ class CaseSpec:
     # near +LOGIT_TARGET, the rest in the tens); None: all plain
     logits: tuple = None
     shared_prefix: int = 0  # paged: sequence 1's first pages are sequence 0's (its first tokens the same)
+    spread_pages: bool = False  # paged: the pages spread over a pool whose ids pass SPREAD_PAGE_ID
+    strided: bool = False  # Q and the cache arrays handed as views with padded rows (kernels declaring strides)
+    # per sequence: "plain", "inf_v" (+Inf in V at one key) or "nan_k" (NaN in K at one key); the broken
+    # sequences' rows are not judged, every other row must be as if they were not there
+    nonfinite: tuple = None
+    huge: bool = False  # GPU: the cache inflated past HUGE_OFFSET elements (paged: the pool), lengths unchanged
 
     def lens(self):
         return np.array(self.seq_lens if self.seq_lens is not None else [self.tokens] * self.batch, dtype=np.int32)
@@ -70,7 +82,21 @@ class CaseSpec:
             s += " logits " + ",".join(self.logits)
         if self.shared_prefix:
             s += f" shared prefix {self.shared_prefix}"
+        if self.spread_pages:
+            s += " pages spread"
+        if self.strided:
+            s += " strided views"
+        if self.nonfinite:
+            s += " " + ",".join(self.nonfinite)
+        if self.huge:
+            s += " inflated past 2^31 elements"
         return s
+
+    def judged(self):
+        """[B] bool: the sequences whose rows the gate judges (all but the nonfinite family's broken ones)."""
+        if not self.nonfinite:
+            return np.ones(self.batch, bool)
+        return np.array([m == "plain" for m in self.nonfinite], bool)
 
     @property
     def label(self):
@@ -80,7 +106,7 @@ class CaseSpec:
 def case_specs(cases, reruns=None):
     """The cases of "quick", "full" or a list of family names (run at the full sizes)."""
     if isinstance(cases, str) and cases in ("quick", "full"):
-        quick, wanted = cases == "quick", [f for f in FAMILIES if cases == "full" or f != "long"]
+        quick, wanted = cases == "quick", [f for f in FAMILIES if cases == "full" or f not in FULL_ONLY]
     else:
         wanted = [cases] if isinstance(cases, str) else list(cases)
         unknown = [f for f in wanted if f not in FAMILIES]
@@ -118,7 +144,18 @@ def case_specs(cases, reruns=None):
         # (other layouts: the two sequences merely begin with the same tokens)
         "shared_pages": [CaseSpec("shared_pages", "shared prefix pages", 3, 8, 2, T, 128, (T, T - 5, T // 2),
                                   shared_prefix=128)],
-        "long": [CaseSpec("long", "long", 2, 8, 2, 2048, 128, (2048, 1500))],
+        # paged: the pages far apart in a large pool (ids past int16's range where memory allows)
+        "spaced_pages": [CaseSpec("spaced_pages", "spaced pages", 3, 8, 1, 200, 64, (200, 37, 129), spread_pages=True)],
+        # Q and K / V as views with padded rows (a fused QKV buffer, a cache with spare columns)
+        "strided": [CaseSpec("strided", "strided views", 3, 8, 2, T, 128, (T, T // 2 + 3, 17), strided=True)],
+        # Inf / NaN in one sequence's cache must not reach another's output
+        "nonfinite": [CaseSpec("nonfinite", "Inf and NaN in one sequence", 4, 8, 2, T, 128, (T, T - 9, T // 2, 40),
+                               nonfinite=("plain", "inf_v", "nan_k", "plain"))],
+        "long": [CaseSpec("long", "long", 2, 8, 2, 2048, 128, (2048, 1500)),
+                 CaseSpec("long", "long, 32K", 2, 8, 2, 32768, 128, (32768, 20001))],
+        # GPU: a cache of more than 2^31 elements, the last sequence's keys past element 2^31 (32-bit offsets)
+        "huge_cache": [CaseSpec("huge_cache", "cache past 2^31 elements", 4, 8, 4, 64, 128, (64, 0, 33, 64),
+                                huge=True)],
         "reruns": [CaseSpec("reruns", f"{n} reruns", 4, 8, 2, 64 if quick else 2048, 128, reruns=n)],
     }
     return [s for f in FAMILIES if f in wanted for s in specs[f]]
@@ -351,16 +388,22 @@ class Paging:
     lens: np.ndarray  # [B]: seq_len
 
 
-def make_paging(spec, page_size, rng):
+def make_paging(spec, page_size, rng, page_elements=0):
     """ceil(seq_len / page_size) pages per sequence, all pages (and SPARE_PAGES unused ones) shuffled;
     table entries past a sequence's pages name an unused (poisoned) page. spec.shared_prefix: the
-    whole pages of it are sequence 0's in sequence 1's table too (one page, two sequences)."""
+    whole pages of it are sequence 0's in sequence 1's table too (one page, two sequences).
+    spec.spread_pages: the pages lie far apart in a pool of up to SPREAD_POOL_ELEMENTS / page_elements
+    pages (the rest unused), the last one at the pool's end."""
     lens = spec.lens()
     counts = -(-lens // page_size)
     # whole pages of the prefix both sequences hold (a page with one's padding in it is not the other's)
     shared = min(spec.shared_prefix, int(lens[0]), int(lens[1])) // page_size if spec.shared_prefix else 0
-    total = int(counts.sum()) - shared + SPARE_PAGES
-    perm = rng.permutation(total).astype(np.int32)
+    used = int(counts.sum()) - shared + SPARE_PAGES
+    pool = used
+    if spec.spread_pages:
+        pool = max(used, min(SPREAD_PAGE_ID + 4 * used, SPREAD_POOL_ELEMENTS // max(page_elements, 1)))
+    slots = np.unique(np.linspace(0, pool - 1, used).round().astype(np.int64)) if pool > used else np.arange(used)
+    perm = rng.permutation(slots).astype(np.int32)
     max_pages = -(-spec.tokens // page_size)
     table = np.full((spec.batch, max_pages), perm[-1], dtype=np.int32)
     start = 0
@@ -370,7 +413,30 @@ def make_paging(spec, page_size, rng):
         start += own
     if shared:
         table[1, :shared] = table[0, :shared]
-    return Paging(page_size, table, counts, total, lens)
+    return Paging(page_size, table, counts, pool, lens)
+
+
+def family_unfit_reason(spec, k, v, layout):
+    """Why a case's family cannot run with these storages in this layout, or ""."""
+    if spec.spread_pages and layout not in PAGED_LAYOUTS:
+        return f"spaced pages: the family gates paged layouts ({', '.join(PAGED_LAYOUTS)}), the kernel reads {layout}"
+    if spec.nonfinite and not (k in RAW_STORAGES and v in RAW_STORAGES):
+        return "Inf / NaN go into raw (bf16 / fp16) caches only: a quantized storage's codes cannot hold them"
+    return ""
+
+
+def break_values(op, spec, which):
+    """The nonfinite family: +Inf into V (inf_v) or NaN into K (nan_k) at one live key of the sequences
+    that name it, in the stored values (op.reference, the values judged against, stays finite)."""
+    if not spec.nonfinite or op.scheme is not None:
+        return
+    values = op.arrays["values"][0]  # [B, Hkv, T, D]
+    for b, mode in enumerate(spec.nonfinite):
+        n = int(spec.lens()[b])
+        if n and (mode, which) in (("inf_v", "v"), ("nan_k", "k")):
+            values[b, spec.kv_heads - 1, n // 2, 5] = np.inf if which == "v" else np.nan
+        elif mode not in ("plain", "inf_v", "nan_k"):
+            raise ValueError(f"nonfinite mode '{mode}': expected plain, inf_v or nan_k")
 
 
 def to_layout(arrays, op, layout, paging, kind):

@@ -28,31 +28,30 @@ def bf16(x):
 
 def attend_with(q, k, v, seq_lens, scale, slopes, kv_head=lambda h, group, hkv: h // group, keys=lambda n: n,
                 bf16_pv=False):
-    """attend() one query head at a time, with its head mapping, key count and P.V accumulation
-    replaceable."""
+    """attend() with its head mapping, key count and P.V accumulation replaceable."""
     B, Hq, D = q.shape
     hkv = k.shape[1]
+    heads = np.array([kv_head(h, Hq // hkv, hkv) for h in range(Hq)], int)
     o = np.zeros((B, Hq, D), np.float32)
     lse = np.full((B, Hq), -np.inf, np.float32)
     for b in range(B):
         n = keys(int(seq_lens[b]))
         if n <= 0:
             continue
-        for h in range(Hq):
-            kh = kv_head(h, Hq // hkv, hkv)
-            s = (k[b, kh, :n] @ q[b, h]) * np.float32(scale)
-            if slopes is not None:
-                s = s - slopes[h] * (n - 1 - np.arange(n)).astype(np.float32)
-            m = s.max()
-            p = np.exp(s - m)
-            if bf16_pv:  # the running sum of p_j v_j held in bf16
-                acc = np.zeros(D, np.float32)
-                for j in range(n):
-                    acc = bf16(acc + p[j] * v[b, kh, j])
-                o[b, h] = acc / p.sum()
-            else:
-                o[b, h] = (p @ v[b, kh, :n]) / p.sum()
-            lse[b, h] = m + np.log(p.sum())
+        kb, vb = k[b, heads, :n], v[b, heads, :n]  # [Hq, n, D]
+        s = np.einsum("hd,hnd->hn", q[b], kb) * np.float32(scale)
+        if slopes is not None:
+            s = s - slopes[:, None] * (n - 1 - np.arange(n)).astype(np.float32)
+        m = s.max(axis=1, keepdims=True)
+        p = np.exp(s - m)
+        if bf16_pv:  # the running sum of p_j v_j held in bf16
+            acc = np.zeros((Hq, D), np.float32)
+            for j in range(n):
+                acc = bf16(acc + p[:, j, None] * vb[:, j])
+            o[b] = acc / p.sum(axis=1, keepdims=True)
+        else:
+            o[b] = np.einsum("hn,hnd->hd", p, vb) / p.sum(axis=1, keepdims=True)
+        lse[b] = (m + np.log(p.sum(axis=1, keepdims=True)))[:, 0]
     return bf16(o), lse
 
 
@@ -255,6 +254,59 @@ def shared_pages_owned(case):  # gathers pages into per-sequence buffers by each
     return numpy_decode(dataclasses.replace(case, block_table=table))
 
 
+def page_ids_16bit(case):  # page ids kept in 16 bits: ids past 32767 wrap negative (numpy then reads from the
+    # pool's end, a GPU kernel before its start)
+    table = np.asarray(case.block_table).astype(np.int16).astype(np.int32)
+    return numpy_decode(dataclasses.replace(case, block_table=table))
+
+
+def contiguous_memory(a):
+    """`a`'s memory read from its first element as if it were contiguous: what a kernel that takes a
+    data pointer and ignores the strides reads."""
+    a = np.asarray(a)
+    if a.ndim == 0 or a.flags.c_contiguous:
+        return a
+    return np.lib.stride_tricks.as_strided(a, a.shape, np.empty(0, a.dtype).reshape((0,) + a.shape[1:]).strides
+                                           if a.shape[0] == 0 else np.empty(a.shape, a.dtype).strides, writeable=False)
+
+
+def ignores_strides(case):  # declares strides, reads every array as contiguous from its data pointer
+    def flat(op):
+        return dataclasses.replace(op, **{f: contiguous_memory(getattr(op, f)) for f in ("values", "codes", "scales",
+                                                                                         "zero_points")
+                                          if getattr(op, f) is not None})
+    return numpy_decode(dataclasses.replace(case, q=contiguous_memory(case.q), k=flat(case.k), v=flat(case.v)))
+
+
+def packed_keys(case):  # the batch's keys packed into one tile, another sequence's keys masked by a zero
+    # probability yet still multiplied into P.V: 0 x Inf = NaN from one sequence reaches every other
+    q, k, v, lens = _inputs(case)
+    B, Hq, D = q.shape
+    group = Hq // k.shape[1]
+    owner = np.concatenate([np.full(int(n), b) for b, n in enumerate(lens)] or [np.zeros(0, int)])
+    o = np.zeros((B, Hq, D), np.float32)
+    lse = np.full((B, Hq), -np.inf, np.float32)
+    if not owner.size:
+        return o, lse
+    with np.errstate(invalid="ignore", over="ignore"):
+        for h in range(Hq):
+            keys = np.concatenate([k[b, h // group, :int(n)] for b, n in enumerate(lens)])
+            values = np.concatenate([v[b, h // group, :int(n)] for b, n in enumerate(lens)])
+            for b in range(B):
+                mine = owner == b
+                if not mine.any():
+                    continue
+                s = (keys @ q[b, h]) * np.float32(case.softmax_scale)
+                if case.alibi_slopes is not None:
+                    pos = np.concatenate([np.arange(int(n)) for n in lens])
+                    s = s - case.alibi_slopes[h] * (int(lens[b]) - 1 - pos).astype(np.float32)
+                m = s[mine].max()
+                p = np.where(mine, np.exp(np.where(mine, s, m) - m), np.float32(0))
+                o[b, h] = (p @ values) / p.sum()
+                lse[b, h] = m + np.log(p.sum())
+    return bf16(o), lse
+
+
 # ---- serving engines' layouts ----
 
 def hnd_read_as_nhd(case):  # FlashInfer: an HND cache [pages, Hkv, page_size, D] read as NHD
@@ -290,6 +342,7 @@ class BugClass:
     families: tuple
     k: str = "bf16"
     v: str = "bf16"
+    gpu_only: bool = False  # its families run on device "cuda" only (huge_cache)
 
 
 def _k(fn, **declarations):
@@ -301,6 +354,7 @@ RIGHT_SPLITK, RIGHT_SPLITK_BY_T = _k(splitk), _k(splitk_by_t)
 RIGHT_PAGED = _k(numpy_decode, layout="paged")
 RIGHT_VLLM, RIGHT_HND = _k(numpy_decode, layout="vllm"), _k(numpy_decode, layout="flashinfer_hnd")
 RIGHT_NHD = _k(numpy_decode, layout="flashinfer_nhd")
+RIGHT_STRIDES = _k(numpy_decode, strides=True)
 
 CATALOGUE = (
     BugClass("reads_padding", "attends over all T keys, not seq_len", _k(reads_padding), RIGHT,
@@ -343,7 +397,30 @@ CATALOGUE = (
              _k(last_page_full, layout="flashinfer_nhd"), RIGHT_NHD, ("varlen",)),
     BugClass("fp8_scale_ignored", "vLLM FP8: the codes' values without k_scale / v_scale",
              _k(fp8_scale_ignored, layout="vllm"), RIGHT_VLLM, ("varlen",), "fp8-e4m3-tensor", "fp8-e4m3-tensor"),
+    BugClass("page_ids_16bit", "paged: page ids kept in 16 bits (ids past 32767 wrap)",
+             _k(page_ids_16bit, layout="paged"), RIGHT_PAGED, ("spaced_pages",)),
+    BugClass("ignores_strides", "declares strides, reads each array as contiguous from its data pointer",
+             _k(ignores_strides, strides=True), RIGHT_STRIDES, ("strided",)),
+    BugClass("packed_keys", "the batch's keys in one tile, other sequences' masked by p = 0 but multiplied into "
+             "P.V: one sequence's Inf reaches every other", _k(packed_keys), RIGHT, ("nonfinite",)),
 )
+
+
+def torch_catalogue():
+    """The catalogue in torch (kvq.gate_mutants_torch), for the devices "cuda" and "torch-cpu": each class's
+    mutant and right kernel with the numpy ones' declarations, and the GPU-only class int32_offsets."""
+    from . import gate_mutants_torch as t
+
+    def like(kern, fn):
+        return Kernel(fn, name=kern.name + "-torch", layout=kern.layout, alibi=kern.alibi, page_size=kern.page_size,
+                      strides=kern.strides)
+    rights = {numpy_decode: t.right, splitk: t.splitk, splitk_by_t: t.splitk_by_t}
+    out = [dataclasses.replace(c, mutant=like(c.mutant, getattr(t, c.name)), right=like(c.right, rights[c.right.fn]))
+           for c in CATALOGUE]
+    out.append(BugClass("int32_offsets", "element offsets in 32 bits: past 2^31 they wrap",
+                        Kernel(t.int32_offsets, name="int32-offsets-torch"), Kernel(t.right, name="numpy-decode-torch"),
+                        ("huge_cache",), gpu_only=True))
+    return tuple(out)
 
 
 @dataclass
@@ -377,10 +454,13 @@ class MutationReport:
 
 def mutation_score(device="cpu", classes=None, seed=0, log=print):
     """Runs every bug class (or those named in `classes`): the mutant must FAIL a case of its families
-    and the right kernel pass them all. device "cpu": numpy arrays. Returns a MutationReport."""
-    chosen = [c for c in CATALOGUE if classes is None or c.name in classes]
+    and the right kernel pass them all. device "cpu": the numpy catalogue; "cuda" or "torch-cpu": the
+    torch one (torch_catalogue(); its GPU-only classes on "cuda" alone). Returns a MutationReport."""
+    catalogue = CATALOGUE if device == "cpu" else torch_catalogue()
+    catalogue = [c for c in catalogue if device == "cuda" or not c.gpu_only]
+    chosen = [c for c in catalogue if classes is None or c.name in classes]
     if classes is not None and len(chosen) != len(set(classes)):
-        known = {c.name for c in CATALOGUE}
+        known = {c.name for c in catalogue}
         raise ValueError(f"unknown bug classes {sorted(set(classes) - known)}; the catalogue: {sorted(known)}")
     results = []
     for c in chosen:
@@ -409,10 +489,11 @@ def main(argv=None):
                                             "its right kernel pass. Exit 0 when every class is caught.")
     p.add_argument("classes", nargs="*", help="bug classes to run (default: the whole catalogue)")
     p.add_argument("--list", action="store_true", help="list the catalogue and exit")
-    p.add_argument("--device", choices=("cpu",), default="cpu")
+    p.add_argument("--device", choices=("cpu", "cuda", "torch-cpu"), default="cpu",
+                   help="cpu: the numpy catalogue; cuda / torch-cpu: the torch one on torch tensors (default cpu)")
     a = p.parse_args(argv)
     if a.list:
-        for c in CATALOGUE:
+        for c in (CATALOGUE if a.device == "cpu" else torch_catalogue()):
             print(f"{c.name:<22} {c.bug} (K {c.k}, V {c.v}, families {', '.join(c.families)})")
         return 0
     try:

@@ -21,7 +21,14 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 import gate_kernels as wrong  # noqa: E402
 
-QUICK_FAMILIES = [f for f in gate.FAMILIES if f != "long"]
+from kvq.gate_cases import FULL_ONLY, PAGED_LAYOUTS, RAW_STORAGES  # noqa: E402
+
+QUICK_FAMILIES = [f for f in gate.FAMILIES if f not in FULL_ONLY]
+
+
+# families the numpy example kernels skip in some layout or storage (strides undeclared, spaced pages
+# outside a paged layout, Inf / NaN in a quantized cache)
+NOT_FOR_THE_EXAMPLES = ("strided", "spaced_pages", "nonfinite")
 
 
 def run(kern, k="bf16", v="bf16", cases="quick", **kw):
@@ -49,16 +56,23 @@ def test_correct_kernels_pass_every_family(kern, k, v):
     r = run(kern, k, v)
     assert r.ok, [c.line(r.kernel) for c in r.with_status("FAIL")]
     assert {c.family for c in r.cases} == set(QUICK_FAMILIES)
-    for c in r.with_status("SKIP"):  # only storages that cannot exist at D = 96 (FBGEMM: 3 groups, g64)
-        assert c.family == "head_dim" and "head_dim 96" in c.detail, c.detail
-    assert len(r.with_status("SKIP")) == (1 if kern is numpy_fbgemm else 0)
+    # skipped: storages that cannot exist at D = 96 (FBGEMM: 3 groups, g64), the strided views (the kernels
+    # declare contiguous arrays), spaced pages outside a paged layout, Inf / NaN in a quantized cache
+    expected = {"strided"} | ({"head_dim"} if kern is numpy_fbgemm else set())
+    expected |= set() if kern.layout in PAGED_LAYOUTS else {"spaced_pages"}
+    expected |= set() if k in RAW_STORAGES and v in RAW_STORAGES else {"nonfinite"}
+    assert r.families("SKIP") == expected and len(r.with_status("SKIP")) == len(expected)
+    for c in r.with_status("SKIP"):
+        assert c.family != "head_dim" or "head_dim 96" in c.detail, c.detail
     assert all("page_size=" in c.shape for c in r.cases) == (kern.layout == "paged")
 
 
 def test_full_cases_and_reading_padding_that_is_masked_away_passes():
     r = run(numpy_bnsh, "int8-head", "int8-head", cases="full", reruns=5)
-    assert r.ok and [c.status for c in r.cases].count("OK") == len(r.cases)
-    assert {c.family for c in r.cases} == set(gate.FAMILIES)
+    assert r.ok and {c.family for c in r.cases} == set(gate.FAMILIES)
+    # skipped: strides undeclared, spaced pages (bnsh), Inf / NaN (int8), the 2^31-element cache (no GPU)
+    assert r.families("SKIP") == {"strided", "spaced_pages", "nonfinite", "huge_cache"}
+    assert [c.status for c in r.cases].count("OK") == len(r.cases) - 4
 
     def masked(case):  # reads every stored key, then masks the padding away exactly
         from kvq.gate_examples import cache_bnsh
@@ -234,7 +248,7 @@ def test_arguments_the_gate_cannot_run_are_errors():
         gate.check(numpy_bnsh, cases=["varlen", "nope"], log=None)
     with pytest.raises(ValueError, match="precision profile 'fp32-pbf8'"):
         gate.Kernel(numpy_decode, profile="fp32-pbf8")
-    with pytest.raises(ValueError, match="device 'tpu': kvq.gate runs on cpu or cuda"):
+    with pytest.raises(ValueError, match="device 'tpu': kvq.gate runs on cpu, cuda, torch-cpu"):
         gate.check(numpy_bnsh, device="tpu", log=None)
     if gate._Cuda.why_unavailable():  # no torch or no GPU here: the reason, before any case runs
         with pytest.raises(ValueError, match="device 'cuda'"):
@@ -298,7 +312,8 @@ def test_block_formats_arrive_as_stored_with_their_padding_poisoned():
 def test_ggml_blocks_as_llama_cpp_keeps_them(k, v):
     r = run(numpy_ggml, k, v)
     assert r.ok, [c.line(r.kernel) for c in r.with_status("FAIL")]
-    skipped = r.with_status("SKIP")  # ggml's block_nvfp4 holds 64 elements: not at D = 96
+    skipped = [c for c in r.with_status("SKIP") if c.family not in NOT_FOR_THE_EXAMPLES]
+    # ggml's block_nvfp4 holds 64 elements: not at D = 96
     assert [c.detail for c in skipped] == (["skipped: storage nvfp4 at head_dim 96: ggml's block_nvfp4 holds 64 "
                                             "elements"] if k == "nvfp4" else [])
     c = captured("ggml", "q4_1", "bf16", "odd_t")  # T 37, lengths 37, 20, 1
@@ -446,11 +461,24 @@ def test_mutation_score_catches_every_bug_class():
     assert lines[-1] == f"{len(CATALOGUE)} of {len(CATALOGUE)} bug classes caught"
     # the classes the new families exist for: caught by them, and by nothing that ran before them (ALiBi's
     # biases of -200 over 300 keys catch a merge by the first split too, in kernels that take ALiBi)
-    old = [f for f in gate.FAMILIES if f not in ("large_logits", "split_stress", "shared_pages", "long", "reruns")]
-    for name in ("no_running_max", "batch_max", "merge_by_first_split", "shared_pages_owned"):
+    new = ("large_logits", "split_stress", "shared_pages", "spaced_pages", "strided", "nonfinite", "long", "huge_cache",
+           "reruns")
+    old = [f for f in gate.FAMILIES if f not in new]
+    for name in ("no_running_max", "batch_max", "merge_by_first_split", "shared_pages_owned", "page_ids_16bit",
+                 "ignores_strides", "packed_keys"):
         c = next(c for c in CATALOGUE if c.name == name)
         r = run(c.mutant, c.k, c.v, cases=old)
         assert r.families("FAIL") == ({"alibi"} if name == "merge_by_first_split" else set()), name
+
+
+def test_the_torch_catalogue_is_caught_on_torch_tensors():
+    """The same bug classes in torch (kvq.gate_mutants_torch) on torch CPU tensors; on a GPU the device run
+    checks device "cuda", with int32_offsets too."""
+    pytest.importorskip("torch")
+    from kvq.gate_mutants import CATALOGUE, mutation_score, torch_catalogue
+    report = mutation_score("torch-cpu", log=None)
+    assert report.all_caught, [r.failed or r.right_failed for r in report.results if not r.ok]
+    assert len(report.results) == len(CATALOGUE) == len(torch_catalogue()) - 1
 
 
 def test_mutants_command_line():
@@ -504,7 +532,8 @@ def test_a_refusal_is_reported_apart_from_a_failure():
 @pytest.mark.parametrize("storage", ["bf16", "fp8-e4m3-tensor", "fp8-e5m2"])
 def test_engine_layouts_pass_the_right_kernel(layout, storage):
     r = run(gate.Kernel(numpy_decode, layout=layout), storage, storage)
-    assert r.ok and not r.with_status("SKIP"), [c.line(r.kernel) for c in r.with_status("FAIL")]
+    assert r.ok, [c.line(r.kernel) for c in r.with_status("FAIL")]
+    assert r.families("SKIP") == {"strided"} | (set() if storage == "bf16" else {"nonfinite"})
 
 
 def test_engine_layouts_hold_the_cache_as_the_engines_do():
@@ -539,3 +568,78 @@ def test_a_token_indexed_pool_is_pages_of_one_token():
     """SGLang's pool (req_to_token -> a slot per token) is the paged layout with page_size 1."""
     r = run(gate.Kernel(numpy_decode, layout="paged", page_size=1), "int8-head", "fp16")
     assert r.ok and all("page_size=1" in c.shape for c in r.cases)
+
+
+# ---- spaced pages, strided views, Inf / NaN isolation, the cache past 2^31 elements ----
+
+def test_spaced_pages_lie_far_apart_past_int16():
+    c = captured("paged", "bf16", "bf16", "spaced_pages")
+    used = np.concatenate([c.block_table[b, :-(-n // 16)] for b, n in enumerate(c.seq_lens.tolist())])
+    assert used.max() > 32767 and len(set(used.tolist())) == len(used) and np.diff(np.sort(used)).min() > 1000
+    pool = c.k.values.shape[0]
+    assert pool > 32767 and np.isnan(c.k.values[np.setdiff1d(np.arange(pool), used)[:100]]).all()
+
+
+def test_strided_views_reach_a_kernel_that_declares_strides():
+    c = captured("bnsh", "int8-head", "bf16", "strided", strides=True)
+    for a in (c.q, c.k.codes, c.k.scales, c.v.values):
+        assert not a.flags.c_contiguous and a.strides[-2] == (a.shape[-1] + 8) * a.itemsize
+        pad = np.lib.stride_tricks.as_strided(a, a.shape[:-1] + (a.shape[-1] + 8,), a.strides)[..., a.shape[-1]:]
+        assert (np.isnan(pad) if a.dtype.kind == "f" else pad == 0x7E).all()  # the rows' padding poisoned
+    assert c.seq_lens.flags.c_contiguous
+    r = run(gate.Kernel(numpy_decode, strides=True), "int4-g32-asym", "fp16", cases=["strided"])
+    assert r.ok and not r.with_status("SKIP")
+
+
+def test_nonfinite_values_stay_in_their_sequence():
+    c = captured("bsnh", "bf16", "bf16", "nonfinite")  # [B, T, H, D]; lengths 300, 291, 150, 40
+    n = c.seq_lens.tolist()
+    assert np.isposinf(c.v.values[1, n[1] // 2, 1, 5]) and np.isnan(c.k.values[2, n[2] // 2, 1, 5])
+    assert np.isfinite(c.k.values[0]).all() and np.isfinite(c.v.values[3, :n[3]]).all()
+    assert np.isfinite(c.v.values[1, :n[1]]).sum() == n[1] * 2 * 128 - 1  # one value broken
+    r = run(numpy_bsnh, cases=["nonfinite"])  # the broken sequences' own rows are not judged
+    assert r.ok and r.cases[0].values == 2 * 8 * 128
+    from kvq.gate_mutants import packed_keys  # one sequence's Inf reaches the others
+    r = run(gate.Kernel(packed_keys), cases=["nonfinite"])
+    assert r.with_status("FAIL")
+
+
+@pytest.fixture
+def huge_on_the_cpu(monkeypatch):
+    """The huge_cache family on numpy arrays, past 2^20 elements instead of 2^31."""
+    monkeypatch.setattr(gate, "HUGE_OFFSET", 1 << 20)
+    monkeypatch.setattr(gate._Cpu, "free_bytes", staticmethod(lambda: 1 << 50))
+    return 1 << 20
+
+
+@pytest.mark.parametrize("kern,k,v", [
+    (numpy_bnsh, "bf16", "int8-head"), (numpy_bsnh, "int4-chan-t32-asym", "int8-token"),
+    (numpy_paged, "int8-head", "bf16"), (gate.Kernel(numpy_decode, layout="vllm"), "fp16", "fp16"),
+    (gate.Kernel(numpy_decode, layout="flashinfer_hnd"), "fp8-e4m3", "fp8-e4m3"),
+    (numpy_fbgemm, "int4-head-asym", "int4-g32-asym"), (numpy_ggml, "q4_0", "q8_0")])
+def test_a_huge_cache_puts_the_last_sequence_past_the_offset(huge_on_the_cpu, kern, k, v):
+    r = run(kern, k, v, cases=["huge_cache"])
+    assert r.ok and r.cases[0].status == "OK", r.cases[0].detail
+    c = captured(kern.layout, k, v, "huge_cache", page_size=kern.page_size)  # lengths 64, 0, 33, 64; Hkv 4
+    op = c.k
+    data = next(getattr(op, f) for f in ("values", "codes", "rows", "blocks") if getattr(op, f) is not None)
+    if c.block_table is not None or c.kv_indices is not None:  # every page in use past the offset
+        pages = c.block_table[[0, 2, 3], :-(-64 // 16)] if c.block_table is not None else c.kv_indices
+        assert pages.min() * (data.size // data.shape[0]) >= huge_on_the_cpu
+    else:  # the last sequence's first key (its last KV head in BNSH)
+        first = (3, 3, 0) if kern.layout == "bnsh" else (3, 0, 3)
+        assert np.ravel_multi_index(first + (0,), data.shape) >= huge_on_the_cpu and c.tokens > 64
+
+
+def test_offsets_that_wrap_fail_the_huge_cache(huge_on_the_cpu):
+    def wrapping(case):  # element offsets that wrap at the (shrunk) offset, as 32-bit ones wrap at 2^31
+        def read(a):
+            B, H, T, D = a.shape
+            n = int(max(case.seq_lens))
+            idx = ((np.arange(B)[:, None, None, None] * H + np.arange(H)[:, None, None]) * T + np.arange(n)[:, None]) * D
+            idx = idx + np.arange(D)
+            return a.reshape(-1)[((idx + huge_on_the_cpu) % (2 * huge_on_the_cpu) - huge_on_the_cpu) % a.size]
+        from kvq.gate_examples import attend
+        return attend(case.q, read(case.k.values), read(case.v.values), case.seq_lens, case.softmax_scale, None)
+    assert run(gate.Kernel(wrapping), cases=["huge_cache"]).with_status("FAIL")
+    assert run(numpy_bnsh, cases=["huge_cache"]).ok
