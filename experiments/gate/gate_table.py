@@ -3,7 +3,7 @@
 backends, FBGEMM's INT4 kernel, FlashInfer's paged decode: python/kvq/gate_peers.py) and on kvq's own
 decode variants called from Python (python/kvq/gate_kvq.py), one gate run per (kernel, K/V storage
 pair). Writes OUT/<kernel>__<k>__<v>.json (kvq validate's report), OUT/table.csv and OUT/table.md
-(kernel x case family -> OK / FAIL / SKIP counts) and OUT/failures.md (each failing case: its shape,
+(kernel x case family -> OK / FAIL / REFUSED / SKIP counts) and OUT/failures.md (each failing case: its shape,
 lengths and what went wrong: the minimal reproduction). With --cpp VALIDATE.json (kvq validate's report
 of the same commit) it compares the verdicts of kvq's variants through both paths, case by case.
 
@@ -35,6 +35,10 @@ KVQ_PAIRS = {
 }
 
 
+STATUSES = ("OK", "FAIL", "REFUSED", "SKIP")
+ZERO = {s: 0 for s in STATUSES}
+
+
 def run_one(kern, name, k, v, args, rows, failures):
     path = os.path.join(args.out, f"{name}__{k}__{v}.json".replace("/", "_"))
     start = time.perf_counter()
@@ -42,10 +46,10 @@ def run_one(kern, name, k, v, args, rows, failures):
         rep = gate.check(kern, k, v, cases=args.cases, reruns=args.reruns, device="cuda", report=path, log=None)
     except (ValueError, RuntimeError) as e:
         print(f"[SKIP] {name} K {k} / V {v}: {e}", flush=True)
-        rows.append({"kernel": name, "k": k, "v": v, "family": "(all)", "OK": 0, "FAIL": 0, "SKIP": 0, "note": str(e)})
+        rows.append({"kernel": name, "k": k, "v": v, "family": "(all)", **ZERO, "note": str(e)})
         return None
     print(f"{rep.summary()} K {k} / V {v} ({time.perf_counter() - start:.0f} s)", flush=True)
-    by_family = defaultdict(lambda: {"OK": 0, "FAIL": 0, "SKIP": 0})
+    by_family = defaultdict(lambda: dict(ZERO))
     for c in rep.cases:
         by_family[c.family][c.status] += 1
         if c.status == "FAIL":
@@ -57,7 +61,7 @@ def run_one(kern, name, k, v, args, rows, failures):
 
 def write_tables(rows, failures, out):
     with open(os.path.join(out, "table.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["kernel", "k", "v", "family", "OK", "FAIL", "SKIP", "note"])
+        w = csv.DictWriter(f, fieldnames=["kernel", "k", "v", "family", *STATUSES, "note"])
         w.writeheader()
         w.writerows(rows)
     families = [f for f in gate.FAMILIES if any(r["family"] == f for r in rows)]
@@ -76,7 +80,8 @@ def write_tables(rows, failures, out):
             cells = []
             for fam in families:
                 r = fams.get(fam)
-                cells.append("" if r is None else "FAIL" if r["FAIL"] else "skip" if r["SKIP"] and not r["OK"] else "OK")
+                cells.append("" if r is None else "FAIL" if r["FAIL"] else "REFUSED" if r["REFUSED"] and not r["OK"]
+                             else "skip" if r["SKIP"] and not r["OK"] else "OK")
             f.write(f"| {kernel} | {k} / {v} | " + " | ".join(cells) + " |\n")
     with open(os.path.join(out, "failures.md"), "w") as f:
         f.write("# Failing cases: each is a reproduction (kvq.gate, seed 0: the case's shape, lengths and storage)\n\n")
@@ -135,7 +140,7 @@ def main(argv=None):
             kern = getattr(gate_peers, peer)
         except Exception as e:  # noqa: BLE001  the peer's library is missing or fails to load
             print(f"[SKIP] {peer}: cannot load: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
-            rows.append({"kernel": peer, "k": "", "v": "", "family": "(all)", "OK": 0, "FAIL": 0, "SKIP": 0,
+            rows.append({"kernel": peer, "k": "", "v": "", "family": "(all)", **ZERO,
                          "note": f"cannot load: {type(e).__name__}: {str(e).splitlines()[0][:200]}"})
             continue
         for k, v in gate_peers.PEERS[peer]:

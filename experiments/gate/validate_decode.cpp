@@ -1,6 +1,7 @@
 #include "experiments/gate/validate_decode.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <cstring>
@@ -38,6 +39,12 @@ struct Storage {
   }
 };
 
+// Where the cache's rows lie (kvq.gate's strided and huge_cache families): packed BNSH; rows kStridePad
+// bytes apart; or a token capacity that puts the last sequence's first key past 2^31 elements.
+enum class Placement { kPacked, kStrided, kHuge };
+constexpr int64_t kStridePad = 16;  // 16: the kernels' 16-byte loads stay aligned
+constexpr int64_t kHugeOffset = int64_t{1} << 31;
+
 struct Case {
   std::string name;
   DecodeShape shape;
@@ -45,7 +52,32 @@ struct Case {
   bool alibi = false;
   Storage storage;
   int splits = 0;  // forced (split-K variants); 0: the heuristic
+  Placement placement = Placement::kPacked;
+  std::vector<int64_t> broken = {};  // sequences whose rows are not judged (kvq.gate's nonfinite family)
 };
+
+// The cache's token capacity as placed: T, or the T at which the first key of the last (sequence,
+// KV head) starts past kHugeOffset elements.
+int64_t placed_tokens(const Case& c) {
+  const DecodeShape& s = c.shape;
+  if (c.placement != Placement::kHuge) return s.tokens;
+  return kHugeOffset / ((s.batch * s.kv_heads - 1) * s.head_dim) + 2;
+}
+
+// Rows [B*H, T, row] of `bytes` moved to [B*H, tokens, row + pad]; the rest 0xFF (NaN in bf16 / fp16
+// and fp16 scales, garbage codes).
+std::vector<uint8_t> place_rows(const std::vector<uint8_t>& bytes, int64_t rows, int64_t T, int64_t row, int64_t tokens,
+                                int64_t pad) {
+  std::vector<uint8_t> out(static_cast<size_t>(rows * tokens * (row + pad)), 0xFF);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = 0; t < T; ++t)
+      std::memcpy(out.data() + (r * tokens + t) * (row + pad), bytes.data() + (r * T + t) * row, static_cast<size_t>(row));
+  return out;
+}
+
+void restride(KvOperand& op, int64_t heads, int64_t tokens, int64_t row) {
+  op.stride_t = row, op.stride_h = tokens * row, op.stride_b = heads * tokens * row;
+}
 
 std::vector<float> random_normal(size_t n, uint32_t seed, int64_t head_dim, float outlier = 12.0f) {
   std::mt19937 rng(seed);
@@ -89,8 +121,14 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
             bytes[2 * stored] = bits & 0xff, bytes[2 * stored + 1] = bits >> 8;
             if (padding(b, t)) x[logical] = 0.0f;
           }
+    const int64_t tokens = placed_tokens(c), pad = c.placement == Placement::kStrided ? kStridePad : 0;
+    if (c.placement != Placement::kPacked) {
+      if (c.storage.bsnh) throw InputError("strided and huge placements are BNSH");
+      bytes = place_rows(bytes, kv.batch * kv.heads, kv.tokens, 2 * s.head_dim, tokens, pad);
+    }
     out.codes = DeviceBuffer<uint8_t>(bytes);
-    out.op = raw_operand(out.codes.data(), kv.heads, kv.tokens, s.head_dim, c.storage.bsnh);
+    out.op = raw_operand(out.codes.data(), kv.heads, tokens, s.head_dim, c.storage.bsnh);
+    if (pad) restride(out.op, kv.heads, tokens, 2 * s.head_dim + pad);
     out.reference_values = std::move(x);
     return out;
   }
@@ -134,13 +172,26 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
     out.window = scheme_window(*scheme, raw_operand(out.window_values.data(), kv.heads, kv.tokens, s.head_dim, false),
                                KvFormat::kBf16);
   }
+  const int64_t tokens = placed_tokens(c), pad = c.placement == Placement::kStrided ? kStridePad : 0;
+  if (c.placement != Placement::kPacked) {  // codes rows moved; a huge cache's per-row parameters too
+    if (fbgemm || scheme->has_window() || !(per_row_params || scheme->scale_free))
+      throw InputError(fmt::format("{}: strided and huge placements take head / group / scale-free schemes",
+                                   to_string(*scheme)));
+    bytes.codes = place_rows(bytes.codes, kv.batch * kv.heads, kv.tokens, row, tokens, pad);
+    if (c.placement == Placement::kHuge && per_row_params) {
+      const int64_t params = num_groups(*scheme, kv) / kv.rows() * pbytes;
+      bytes.scales = place_rows(bytes.scales, kv.batch * kv.heads, kv.tokens, params, tokens, 0);
+      if (!bytes.zeros.empty()) bytes.zeros = place_rows(bytes.zeros, kv.batch * kv.heads, kv.tokens, params, tokens, 0);
+    }
+  }
   out.codes = DeviceBuffer<uint8_t>(bytes.codes);
   out.scales = DeviceBuffer<uint8_t>(bytes.scales);
   out.zeros = DeviceBuffer<uint8_t>(bytes.zeros);
   out.tensor_scale = DeviceBuffer<uint8_t>(bytes.tensor_scale);  // nvfp4's fp32 s_t
-  out.op = quantized_operand(*scheme, kv.batch, kv.heads, kv.tokens, s.head_dim, fbgemm, out.codes.data(),
+  out.op = quantized_operand(*scheme, kv.batch, kv.heads, tokens, s.head_dim, fbgemm, out.codes.data(),
                              out.scales.data(), out.zeros.size() ? out.zeros.data() : nullptr,
                              out.tensor_scale.size() ? reinterpret_cast<const float*>(out.tensor_scale.data()) : nullptr);
+  if (pad) restride(out.op, kv.heads, tokens, row + pad);
   out.reference_values = std::move(deq);
   return out;
 }
@@ -157,8 +208,12 @@ std::string shape_string(const Case& c, const DecodeParams& planned) {
     for (size_t i = 0; i < c.seq_lens.size() && i < 6; ++i) lens += fmt::format("{}{}", i ? "," : " ", c.seq_lens[i]);
     if (c.seq_lens.size() > 6) lens += ",...";
   }
-  return fmt::format("B={} Hq={} Hkv={} T={} D={}{}{} splits={} heads/CTA={}", c.shape.batch, c.shape.q_heads,
-                     c.shape.kv_heads, c.shape.tokens, c.shape.head_dim, lens, c.alibi ? " alibi" : "",
+  std::string placed = c.placement == Placement::kStrided ? " strided views"
+                       : c.placement == Placement::kHuge  ? fmt::format(" placed in T={}", placed_tokens(c))
+                                                          : "";
+  if (!c.broken.empty()) placed += fmt::format(" rows of sequences {} not judged", fmt::join(c.broken, ","));
+  return fmt::format("B={} Hq={} Hkv={} T={} D={}{}{}{} splits={} heads/CTA={}", c.shape.batch, c.shape.q_heads,
+                     c.shape.kv_heads, c.shape.tokens, c.shape.head_dim, lens, c.alibi ? " alibi" : "", placed,
                      planned.splits, planned.heads_per_cta);
 }
 
@@ -197,7 +252,9 @@ struct Gate {
     try {
       DeviceOperand dk = make_operand(c, std::move(k), c.storage.k, c.storage.k_format);
       DeviceOperand dv = make_operand(c, std::move(vv), c.storage.v, c.storage.v_format);
-      DecodeRun run(s, q, c.seq_lens, c.alibi, softmax_scale);
+      DecodeShape placed = s;
+      placed.tokens = placed_tokens(c);
+      DecodeRun run(placed, q, c.seq_lens, c.alibi, softmax_scale);
       run.set_cache(c.storage.k_format, dk.op, c.storage.v_format, dv.op);
       run.set_windows(dk.window, dv.window);
       const DecodeParams planned = run.plan(v, sm_count, c.splits);
@@ -218,8 +275,20 @@ struct Gate {
       p.seq_lens = c.seq_lens.empty() ? nullptr : c.seq_lens.data();
       p.softmax_scale = planned.softmax_scale;
       p.alibi = c.alibi;
-      const AttentionOutput ref = attention(p), mimic = attention(p, PrecisionProfile::parse(decode_precision_profile(planned)));
-      const ToleranceCheck t = check_tolerance(out, lse, ref.o, ref.lse, mimic.o, mimic.lse);
+      AttentionOutput ref = attention(p), mimic = attention(p, PrecisionProfile::parse(decode_precision_profile(planned)));
+      std::vector<float> judged_out = out, judged_lse = lse;
+      if (!c.broken.empty()) {  // the broken sequences' rows are not judged
+        auto keep = [&](auto& o, auto& l) {
+          const int64_t row = s.q_heads * s.head_dim;
+          for (auto b = c.broken.rbegin(); b != c.broken.rend(); ++b) {
+            o.erase(o.begin() + *b * row, o.begin() + (*b + 1) * row);
+            l.erase(l.begin() + *b * s.q_heads, l.begin() + (*b + 1) * s.q_heads);
+          }
+        };
+        keep(judged_out, judged_lse), keep(ref.o, ref.lse), keep(mimic.o, mimic.lse);
+        r.values = static_cast<int64_t>(judged_out.size());
+      }
+      const ToleranceCheck t = check_tolerance(judged_out, judged_lse, ref.o, ref.lse, mimic.o, mimic.lse);
       r.ok = t.ok, r.detail = t.detail;
       add(r);
       return out;
@@ -271,6 +340,40 @@ void run_large_logits(Gate& g, int64_t T, bool split_k) {
         const std::string name = splits ? fmt::format("{}, {} splits", c.name, splits) : std::string(c.name);
         g.run({name, s, c.lens, false, st, splits}, std::move(k), std::move(v), std::move(q));
       }
+}
+
+// kvq.gate's strided, nonfinite, long (32K) and huge_cache families (gate_cases.py): rows 16 bytes
+// apart; +Inf in V of sequence 1 and NaN in K of sequence 2 (their rows not judged, the others must be
+// untouched); a 32K cache; a cache past 2^31 elements (full runs only: 9 GB of host and device memory).
+void run_placements(Gate& g, int64_t T, bool quick) {
+  const int32_t t = static_cast<int32_t>(T);
+  for (const Storage& st : {raw(KvFormat::kBf16), quantized("int8-head", "int8-head"),
+                            quantized("int4-g32-asym", "int4-g32-asym"), quantized("q4_0", "fp8-e4m3")}) {
+    Case c{"strided views", {"", 3, 8, 2, T, 128}, {t, t / 2 + 3, 17}, false, st};
+    c.placement = Placement::kStrided;
+    g.run(c);
+  }
+  for (const Storage& st : {raw(KvFormat::kBf16), raw(KvFormat::kFp16)}) {
+    const DecodeShape s{"", 4, 8, 2, T, 128};
+    const std::vector<int32_t> lens = {t, t - 9, t / 2, 40};
+    const int64_t kv_n = s.batch * s.kv_heads * s.tokens * s.head_dim;
+    std::vector<float> k = random_normal(kv_n, 11, 128), v = random_normal(kv_n, 12, 128, 3.0f);
+    auto at = [&](int64_t b) { return ((b * s.kv_heads + s.kv_heads - 1) * s.tokens + lens[b] / 2) * s.head_dim + 5; };
+    v[at(1)] = std::numeric_limits<float>::infinity();
+    k[at(2)] = std::numeric_limits<float>::quiet_NaN();
+    Case c{"Inf and NaN in one sequence", s, lens, false, st};
+    c.broken = {1, 2};
+    g.run(c, std::move(k), std::move(v));
+  }
+  if (quick) return;
+  for (const Storage& st : {raw(KvFormat::kBf16), quantized("int8-head", "int8-head"),
+                            quantized("int4-g32-asym", "int4-g32-asym")})
+    g.run({"long, 32K", {"", 2, 8, 2, 32768, 128}, {32768, 20001}, false, st});
+  for (const Storage& st : {raw(KvFormat::kBf16), quantized("int8-head", "int8-head")}) {
+    Case c{"cache past 2^31 elements", {"", 4, 8, 4, 64, 128}, {64, 0, 33, 64}, false, st};
+    c.placement = Placement::kHuge;
+    g.run(c);
+  }
 }
 
 // Why no decode kernel reads storage `st` at `head_dim` (a dump's D may be anything), or "" when one
@@ -407,6 +510,7 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
              quantized("int4-g32-asym+w200", "int8-head+w37"), splits});
     }
   run_large_logits(g, T, v.split_k);
+  run_placements(g, T, opt.quick);
   // Hostile shapes: one key, keys not a tile multiple, no keys at all, no batch.
   for (const Case& c : {Case{"one key", {"", 1, 4, 1, 1, 128}, {}, false, raw(KvFormat::kBf16)},
                         Case{"33 keys", {"", 2, 4, 2, 33, 128}, {}, false, quantized("int4-g32-asym", "int4-g32-asym")},

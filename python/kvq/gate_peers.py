@@ -11,6 +11,9 @@ own declarations and the arithmetic it is documented to do:
 - flashinfer_paged: FlashInfer's BatchDecodeWithPagedKVCacheWrapper over a paged NHD cache (pages of 16
   tokens, shuffled), bf16 or FP8 e4m3 (scale-free) K/V, bf16 Q and O, the tensor-core kernel where
   query heads share a KV head; its LSE (base 2) is returned in natural log. Needs flashinfer-python.
+- flashinfer_nhd, flashinfer_hnd: the same kernel in FlashInfer's own layouts (kvq.gate's flashinfer_nhd /
+  flashinfer_hnd: one [pages, 2, ...] cache, kv_indptr / kv_indices / kv_last_page_len as handed, FP8 e4m3
+  with its per-tensor k_scale / v_scale).
 
     python -m kvq.gate kvq.gate_peers:sdpa_flash --device cuda --cases full
     python -m kvq.gate kvq.gate_peers:fbgemm_int4 --k int4-head-asym --v int4-head-asym --device cuda
@@ -23,7 +26,7 @@ import warnings
 
 from .gate import Kernel
 
-__all__ = ["PEERS", "make_sdpa", "make_fbgemm_int4", "make_flashinfer_paged"]
+__all__ = ["PEERS", "make_sdpa", "make_fbgemm_int4", "make_flashinfer_paged", "make_flashinfer_native"]
 
 # peer -> the K/V storage pairs it is gated on (one gate run each)
 PEERS = {
@@ -33,6 +36,8 @@ PEERS = {
     "sdpa_math": [("bf16", "bf16")],
     "fbgemm_int4": [("int4-head-asym", "int4-head-asym"), ("int4-g32-asym", "int4-g32-asym")],
     "flashinfer_paged": [("bf16", "bf16"), ("fp8-e4m3", "fp8-e4m3")],
+    "flashinfer_nhd": [("bf16", "bf16"), ("fp8-e4m3", "fp8-e4m3"), ("fp8-e4m3-tensor", "fp8-e4m3-tensor")],
+    "flashinfer_hnd": [("bf16", "bf16"), ("fp8-e4m3-tensor", "fp8-e4m3-tensor")],
 }
 
 
@@ -137,6 +142,32 @@ def make_flashinfer_paged(page_size=16):
                   head_dims=(64, 128, 256), alibi=False, page_size=page_size, storages=("bf16", "fp8-e4m3"))
 
 
+def make_flashinfer_native(kv_layout="NHD", page_size=16):
+    """FlashInfer's paged batch decode in its own layout (kvq.gate's "flashinfer_nhd" / "flashinfer_hnd"):
+    the one [pages, 2, ...] cache as handed, kv_indptr / kv_indices / kv_last_page_len planned as they come,
+    FP8 e4m3 with its per-tensor k_scale / v_scale passed to run()."""
+    import torch
+    from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    layout = "flashinfer_" + kv_layout.lower()
+
+    def run(case):
+        cache = case.kv_cache if case.k.scheme is None else case.kv_cache.view(torch.float8_e4m3fn)
+        decoder = BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout, use_tensor_cores=case.group > 1)
+        decoder.plan(case.kv_indptr, case.kv_indices, case.kv_last_page_len, case.num_q_heads, case.num_kv_heads,
+                     case.head_dim, case.page_size, q_data_type=torch.bfloat16, kv_data_type=cache.dtype,
+                     sm_scale=case.softmax_scale)
+        scales = {}
+        if case.k_scale not in (None, 1.0) or case.v_scale not in (None, 1.0):
+            scales = {"k_scale": case.k_scale, "v_scale": case.v_scale}
+        o, lse = decoder.run(case.q, cache, return_lse=True, **scales)
+        return o, lse * math.log(2.0)  # FlashInfer's LSE is log2-sum-exp2
+
+    return Kernel(run, name=f"flashinfer-decode-{kv_layout.lower()}", layout=layout, profile="fp32-pbf16-obf16",
+                  head_dims=(64, 128, 256), alibi=False, page_size=page_size,
+                  storages=("bf16", "fp8-e4m3", "fp8-e4m3-tensor"))
+
+
 def __getattr__(name):
     """The peers of PEERS as module attributes, for the command line (built on first use)."""
     if name.startswith("sdpa_") and name[5:] in ("cudnn", "flash", "efficient", "math"):
@@ -145,4 +176,6 @@ def __getattr__(name):
         return make_fbgemm_int4()
     if name == "flashinfer_paged":
         return make_flashinfer_paged()
+    if name in ("flashinfer_nhd", "flashinfer_hnd"):
+        return make_flashinfer_native(name[-3:].upper())
     raise AttributeError(f"module 'kvq.gate_peers' has no attribute '{name}'")
