@@ -664,7 +664,9 @@ class Refused(Exception):
 
 
 # Exception messages that say "I do not take this" rather than "I broke" (peers raise their own classes).
-REFUSAL_WORDS = ("not supported", "unsupported", "not implemented", "does not support", "not yet supported")
+# torch's SDPA says "No available kernel" when the backend it is held to does not take the inputs.
+REFUSAL_WORDS = ("not supported", "unsupported", "not implemented", "does not support", "do not support",
+                 "not yet supported", "no available kernel")
 
 
 def is_refusal(e):

@@ -7,7 +7,8 @@ through kvq.gpu on the torch CUDA tensors kvq.gate hands them, so both paths can
 
 Each kernel declares what its variant declares in C++ (gpu/registry.hpp): the storages and head
 dims it reads (DecodeVariant::unsupported_reason) and the precision profile of its arithmetic for the
-storage pair (decode_precision_profile). Layouts: "bnsh" (planar codes, raw values BNSH) or "fbgemm"
+storage pair (decode_precision_profile). The cache is read through its strides (the strided family);
+Q, scales and zero points are made contiguous first, as kvq.gpu takes them. Layouts: "bnsh" (planar codes, raw values BNSH) or "fbgemm"
 (int4 inline rows); paged caches are not read by kvq's kernels.
 """
 from . import gpu
@@ -27,7 +28,13 @@ def _cache(op, layout):
         return gpu.Cache(op.storage, op.values, layout="bnsh" if layout == "bnsh" else "bsnh")
     if layout == "fbgemm":
         return gpu.Cache(op.storage, op.rows, layout="fbgemm")
-    return gpu.Cache(op.storage, op.codes, op.scales, op.zero_points, layout="bnsh", tensor_scale=op.tensor_scale)
+    # kvq.gpu reads the codes through their strides; scales and zero points it takes contiguous
+    return gpu.Cache(op.storage, op.codes, _packed(op.scales), _packed(op.zero_points), layout="bnsh",
+                     tensor_scale=op.tensor_scale)
+
+
+def _packed(x):
+    return None if x is None else x.contiguous()
 
 
 def kernel(variant="decode-tc", layout="bnsh", splits=0):
@@ -37,7 +44,7 @@ def kernel(variant="decode-tc", layout="bnsh", splits=0):
         raise ValueError(f"kvq.gate_kvq: layout '{layout}': kvq's decode kernels read bnsh or fbgemm caches")
 
     def run(case):
-        o, lse = gpu.decode(case.q, _cache(case.k, case.layout), _cache(case.v, case.layout), seq_lens=case.seq_lens,
+        o, lse = gpu.decode(case.q.contiguous(), _cache(case.k, case.layout), _cache(case.v, case.layout), seq_lens=case.seq_lens,
                             alibi_slopes=case.alibi_slopes, softmax_scale=case.softmax_scale, variant=variant,
                             splits=splits)
         return o, lse
@@ -54,7 +61,7 @@ def kernel(variant="decode-tc", layout="bnsh", splits=0):
         return s["profile"] or "fp32-obf16"
 
     name = variant + (":fbgemm" if layout == "fbgemm" else "") + (f" splits={splits}" if splits else "")
-    return Kernel(run, name=name, layout=layout, profile=profile, why_not=why_not)
+    return Kernel(run, name=name, layout=layout, profile=profile, why_not=why_not, strides=True)
 
 
 def __getattr__(name):

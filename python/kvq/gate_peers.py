@@ -72,7 +72,7 @@ def make_sdpa(backend):
     # flash and cuDNN round P to bf16 for P.V on the tensor cores; efficient and math are described alike
     # (math rounds the logits to bf16 too, which no profile describes: it may fail by that much)
     return Kernel(run, name=f"sdpa-{backend}", layout="bnsh", profile="fp32-pbf16-obf16", alibi=False,
-                  returns_lse=False, storages=("bf16", "fp16"))
+                  returns_lse=False, storages=("bf16", "fp16"), strides=True)  # torch ops take any strides
 
 
 def _fbgemm_op():
