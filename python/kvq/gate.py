@@ -334,8 +334,12 @@ def kernel(fn=None, **declarations):
 
 # ---- the verdict ----
 
-def _index(flat, shape):
-    return [int(i) for i in np.unravel_index(flat, shape)]
+def _index(flat, shape, batch_ids=None):
+    """Index of a flat position; batch_ids: the sequence each batch row stands for (rows not judged left out)."""
+    index = [int(i) for i in np.unravel_index(flat, shape)]
+    if batch_ids is not None and index:
+        index[0] = int(batch_ids[index[0]])
+    return index
 
 
 def _bf16(x):
@@ -362,11 +366,11 @@ class Tolerance:
     problem: str = ""
 
 
-def tolerance(o, lse, ref_o, ref_lse, mimic_o, mimic_lse):
+def tolerance(o, lse, ref_o, ref_lse, mimic_o, mimic_lse, batch_ids=None):
     """DESIGN.md's rule, exactly as check_tolerance (experiments/gate/validate_decode.cpp): O within
     2 x the mimic's max and mean error + floor (2 x bf16 noise at the reference), LSE within 2 x the
     mimic's + 8 fp32 ulps at max(|LSE|, 1); O finite; empty key sets give O = 0 and LSE = -inf exactly.
-    lse None: the kernel returns no LSE (only O is judged)."""
+    lse None: the kernel returns no LSE (only O is judged). batch_ids: the sequence of each row, for messages."""
     shape = ref_o.shape
     out = np.asarray(o, np.float64).reshape(-1)
     ref, mimic = np.asarray(ref_o, np.float64).reshape(-1), np.asarray(mimic_o, np.float64).reshape(-1)
@@ -376,7 +380,7 @@ def tolerance(o, lse, ref_o, ref_lse, mimic_o, mimic_lse):
     err = np.abs(out - ref)
     bad = np.flatnonzero(~np.isfinite(out))
     if bad.size:
-        problem = f"O{_index(bad[0], shape)} = {out[bad[0]]} (ref {ref[bad[0]]:.6g})"
+        problem = f"O{_index(bad[0], shape, batch_ids)} = {out[bad[0]]} (ref {ref[bad[0]]:.6g})"
     max_err = float(np.nanmax(err)) if n and not np.isnan(err).all() else 0.0
     mean_err = float(err.sum() / n) if n else 0.0
     mimic_max = float(np.max(np.abs(mimic - ref))) if n else 0.0
@@ -389,7 +393,7 @@ def tolerance(o, lse, ref_o, ref_lse, mimic_o, mimic_lse):
         zero = bool(np.all(out[r * d:(r + 1) * d] == 0.0)) and (k_lse is None or k_lse[r] == -np.inf)
         if not zero and not problem:
             what = "O != 0" if k_lse is None else f"O != 0 or LSE = {k_lse[r]}"
-            problem = f"row {_index(r, ref_lse.shape)} has no keys but {what}"
+            problem = f"row {_index(r, ref_lse.shape, batch_ids)} has no keys but {what}"
     lse_err = lse_bound = 0.0
     if k_lse is not None:
         keep = ~empty
@@ -397,7 +401,7 @@ def tolerance(o, lse, ref_o, ref_lse, mimic_o, mimic_lse):
         lse_err = float(np.nanmax(e)) if e.size and not np.isnan(e).all() else 0.0
         nonfinite = np.flatnonzero(keep & ~np.isfinite(k_lse))
         if nonfinite.size and not problem:
-            problem = f"LSE{_index(nonfinite[0], ref_lse.shape)} = {k_lse[nonfinite[0]]}"
+            problem = f"LSE{_index(nonfinite[0], ref_lse.shape, batch_ids)} = {k_lse[nonfinite[0]]}"
         lse_mimic = float(np.max(np.abs(np.asarray(mimic_lse).reshape(-1)[keep] - r_lse[keep]))) if keep.any() else 0.0
         lse_scale = float(np.max(np.abs(r_lse[keep]))) if keep.any() else 0.0
         lse_bound = 2 * lse_mimic + 8 * np.ldexp(max(lse_scale, 1.0), -23)
@@ -407,7 +411,7 @@ def tolerance(o, lse, ref_o, ref_lse, mimic_o, mimic_lse):
     worst = None
     if n:
         i = int(bad[0]) if bad.size else int(np.nanargmax(err))
-        worst = (tuple(int(x) for x in np.unravel_index(i, shape)), float(out[i]), float(ref[i]))
+        worst = (tuple(_index(i, shape, batch_ids)), float(out[i]), float(ref[i]))
 
     def cmp(a, b):
         return "<=" if a <= b else ">"
@@ -754,7 +758,7 @@ def _run_case(kern, spec, k, v, seed, device):
         return rep
     ref_o, ref_lse = inputs.reference("fp64")
     mimic_o, mimic_lse = inputs.reference(kern.profile)
-    t = tolerance(first[0], first[1], ref_o, ref_lse, mimic_o, mimic_lse)
+    t = tolerance(first[0], first[1], ref_o, ref_lse, mimic_o, mimic_lse, np.flatnonzero(inputs.rows))
     rep.tolerance, rep.status, rep.detail = t, "OK" if t.ok else "FAIL", t.detail
     notes = []
     if inputs.has_padding:

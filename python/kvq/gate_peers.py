@@ -4,7 +4,8 @@ own declarations and the arithmetic it is documented to do:
 - sdpa_cudnn, sdpa_flash, sdpa_efficient, sdpa_math: torch.nn.functional.scaled_dot_product_attention
   under one backend each, bf16 / fp16 K and V in BNSH, GQA native (enable_gqa). SDPA has no sequence
   lengths: a batch of equal lengths is one call, otherwise each sequence is its own call over its
-  keys (how a user decodes ragged batches with it). No LSE, no ALiBi (a bias tensor is another kernel).
+  keys (how a user decodes ragged batches with it; an empty one is O = 0 without a call). No LSE, no
+  ALiBi (a bias tensor is another kernel).
 - fbgemm_int4: FBGEMM's torch.ops.fbgemm.gqa_attn_splitk over its INT4 inline rows (int4-head-asym:
   1 group, int4-g32-asym: 4 groups at D = 128); one KV head, D = 128, T <= 16384; the position of
   each query is seq_len - 1. Needs the fbgemm-gpu-genai wheel.
@@ -66,8 +67,10 @@ def make_sdpa(backend):
         lens = case.seq_lens.tolist()
         if all(n == case.tokens for n in lens):
             return attend(case.q, k, v, case.softmax_scale)
-        return torch.cat([attend(case.q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], case.softmax_scale)
-                          for b, n in enumerate(lens)])
+        # a sequence without keys is O = 0 by definition: not a call (SDPA takes no empty key set)
+        return torch.cat([attend(case.q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], case.softmax_scale) if n
+                          else torch.zeros_like(case.q[b:b + 1]) for b, n in enumerate(lens)]
+                         or [case.q[:0]])
 
     # flash and cuDNN round P to bf16 for P.V on the tensor cores; efficient and math are described alike
     # (math rounds the logits to bf16 too, which no profile describes: it may fail by that much)

@@ -599,6 +599,14 @@ def test_nonfinite_values_stay_in_their_sequence():
     assert np.isfinite(c.v.values[1, :n[1]]).sum() == n[1] * 2 * 128 - 1  # one value broken
     r = run(numpy_bsnh, cases=["nonfinite"])  # the broken sequences' own rows are not judged
     assert r.ok and r.cases[0].values == 2 * 8 * 128
+
+    def off(case):  # wrong in sequence 3 only: reported at its own index, not at its place among the judged rows
+        o, lse = numpy_decode(case)
+        o = o.copy()
+        o[3, 0, 0] += 1.0
+        return o, lse
+    r = run(gate.Kernel(off), cases=["nonfinite"])
+    assert r.with_status("FAIL") and r.cases[0].worst[0] == (3, 0, 0)
     from kvq.gate_mutants import packed_keys  # one sequence's Inf reaches the others
     r = run(gate.Kernel(packed_keys), cases=["nonfinite"])
     assert r.with_status("FAIL")
