@@ -3,9 +3,10 @@
 backends, FBGEMM's INT4 kernel, FlashInfer's paged decode: python/kvq/gate_peers.py) and on kvq's own
 decode variants called from Python (python/kvq/gate_kvq.py), one gate run per (kernel, K/V storage
 pair). Writes OUT/<kernel>__<k>__<v>.json (kvq validate's report), OUT/table.csv and OUT/table.md
-(kernel x case family -> OK / FAIL / REFUSED / SKIP counts) and OUT/failures.md (each failing case: its shape,
-lengths and what went wrong: the minimal reproduction). With --cpp VALIDATE.json (kvq validate's report
-of the same commit) it compares the verdicts of kvq's variants through both paths, case by case.
+(kernel x case family -> OK / FAIL / REFUSED / SKIP counts), OUT/failures.md (each failing case: its
+shape, lengths and what went wrong: the minimal reproduction) and OUT/refused.md (each refusal and its
+message). With --cpp VALIDATE.json (kvq validate's report of the same commit) it compares the verdicts
+of kvq's variants through both paths, case by case.
 
     python3 experiments/gate/gate_table.py --out results/gate --peers sdpa_flash,flashinfer_paged \
         --kvq decode-tc --cpp results/device/validate.json
@@ -39,7 +40,7 @@ STATUSES = ("OK", "FAIL", "REFUSED", "SKIP")
 ZERO = {s: 0 for s in STATUSES}
 
 
-def run_one(kern, name, k, v, args, rows, failures):
+def run_one(kern, name, k, v, args, rows, failures, refusals):
     path = os.path.join(args.out, f"{name}__{k}__{v}.json".replace("/", "_"))
     start = time.perf_counter()
     try:
@@ -54,12 +55,24 @@ def run_one(kern, name, k, v, args, rows, failures):
         by_family[c.family][c.status] += 1
         if c.status == "FAIL":
             failures.append((name, k, v, c))
+        elif c.status == "REFUSED":
+            refusals.append((name, k, v, c))
     for family, counts in by_family.items():
         rows.append({"kernel": name, "k": k, "v": v, "family": family, **counts, "note": ""})
     return rep
 
 
-def write_tables(rows, failures, out):
+def cell(r):
+    """A family's verdict for one (kernel, storages): FAIL if a case failed, else OK and / or the refusals."""
+    if r is None:
+        return ""
+    if int(r["FAIL"]):
+        return "FAIL"
+    parts = (["OK"] if int(r["OK"]) else []) + ([f"REFUSED {r['REFUSED']}"] if int(r["REFUSED"]) else [])
+    return ", ".join(parts) or "skip"
+
+
+def write_tables(rows, failures, refusals, out):
     with open(os.path.join(out, "table.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["kernel", "k", "v", "family", *STATUSES, "note"])
         w.writeheader()
@@ -80,14 +93,17 @@ def write_tables(rows, failures, out):
             cells = []
             for fam in families:
                 r = fams.get(fam)
-                cells.append("" if r is None else "FAIL" if r["FAIL"] else "REFUSED" if r["REFUSED"] and not r["OK"]
-                             else "skip" if r["SKIP"] and not r["OK"] else "OK")
+                cells.append(cell(r))
             f.write(f"| {kernel} | {k} / {v} | " + " | ".join(cells) + " |\n")
     with open(os.path.join(out, "failures.md"), "w") as f:
         f.write("# Failing cases: each is a reproduction (kvq.gate, seed 0: the case's shape, lengths and storage)\n\n")
         for name, k, v, c in failures:
             f.write(f"- **{name}**, K {k} / V {v}, {c.name} ({c.shape}): {c.detail}\n")
             f.write(f"  `python -m kvq.gate <{name}> --k {k} --v {v} --cases {c.family} --device cuda`\n")
+    with open(os.path.join(out, "refused.md"), "w") as f:
+        f.write("# Refused cases: the kernel said it does not take the case (not failures)\n\n")
+        for name, k, v, c in refusals:
+            f.write(f"- **{name}**, K {k} / V {v}, {c.name} ({c.shape}): {c.detail}\n")
 
 
 def compare_with_cpp(cpp_path, reports):
@@ -134,7 +150,7 @@ def main(argv=None):
     ap.add_argument("--cpp", help="kvq validate's report of the same build, to compare verdicts with")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    rows, failures, kvq_reports = [], [], []
+    rows, failures, refusals, kvq_reports = [], [], [], []
     for peer in [p for p in args.peers.split(",") if p]:
         try:
             kern = getattr(gate_peers, peer)
@@ -144,16 +160,17 @@ def main(argv=None):
                          "note": f"cannot load: {type(e).__name__}: {str(e).splitlines()[0][:200]}"})
             continue
         for k, v in gate_peers.PEERS[peer]:
-            run_one(kern, kern.name, k, v, args, rows, failures)
+            run_one(kern, kern.name, k, v, args, rows, failures, refusals)
     for variant in [v for v in args.kvq.split(",") if v]:
         for layout, pairs in KVQ_PAIRS.items():
             kern = gate_kvq.kernel(variant, layout)
             for k, v in pairs:
-                rep = run_one(kern, kern.name, k, v, args, rows, failures)
+                rep = run_one(kern, kern.name, k, v, args, rows, failures, refusals)
                 if rep is not None:
                     kvq_reports.append((kern.name, rep))
-    write_tables(rows, failures, args.out)
-    print(f"wrote {args.out}/table.md, table.csv, failures.md ({len(failures)} failing cases)")
+    write_tables(rows, failures, refusals, args.out)
+    print(f"wrote {args.out}/table.md, table.csv, failures.md ({len(failures)} failing cases), refused.md "
+          f"({len(refusals)} refused)")
     for name, k, v, c in failures[:40]:
         print(f"  FAIL {name} K {k} / V {v} {c.name} ({c.shape}): {c.detail[:300]}")
     ok = True
