@@ -4,12 +4,7 @@
 // rounding of the scale) is then done by few lanes, not by a whole warp. Pass 1 reads the segment
 // in 8-element chunks (one 16-byte load for 16-bit input) for its statistics; pass 2 reads it
 // again (from L1) and encodes. Consecutive threads own consecutive segments, so a warp covers a
-// contiguous stretch of the row-major input. quantize-groupreg is the same kernel with kHold: the
-// segment's chunks stay in registers (16 of them for 16-bit input) from the one read, the statistics
-// come two elements a word (LaneStats), and the encode reads the registers: one pass, as the block
-// formats' kernel does; its register budget is 64 (4 blocks an SM) instead of 51.
-#include <fmt/format.h>
-
+// contiguous stretch of the row-major input.
 #include <algorithm>
 
 #include "gpu/quantize_chunk.cuh"
@@ -23,10 +18,9 @@ constexpr int kChunk = detail::kChunkElems;
 constexpr int kSegment = 32;  // elements per lane at most: keeps each lane's bytes in L1 between passes
 
 // At least 5 blocks per SM: the register cap keeps 40 warps in flight (ncu: 4 blocks left the
-// memory system under-fed); the 16-bit input kernels still do not spill. kHold: 4 blocks, the
-// registers hold the segment instead.
-template <typename Storage, InputDtype DT, bool ASYM, bool kHold>
-__global__ void __launch_bounds__(kThreads, kHold ? 4 : 5) groupthread_kernel(QuantizeParams p) {
+// memory system under-fed); the 16-bit input kernels still do not spill.
+template <typename Storage, InputDtype DT, bool ASYM>
+__global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams p) {
   const KvShape& s = p.shape;
   Scheme scheme = p.scheme;
   scheme.asymmetric = ASYM;
@@ -59,23 +53,11 @@ __global__ void __launch_bounds__(kThreads, kHold ? 4 : 5) groupthread_kernel(Qu
     const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0;
 
     GroupStats st;
-    detail::InputChunk<DT> held[kHold ? kSegment / kChunk : 1];
-    if constexpr (kHold) {
-      detail::LaneStats<DT> lane_stats;
+    for (int c = 0; active && c < seg; c += kChunk) {
+      detail::InputChunk<DT> chunk;
+      chunk.load(src + c, aligned);
 #pragma unroll
-      for (int c = 0; c < kSegment / kChunk; ++c)
-        if (active && c * kChunk < seg) {
-          held[c].load(src + c * kChunk, aligned);
-          lane_stats.add(held[c]);
-        }
-      st = lane_stats.finish();
-    } else {
-      for (int c = 0; active && c < seg; c += kChunk) {
-        detail::InputChunk<DT> chunk;
-        chunk.load(src + c, aligned);
-#pragma unroll
-        for (int e = 0; e < kChunk; ++e) st.add(chunk[e]);
-      }
+      for (int e = 0; e < kChunk; ++e) st.add(chunk[e]);
     }
     const bool finite = st.all_finite(ASYM);  // before the merge: this lane's own segment
     st = detail::shuffle_merge(st, parts, ASYM);  // the group's segments
@@ -105,12 +87,9 @@ __global__ void __launch_bounds__(kThreads, kHold ? 4 : 5) groupthread_kernel(Qu
       }
       codes = p.codes + (r * D + d0) * scheme.bits / 8;
     }
-#pragma unroll
-    for (int c = 0; c < kSegment; c += kChunk) {
-      if (c >= seg) break;
+    for (int c = 0; c < seg; c += kChunk) {
       detail::InputChunk<DT> chunk;
-      if constexpr (kHold) chunk = held[c / kChunk];
-      else chunk.load(src + c, aligned);
+      chunk.load(src + c, aligned);
       uint32_t w[2] = {0, 0};
       if (scheme.bits == 8) {
 #pragma unroll
@@ -127,37 +106,11 @@ __global__ void __launch_bounds__(kThreads, kHold ? 4 : 5) groupthread_kernel(Qu
   }
 }
 
-template <typename Storage, InputDtype DT, bool kHold>
+template <typename Storage, InputDtype DT>
 void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks) {
-  if (p.scheme.asymmetric) groupthread_kernel<Storage, DT, true, kHold><<<blocks, kThreads, 0, stream>>>(p);
-  else groupthread_kernel<Storage, DT, false, kHold><<<blocks, kThreads, 0, stream>>>(p);
+  if (p.scheme.asymmetric) groupthread_kernel<Storage, DT, true><<<blocks, kThreads, 0, stream>>>(p);
+  else groupthread_kernel<Storage, DT, false><<<blocks, kThreads, 0, stream>>>(p);
   KVQ_CHECK_LAUNCH();
-}
-
-template <bool kHold>
-void launch(const QuantizeParams& p, cudaStream_t stream, const char* name) {
-  if (!groupthread_supports(p.scheme, p.shape.head_dim))
-    throw InputError(fmt::format("{}: needs head or gG granularity with a group size that is a multiple of 8", name));
-  const int64_t groups = num_groups(p.scheme, p.shape);
-  if (groups == 0) return;
-  const int64_t G = p.scheme.granularity == Granularity::kHead ? p.shape.head_dim : p.scheme.group;
-  const int64_t threads = groups * (G > kSegment ? G / kSegment : 1);
-  // Launch shape by measurement (H100, B=128 T=8192 Hkv=8): int4 planar output is fastest from a
-  // grid of a few resident waves striding over the segments (84% vs 78% of copy), while int8 and
-  // FBGEMM rows are fastest with one thread per segment (78% vs 72%, 68% vs 37%).
-  int64_t max_blocks = 1 << 20;
-  if (p.scheme.bits == 4 && p.layout == CodeLayout::kPlanar) {
-    int device = 0, sms = 0;
-    KVQ_CUDA_CHECK(cudaGetDevice(&device));
-    KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    max_blocks = int64_t(sms) * (kHold ? 4 : 5) * 8;
-  }
-  const int blocks = static_cast<int>(std::min<int64_t>((threads + kThreads - 1) / kThreads, max_blocks));
-  switch (p.in_dtype) {
-    case InputDtype::kFp32: launch_typed<float, InputDtype::kFp32, kHold>(p, stream, blocks); break;
-    case InputDtype::kFp16: launch_typed<uint16_t, InputDtype::kFp16, kHold>(p, stream, blocks); break;
-    case InputDtype::kBf16: launch_typed<uint16_t, InputDtype::kBf16, kHold>(p, stream, blocks); break;
-  }
 }
 
 }  // namespace
@@ -170,11 +123,28 @@ bool groupthread_supports(const Scheme& s, int64_t head_dim) {
 }
 
 void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream) {
-  launch<false>(p, stream, "quantize-groupthread");
-}
-
-void launch_quantize_groupreg(const QuantizeParams& p, cudaStream_t stream) {
-  launch<true>(p, stream, "quantize-groupreg");
+  if (!groupthread_supports(p.scheme, p.shape.head_dim))
+    throw InputError("quantize-groupthread: needs head or gG granularity with a group size that is a multiple of 8");
+  const int64_t groups = num_groups(p.scheme, p.shape);
+  if (groups == 0) return;
+  const int64_t G = p.scheme.granularity == Granularity::kHead ? p.shape.head_dim : p.scheme.group;
+  const int64_t threads = groups * (G > kSegment ? G / kSegment : 1);
+  // Launch shape by measurement (H100, B=128 T=8192 Hkv=8): int4 planar output is fastest from a
+  // grid of a few resident waves striding over the segments (84% vs 78% of copy), while int8 and
+  // FBGEMM rows are fastest with one thread per segment (78% vs 72%, 68% vs 37%).
+  int64_t max_blocks = 1 << 20;
+  if (p.scheme.bits == 4 && p.layout == CodeLayout::kPlanar) {
+    int device = 0, sms = 0;
+    KVQ_CUDA_CHECK(cudaGetDevice(&device));
+    KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    max_blocks = int64_t(sms) * 5 * 8;
+  }
+  const int blocks = static_cast<int>(std::min<int64_t>((threads + kThreads - 1) / kThreads, max_blocks));
+  switch (p.in_dtype) {
+    case InputDtype::kFp32: launch_typed<float, InputDtype::kFp32>(p, stream, blocks); break;
+    case InputDtype::kFp16: launch_typed<uint16_t, InputDtype::kFp16>(p, stream, blocks); break;
+    case InputDtype::kBf16: launch_typed<uint16_t, InputDtype::kBf16>(p, stream, blocks); break;
+  }
 }
 
 }  // namespace kvq

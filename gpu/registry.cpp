@@ -72,11 +72,6 @@ const std::vector<QuantizeVariant>& quantize_variants() {
        "16-byte loads in 8-element chunks, two passes over the segment (the second from L1)",
        "head and gG granularities with G a multiple of 8 (above 32: 32 x a power of two); any D that G divides; "
        "planar and FBGEMM layouts; fp32/fp16/bf16 input", false, groupthread_accepts, launch_quantize_groupthread},
-      {"quantize-groupreg",
-       "quantize-groupthread's lanes, one pass: a segment's 8-element chunks held in registers from the one read, "
-       "statistics two elements a word (16x2 SIMD for 16-bit input), codes encoded from the registers",
-       "head and gG granularities with G a multiple of 8 (above 32: 32 x a power of two); any D that G divides; "
-       "planar and FBGEMM layouts; fp32/fp16/bf16 input", false, groupthread_accepts, launch_quantize_groupreg},
       {"quantize-tokenteam",
        "one pass: a team of 1-32 lanes of a warp per (b,t) token (the smallest that leaves <= 4 chunks a lane; 8 for "
        "16-bit tokens above 1024 elements, larger ones re-read the rest), 8-element chunks read once into registers "
