@@ -651,3 +651,30 @@ def test_offsets_that_wrap_fail_the_huge_cache(huge_on_the_cpu):
         return attend(case.q, read(case.k.values), read(case.v.values), case.seq_lens, case.softmax_scale, None)
     assert run(gate.Kernel(wrapping), cases=["huge_cache"]).with_status("FAIL")
     assert run(numpy_bnsh, cases=["huge_cache"]).ok
+
+
+def test_the_peers_table_keeps_refusals_apart(tmp_path):
+    """experiments/gate/gate_table.py: a family with refusals shows them beside OK, never as a failure,
+    and refused.md lists each refusal with its message."""
+    sys.path.insert(0, os.path.join(ROOT, "experiments", "gate"))
+    import gate_table
+    def refusing(case):
+        if case.num_kv_heads == 1:
+            raise NotImplementedError("MQA is not supported")
+        return numpy_decode(case)
+    rows, failures, refusals = [], [], []
+    args = type("Args", (), {"out": str(tmp_path), "cases": ["mha", "mqa", "group16"], "reruns": None})()
+    real_check = gate_table.gate.check  # the table gates on device "cuda": the same cases on the CPU here
+    gate_table.gate.check = lambda *a, **kw: real_check(*a, **{**kw, "device": "cpu"})
+    try:
+        gate_table.run_one(gate.Kernel(refusing, name="refusing"), "refusing", "bf16", "bf16", args, rows, failures,
+                           refusals)
+    finally:
+        gate_table.gate.check = real_check
+    gate_table.write_tables(rows, failures, refusals, str(tmp_path))
+    table = (tmp_path / "table.md").read_text()
+    assert "| refusing | bf16 / bf16 | OK | REFUSED 1 | REFUSED 1 |" in table, table
+    assert not failures and [c.family for _, _, _, c in refusals] == ["mqa", "group16"]
+    assert "MQA is not supported" in (tmp_path / "refused.md").read_text()
+    assert gate_table.cell({"OK": "2", "FAIL": "1", "REFUSED": "1", "SKIP": "0"}) == "FAIL"
+    assert gate_table.cell({"OK": "0", "FAIL": "0", "REFUSED": "0", "SKIP": "3"}) == "skip"
