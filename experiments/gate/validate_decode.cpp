@@ -104,6 +104,8 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
   const DecodeShape& s = c.shape;
   const KvShape kv{s.batch, s.kv_heads, s.tokens, s.head_dim};
   auto padding = [&](int64_t b, int64_t t) { return t >= seq_len(c, b); };
+  // where the rows go: the placed token capacity and the gap between rows (Placement)
+  const int64_t tokens = placed_tokens(c), pad = c.placement == Placement::kStrided ? kStridePad : 0;
   DeviceOperand out;
   if (!scheme) {
     const bool fp16 = format == KvFormat::kFp16;
@@ -121,7 +123,6 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
             bytes[2 * stored] = bits & 0xff, bytes[2 * stored + 1] = bits >> 8;
             if (padding(b, t)) x[logical] = 0.0f;
           }
-    const int64_t tokens = placed_tokens(c), pad = c.placement == Placement::kStrided ? kStridePad : 0;
     if (c.placement != Placement::kPacked) {
       if (c.storage.bsnh) throw InputError("strided and huge placements are BNSH");
       bytes = place_rows(bytes, kv.batch * kv.heads, kv.tokens, 2 * s.head_dim, tokens, pad);
@@ -172,7 +173,6 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
     out.window = scheme_window(*scheme, raw_operand(out.window_values.data(), kv.heads, kv.tokens, s.head_dim, false),
                                KvFormat::kBf16);
   }
-  const int64_t tokens = placed_tokens(c), pad = c.placement == Placement::kStrided ? kStridePad : 0;
   if (c.placement != Placement::kPacked) {  // codes rows moved; a huge cache's per-row parameters too
     if (fbgemm || scheme->has_window() || !(per_row_params || scheme->scale_free))
       throw InputError(fmt::format("{}: strided and huge placements take head / group / scale-free schemes",

@@ -302,7 +302,8 @@ class Kernel:
         return {"layout": self.layout, "profile": self.profile, "page_size": self.page_size,
                 "head_dims": None if self.head_dims is None else sorted(self.head_dims),
                 "max_tokens": self.max_tokens, "alibi": self.alibi, "deterministic": self.deterministic,
-                "returns_lse": self.returns_lse, "strides": self.strides, "storages": None if self.storages is None else sorted(self.storages),
+                "returns_lse": self.returns_lse, "strides": self.strides,
+                "storages": None if self.storages is None else sorted(self.storages),
                 "why_not": None if self.why_not is None else getattr(self.why_not, "__qualname__", repr(self.why_not))}
 
     def unsupported_reason(self, spec, k, v):
@@ -621,7 +622,7 @@ class _Inputs:
                                    scales=None if scales[which] is None else put(np.float32(scales[which])))
         out = {"kv_cache": cache, "k": ops["k"], "v": ops["v"], "k_scale": scales["k"], "v_scale": scales["v"]}
         if self.layout.startswith("flashinfer"):
-            indptr, indices, last = flashinfer_indices(self.paging)
+            indptr, indices, last = flashinfer_indices(self.paging.block_table, self.lens, self.paging.page_size)
             out.update(kv_indptr=put(indptr), kv_indices=put(indices + pages), kv_last_page_len=put(last))
         return out
 
@@ -636,13 +637,14 @@ class _Inflation:
         self.device, self.poison, self.spec = inputs.device, poison, inputs.spec
         self.bnsh = inputs.layout == "bnsh"
         self.tokens, self.pages = self.spec.tokens, 0
-        data = [a for ops in arrays.values() for n, a in ops.items() if n in ("values", "codes", "rows", "blocks")]
+        data = [(n, a) for ops in arrays.values() for n, a in ops.items() if n in ("values", "codes", "rows", "blocks")]
         if inputs.paging is not None:  # [pages, ...]: enough pages that the smallest page ends past the offset
-            self.pages = -(-HUGE_OFFSET // min(a.size // a.shape[0] for a in data)) + 1
+            self.pages = -(-HUGE_OFFSET // min(a.size // a.shape[0] for _, a in data)) + 1
             return
         last = max((b for b in range(self.spec.batch) if inputs.lens[b]), default=0)
-        for a in data:  # the token count that puts the last live sequence's first key (last head) past it
-            t_axis, h_axis = (2, 1) if self.bnsh else (1, 2)
+        for n, a in data:  # the token count that puts the last live sequence's first key (last head) past it
+            t_axis = self._token_axis(n, a)
+            h_axis = 3 - t_axis  # [B, H, T, ...] or [B, T, H, ...]
             index = [0] * a.ndim
             index[0], index[h_axis] = last, a.shape[h_axis] - 1
 
@@ -653,12 +655,17 @@ class _Inflation:
             step = offset(2) - offset(1)
             self.tokens = max(self.tokens, -(-(HUGE_OFFSET - offset(1)) // step) + 2)
 
+    def _token_axis(self, name, a):
+        """A contiguous layout's token axis: BNSH arrays [B, H, T, ...] (token scales [B, T]); BSNH, FBGEMM
+        rows and ggml blocks [B, T, ...]."""
+        return 2 if self.bnsh and name not in ("rows", "blocks") and np.ndim(a) >= 3 else 1
+
     def put(self, a, values_format, name):
         if name == "q" or np.ndim(a) <= 1:
             return self.device.put(a, values_format)
         if self.pages:
             return self.device.put_inflated(a, values_format, 0, a.shape[0] + self.pages, True, self.poison)
-        t_axis = 2 if self.bnsh and name not in ("rows", "blocks") and np.ndim(a) >= 3 else 1
+        t_axis = self._token_axis(name, a)
         per = max(self.spec.tokens // max(a.shape[t_axis], 1), 1)  # chan-tN scales: one per N tokens
         return self.device.put_inflated(a, values_format, t_axis, -(-self.tokens // per), False, self.poison)
 
@@ -739,13 +746,12 @@ def _run_case(kern, spec, k, v, seed, device):
     scheme = f"{k} {LAYOUT_NAMES[layout]}" if k == v else f"K {k} / V {v} {LAYOUT_NAMES[layout]}"
     dtype = _format_name(k) if _format_name(k) == _format_name(v) else f"{_format_name(k)}/{_format_name(v)}"
     shape = spec.shape() + (f" page_size={kern.page_size}" if layout in PAGED_LAYOUTS else "")
-    rep = CaseReport(spec.family, spec.name, shape, scheme, dtype, LAYOUT_NAMES[layout],
-                     values=spec.batch * spec.q_heads * spec.head_dim * max(spec.reruns, 1))
+    rep = CaseReport(spec.family, spec.name, shape, scheme, dtype, LAYOUT_NAMES[layout])
     why = (kern.unsupported_reason(spec, k, v) or storage_unfit_reason(k, layout, spec.head_dim)
            or storage_unfit_reason(v, layout, spec.head_dim) or family_unfit_reason(spec, k, v, layout)
            or (_huge_unfit_reason(device) if spec.huge else ""))
     if why:
-        rep.status, rep.detail, rep.values = "SKIP", "skipped: " + why, 0
+        rep.status, rep.detail = "SKIP", "skipped: " + why
         return rep
     inputs = _Inputs(spec, k, v, layout, kern.page_size, seed, device)
     rep.values = int(inputs.rows.sum()) * spec.q_heads * spec.head_dim * max(spec.reruns, 1)

@@ -25,7 +25,7 @@ GGML_BLOCKS = {"q8_0": (34, ((0, "fp16"),)), "q4_0": (18, ((0, "fp16"),)), "q4_1
                "q5_0": (22, ((0, "fp16"),)), "q5_1": (24, ((0, "fp16"), (2, "fp16"))), "iq4_nl": (18, ((0, "fp16"),)),
                "mxfp4": (17, ((0, "byte"),)), "nvfp4": (36, ((0, "byte"), (1, "byte"), (2, "byte"), (3, "byte")))}
 RAW_STORAGES = ("bf16", "fp16")
-# In the order they run. "long" runs with cases="full" only.
+# In the order they run; FULL_ONLY's run with cases="full" (or by name) only.
 FAMILIES = ("varlen", "head_dim", "mha", "mqa", "alibi", "group16", "one_key", "keys33", "odd_t", "no_keys",
             "batch0", "large_logits", "split_stress", "shared_pages", "spaced_pages", "strided", "nonfinite", "long",
             "huge_cache", "reruns")
@@ -367,14 +367,15 @@ def poisoned(op, spec, kind):
     return out
 
 
-def flashinfer_indices(paging):
-    """FlashInfer's (kv_indptr [B + 1], kv_indices [pages in use], kv_last_page_len [B]) of a Paging:
-    sequence b's pages are kv_indices[kv_indptr[b]:kv_indptr[b + 1]], its last page holds
-    kv_last_page_len[b] tokens (0 for an empty sequence)."""
-    counts = paging.counts.astype(np.int32)
+def flashinfer_indices(block_table, lens, page_size):
+    """FlashInfer's (kv_indptr [B + 1], kv_indices [pages in use], kv_last_page_len [B]) of a page table
+    [B, max_pages] and the lengths [B]: sequence b's pages are kv_indices[kv_indptr[b]:kv_indptr[b + 1]],
+    its last page holds kv_last_page_len[b] tokens (0 for an empty sequence)."""
+    lens = np.asarray(lens, np.int64)
+    counts = -(-lens // page_size)
     indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    indices = np.concatenate([paging.block_table[b, :n] for b, n in enumerate(counts)] or [np.zeros(0, np.int32)])
-    last = np.where(counts > 0, paging.lens - (counts - 1) * paging.page_size, 0).astype(np.int32)
+    indices = np.concatenate([np.asarray(block_table)[b, :n] for b, n in enumerate(counts)] or [np.zeros(0, np.int32)])
+    last = np.where(counts > 0, lens - (counts - 1) * page_size, 0).astype(np.int32)
     return indptr, indices.astype(np.int32), last
 
 

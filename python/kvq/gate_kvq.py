@@ -8,8 +8,8 @@ through kvq.gpu on the torch CUDA tensors kvq.gate hands them, so both paths can
 Each kernel declares what its variant declares in C++ (gpu/registry.hpp): the storages and head
 dims it reads (DecodeVariant::unsupported_reason) and the precision profile of its arithmetic for the
 storage pair (decode_precision_profile). The cache is read through its strides (the strided family);
-Q, scales and zero points are made contiguous first, as kvq.gpu takes them. Layouts: "bnsh" (planar codes, raw values BNSH) or "fbgemm"
-(int4 inline rows); paged caches are not read by kvq's kernels.
+Q, scales and zero points are made contiguous first, as kvq.gpu takes them. Layouts: "bnsh" (planar
+codes, raw values BNSH) or "fbgemm" (int4 inline rows); paged caches are not read by kvq's kernels.
 """
 from . import gpu
 from .gate import Kernel

@@ -122,14 +122,18 @@ def nibbles_swapped(case):  # int4: element 2i read from the high nibble
     return numpy_decode(dataclasses.replace(case, k=swap(case.k), v=swap(case.v)))
 
 
+def without_fifth_bits(op, head_dim):
+    """A q5_0 / q5_1 operand with its fifth bits zeroed (numpy or torch codes); others as they are."""
+    if op.scheme is None or op.scheme.format not in ("q5_0", "q5_1"):
+        return op
+    codes = op.codes.clone() if hasattr(op.codes, "clone") else op.codes.copy()
+    codes[..., head_dim // 2:] = 0
+    return dataclasses.replace(op, codes=codes)
+
+
 def fifth_bits_ignored(case):  # q5_0 / q5_1: reads the nibbles alone, as if the codes were 4-bit
-    def drop(op):
-        if op.scheme is None or op.scheme.format not in ("q5_0", "q5_1"):
-            return op
-        codes = op.codes.copy()
-        codes[..., case.head_dim // 2:] = 0
-        return dataclasses.replace(op, codes=codes)
-    return numpy_decode(dataclasses.replace(case, k=drop(case.k), v=drop(case.v)))
+    return numpy_decode(dataclasses.replace(case, k=without_fifth_bits(case.k, case.head_dim),
+                                            v=without_fifth_bits(case.v, case.head_dim)))
 
 
 def e2m1_not_doubled(case):  # mxfp4 / nvfp4: the e2m1 values without the table's 1/2 (twice too large)
@@ -264,10 +268,10 @@ def contiguous_memory(a):
     """`a`'s memory read from its first element as if it were contiguous: what a kernel that takes a
     data pointer and ignores the strides reads."""
     a = np.asarray(a)
-    if a.ndim == 0 or a.flags.c_contiguous:
+    if a.flags.c_contiguous:  # 0-dim and empty arrays too
         return a
-    return np.lib.stride_tricks.as_strided(a, a.shape, np.empty(0, a.dtype).reshape((0,) + a.shape[1:]).strides
-                                           if a.shape[0] == 0 else np.empty(a.shape, a.dtype).strides, writeable=False)
+    strides = tuple(int(np.prod(a.shape[i + 1:])) * a.itemsize for i in range(a.ndim))
+    return np.lib.stride_tricks.as_strided(a, a.shape, strides, writeable=False)
 
 
 def ignores_strides(case):  # declares strides, reads every array as contiguous from its data pointer

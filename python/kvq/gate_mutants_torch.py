@@ -14,6 +14,7 @@ import numpy as np
 
 from .gate_cases import GGML_BLOCKS
 from .gate_examples import cache_bnsh, page_table
+from .gate_mutants import without_fifth_bits
 
 KV_FIELDS = ("values", "codes", "scales", "zero_points", "tensor_scale", "rows", "blocks")
 CASE_ARRAYS = ("q", "seq_lens", "alibi_slopes", "block_table", "kv_indptr", "kv_indices", "kv_last_page_len")
@@ -48,20 +49,23 @@ class Reader:
     def __init__(self, case, table=None):
         torch = _torch()
         self.case, self.device, self.decoded = case, case.q.device, {}
-        self.table, self.custom = None, table
+        self.table, self.custom, self.host = None, table, None
         if case.layout in ("paged", "vllm", "flashinfer_nhd", "flashinfer_hnd"):
-            t = host(case.block_table) if table is None and case.block_table is not None else table
-            t = page_table(host_case(case)) if t is None else t
-            self.table = torch.as_tensor(np.asarray(t, np.int64), device=self.device)
+            if table is None:  # the block table, or FlashInfer's page lists as one (the index arrays only)
+                table = page_table(dataclasses.replace(case, **{f: host(getattr(case, f)) for f in
+                                                                ("block_table", "kv_indptr", "kv_indices")}))
+            self.table = torch.as_tensor(np.asarray(table, np.int64), device=self.device)
 
     def __call__(self, which, b, n):
         torch, case = _torch(), self.case
         op = getattr(case, which)
         if op.values is None:
             if which not in self.decoded:
-                hc = host_case(case)
-                if self.custom is not None:  # the mutant's own page table
-                    hc = dataclasses.replace(hc, block_table=np.asarray(self.custom))
+                if self.host is None:  # one host copy for K and V
+                    self.host = host_case(case)
+                    if self.custom is not None:  # the mutant's own page table
+                        self.host = dataclasses.replace(self.host, block_table=np.asarray(self.custom))
+                hc = self.host
                 self.decoded[which] = torch.from_numpy(cache_bnsh(hc, getattr(hc, which))).to(self.device)
             return self.decoded[which][b, :, :n]
         a = op.values
@@ -218,14 +222,8 @@ def nibbles_swapped(case):
     return right(_both(case, swap))
 
 
-def fifth_bits_ignored(case):
-    def drop(op):
-        if op.scheme is None or op.scheme.format not in ("q5_0", "q5_1"):
-            return op
-        codes = op.codes.clone()
-        codes[..., case.head_dim // 2:] = 0
-        return dataclasses.replace(op, codes=codes)
-    return right(_both(case, drop))
+def fifth_bits_ignored(case):  # the numpy catalogue's operand change, which takes torch codes too
+    return right(_both(case, lambda op: without_fifth_bits(op, case.head_dim)))
 
 
 def e2m1_not_doubled(case):

@@ -26,6 +26,7 @@ import math
 import warnings
 
 from .gate import Kernel
+from .gate_cases import flashinfer_indices
 
 __all__ = ["PEERS", "make_sdpa", "make_fbgemm_int4", "make_flashinfer_paged", "make_flashinfer_native"]
 
@@ -108,11 +109,29 @@ def make_fbgemm_int4(splits=4):
                   storages=("int4-head-asym", "int4-g32-asym"), why_not=why_not)
 
 
-def make_flashinfer_paged(page_size=16):
-    """FlashInfer's paged batch decode as a gate Kernel (layout "paged")."""
+def _flashinfer_decode(kv_layout):
+    """decode(case, cache, indptr, indices, last, **scales) -> (O, LSE): FlashInfer's paged batch decode
+    planned and run on one case ("NHD" / "HND" pages; the tensor-core kernel where query heads share a
+    KV head); its LSE (log2-sum-exp2) returned in natural log."""
     import torch
     from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+
+    def decode(case, cache, indptr, indices, last, **scales):
+        dtype = cache[0].dtype if isinstance(cache, tuple) else cache.dtype
+        decoder = BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout, use_tensor_cores=case.group > 1)
+        decoder.plan(indptr, indices, last, case.num_q_heads, case.num_kv_heads, case.head_dim, case.page_size,
+                     q_data_type=torch.bfloat16, kv_data_type=dtype, sm_scale=case.softmax_scale)
+        o, lse = decoder.run(case.q, cache, return_lse=True, **scales)
+        return o, lse * math.log(2.0)
+    return decode
+
+
+def make_flashinfer_paged(page_size=16):
+    """FlashInfer's paged batch decode as a gate Kernel (layout "paged"): kvq.gate's page table turned
+    into FlashInfer's page lists."""
+    import torch
+    decode = _flashinfer_decode("NHD")
 
     def cache(op):
         if op.scheme is None:
@@ -120,26 +139,9 @@ def make_flashinfer_paged(page_size=16):
         return op.codes.view(torch.float8_e4m3fn)  # scale-free e4m3: the codes are the values
 
     def run(case):
-        lens = case.seq_lens.tolist()
-        P = case.page_size
-        counts = [(n + P - 1) // P for n in lens]
-        table = case.block_table.tolist()
-        indptr = [0]
-        indices = []
-        for b, c in enumerate(counts):
-            indices += table[b][:c]
-            indptr.append(indptr[-1] + c)
-        last = [n - (c - 1) * P if c else 0 for n, c in zip(lens, counts)]
-        dev = case.q.device
-        k, v = cache(case.k), cache(case.v)
-        decoder = BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=case.group > 1)
-        decoder.plan(torch.tensor(indptr, dtype=torch.int32, device=dev),
-                     torch.tensor(indices or [0], dtype=torch.int32, device=dev)[:len(indices)],
-                     torch.tensor(last, dtype=torch.int32, device=dev), case.num_q_heads, case.num_kv_heads,
-                     case.head_dim, P, q_data_type=torch.bfloat16, kv_data_type=k.dtype,
-                     sm_scale=case.softmax_scale)
-        o, lse = decoder.run(case.q, (k, v), return_lse=True)
-        return o, lse * math.log(2.0)  # FlashInfer's LSE is log2-sum-exp2
+        lists = flashinfer_indices(case.block_table.cpu().numpy(), case.seq_lens.cpu().numpy(), case.page_size)
+        indptr, indices, last = (torch.as_tensor(x, device=case.q.device) for x in lists)
+        return decode(case, (cache(case.k), cache(case.v)), indptr, indices, last)
 
     return Kernel(run, name="flashinfer-paged-decode", layout="paged", profile="fp32-pbf16-obf16",
                   head_dims=(64, 128, 256), alibi=False, page_size=page_size, storages=("bf16", "fp8-e4m3"))
@@ -150,21 +152,15 @@ def make_flashinfer_native(kv_layout="NHD", page_size=16):
     the one [pages, 2, ...] cache as handed, kv_indptr / kv_indices / kv_last_page_len planned as they come,
     FP8 e4m3 with its per-tensor k_scale / v_scale passed to run()."""
     import torch
-    from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper
-    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    decode = _flashinfer_decode(kv_layout)
     layout = "flashinfer_" + kv_layout.lower()
 
     def run(case):
         cache = case.kv_cache if case.k.scheme is None else case.kv_cache.view(torch.float8_e4m3fn)
-        decoder = BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout, use_tensor_cores=case.group > 1)
-        decoder.plan(case.kv_indptr, case.kv_indices, case.kv_last_page_len, case.num_q_heads, case.num_kv_heads,
-                     case.head_dim, case.page_size, q_data_type=torch.bfloat16, kv_data_type=cache.dtype,
-                     sm_scale=case.softmax_scale)
         scales = {}
         if case.k_scale not in (None, 1.0) or case.v_scale not in (None, 1.0):
             scales = {"k_scale": case.k_scale, "v_scale": case.v_scale}
-        o, lse = decoder.run(case.q, cache, return_lse=True, **scales)
-        return o, lse * math.log(2.0)  # FlashInfer's LSE is log2-sum-exp2
+        return decode(case, cache, case.kv_indptr, case.kv_indices, case.kv_last_page_len, **scales)
 
     return Kernel(run, name=f"flashinfer-decode-{kv_layout.lower()}", layout=layout, profile="fp32-pbf16-obf16",
                   head_dims=(64, 128, 256), alibi=False, page_size=page_size,
