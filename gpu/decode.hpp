@@ -133,6 +133,9 @@ struct DecodeParams {
   int split_base = 0;                  // the region's first partial slot
   int region_count = 1;                // launches of this decode: with one and one split, O is written directly
   int splits = 0;         // key splits per (b, KV head); 1 = single pass
+  // The splits of each (b, KV head) run as one CTA cluster and merge through distributed shared
+  // memory, without the merge kernel (launch_decode sets it for small grids on sm_90).
+  bool cluster_merge = false;
   int heads_per_cta = 0;  // query heads sharing one CTA's K/V reads: 1, 2, 4 or 8
   float* partial_o = nullptr;    // [splits, B, Hq, D] when splits > 1
   float* partial_lse = nullptr;  // [splits, B, Hq]

@@ -25,13 +25,13 @@
 
 #include "gpu/cuda_check.hpp"
 #include "gpu/decode.hpp"
+#include "gpu/decode_merge.cuh"
 #include "quant/codec.hpp"
 
 namespace kvq::detail {
 
 inline constexpr int kDecodeWarps = 4;
 inline constexpr int kDecodeThreads = 32 * kDecodeWarps;
-inline constexpr float kLog2e = 1.4426950408889634f;
 
 // The raw bytes of one 8-element chunk: 16 B (bf16/fp16), 8 B (int8), 4 B (int4).
 template <KvFormat F> struct ChunkBits { using type = uint32_t; };
@@ -199,8 +199,6 @@ __device__ __forceinline__ float slope_of(const float (&a)[N], int i) {
   for (int j = 1; j < N; ++j) r = j == i ? a[j] : r;
   return r;
 }
-
-__device__ __forceinline__ float exp_natural(float x) { return exp2f(x * kLog2e); }
 
 template <KvFormat F, int D, int HB>
 __global__ void __launch_bounds__(kDecodeThreads, HB >= 8 ? 3 : 4) decode_kernel(const DecodeParams p) {

@@ -20,6 +20,7 @@
 #include <cmath>
 
 #include "gpu/cuda_check.hpp"
+#include "gpu/decode_merge.cuh"
 #include "gpu/decode_tc_fragments.cuh"
 #include "quant/float_formats.hpp"
 #include "quant/hadamard.hpp"
@@ -411,6 +412,8 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   }
   cp_async_wait<0>();
   __syncthreads();  // the rings become the merge area
+  static_assert(Tr::kWarps * Tr::kStages * Tr::kCodeWords >= (Tr::kWarps + 1) * Tr::kHeads * D + 3 * Tr::kWarps * Tr::kHeads + Tr::kHeads,
+                "the warps' merge (and a cluster's split O) fits in the stages");
 
   // ---- merge the warps: unnormalized O, max and sum per head through shared memory
   float* w_o = reinterpret_cast<float*>(stages);  // [warp][head][D]
@@ -473,14 +476,17 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   const int64_t row = b * p.q_heads + hk * plan.group_size + first_head;  // (b, first head)
   const bool direct = p.splits == 1 && p.region_count == 1;
   const int64_t slot_row = (static_cast<int64_t>(p.split_base + split) * p.batch) * p.q_heads + row;
+  float* cluster_o = head_lse + Tr::kHeads;  // [head][D]: this split's O, read by the cluster's merge
   for (int idx = threadIdx.x; idx < heads * D; idx += Tr::kThreads) {
     const int i = idx / D, d = idx % D;
     float out = 0.0f;
 #pragma unroll
     for (int w = 0; w < Tr::kWarps; ++w) out = __fmaf_rn(w_weight[i * Tr::kWarps + w], w_o[(w * Tr::kHeads + i) * D + d], out);
-    if (direct) p.out[row * D + idx] = fp32_to_bf16_bits(out);
+    if (p.cluster_merge) cluster_o[idx] = out;
+    else if (direct) p.out[row * D + idx] = fp32_to_bf16_bits(out);
     else p.partial_o[slot_row * D + idx] = out;
   }
+  if (p.cluster_merge) return merge_cluster_splits<Tr::kThreads>(p, cluster_o, head_lse, heads, D, row);
   if (threadIdx.x < heads) (direct ? p.lse[row + threadIdx.x] : p.partial_lse[slot_row + threadIdx.x]) = head_lse[threadIdx.x];
 }
 

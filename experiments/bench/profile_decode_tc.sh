@@ -6,6 +6,9 @@
 #   OUT=results/ncu KVQ_PROFILE_CASES="int4-head-asym@seed000/B128/ bf16@seed000/B128/" \
 #     bash experiments/bench/profile_decode_tc.sh
 # A case is STORAGE@SHAPE_REGEX (kvq bench's --schemes and --shapes); KVQ_VARIANT picks the variant.
+# KVQ_NCU_WARM=1 profiles as the bench runs: a launch after warm-up (--launch-skip), caches not
+# flushed and clocks not locked (ncu's defaults run a short kernel from a cold instruction cache and
+# L2, which overstates fetch stalls). KVQ_NCU_KERNELS (regex) and KVQ_NCU_COUNT pick the kernels.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-results/ncu}
@@ -15,7 +18,9 @@ cases=${KVQ_PROFILE_CASES:-int4-head-asym@seed000/B128/}
 for c in $cases; do
   storage=${c%@*} shape=${c#*@}
   name=$(echo "$storage-$shape" | tr -c 'A-Za-z0-9_\n' '-')
-  ncu -k regex:decode_tc_kernel -c 1 -f -o "/tmp/kvq-$name" --import-source yes \
+  warm=()
+  [[ ${KVQ_NCU_WARM:-0} == 1 ]] && warm=(--launch-skip 40 --cache-control none --clock-control none --warp-sampling-interval 0)
+  ncu -k "regex:${KVQ_NCU_KERNELS:-decode_tc_kernel}" -c "${KVQ_NCU_COUNT:-1}" "${warm[@]}" -f -o "/tmp/kvq-$name" --import-source yes \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
     --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters --section SchedulerStats \
     --section InstructionStats \
