@@ -510,6 +510,20 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
   if (p.splits == 0 && p.family == DecodeFamily::kTensorCore) {
     const int64_t base = p.batch * p.kv_heads * ((group + hpc - 1) / hpc);
     p.splits = tensor_core_splits(base, sm_count * detail::ctas_per_sm(p), p.tokens, sm_count);
+    // Short splits are a latency chain, and merging them in clusters saves the merge kernel's launch
+    // (~2.5 us at B = 1): where the count's clusters do not all fit at once, the largest count up to
+    // it whose clusters do, if its splits stay within 512 keys (H100, llama8b B = 8 T = 1K: 2-3
+    // splits in clusters instead of 4-6 merged by the kernel, 0.91-1.00x; with 1024-key splits at
+    // T = 8K int4-g32 and int8 were up to 1.22x slower).
+    const bool windowed = p.k_window.present() || p.v_window.present();
+    if (!windowed && p.batch > 0 && p.splits > 1 && !detail::tc_cluster_merge_fits(p)) {
+      DecodeParams q = p;
+      for (q.splits = std::min(p.splits, detail::kMaxClusterSplits); q.splits >= 2 && p.tokens / q.splits <= 512; --q.splits)
+        if (detail::tc_cluster_merge_fits(q)) {
+          p.splits = q.splits;
+          break;
+        }
+    }
   } else if (p.splits == 0) {
     const int per_sm = detail::ctas_per_sm(p);
     const int64_t base = p.batch * p.kv_heads * ((group + hpc - 1) / hpc);
