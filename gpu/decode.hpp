@@ -68,6 +68,7 @@ struct KvOperand {
   int group = 0;             // elements per group along D (kGroup, kInlineRow); tokens per group (kChannel)
   int inline_bytes = 0;      // kInlineRow: 4 x groups per row, before the codes
   bool hadamard = false;     // +had: stored in the rotated basis (K: the kernel rotates Q alike)
+  int hadamard_block = 0;    // +had<N>: rotated in blocks of N elements along D (0: the whole row)
   const float* tensor_scale = nullptr;  // nvfp4: the fp32 s_t on the device
   KVQ_HD bool fp32_params() const { return scale_dtype == ScaleDtype::kFp32; }
   KVQ_HD int param_bytes() const {

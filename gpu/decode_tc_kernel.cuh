@@ -51,12 +51,14 @@ __device__ __forceinline__ float fast_exp2(float x) {  // 2^-22 relative error, 
 }
 
 // The codec's normalized Walsh-Hadamard transform (quant/hadamard.hpp) of a row of D elements held
-// E consecutive per lane: the same fp32 butterflies in the same order, partners in other lanes
-// (stride h >= E) exchanged by shuffles, so the result equals the host's bit for bit.
+// E consecutive per lane, in blocks of `block` elements (+had<N>; D: the whole row): the same fp32
+// butterflies in the same order, partners in other lanes (stride h >= E) exchanged by shuffles, so
+// the result equals the host's bit for bit.
 template <int E, int D>
-__device__ __forceinline__ void hadamard_across_lanes(float (&x)[E], int lane) {
+__device__ __forceinline__ void hadamard_across_lanes(float (&x)[E], int lane, int block) {
 #pragma unroll
   for (int h = 1; h < D; h *= 2) {
+    if (h >= block) break;  // block-diagonal: strides within a block only
     if (h < E) {
 #pragma unroll
       for (int j = 0; j < E; ++j)
@@ -73,7 +75,7 @@ __device__ __forceinline__ void hadamard_across_lanes(float (&x)[E], int lane) {
       }
     }
   }
-  const float norm = hadamard_norm(D);
+  const float norm = hadamard_norm(block);
 #pragma unroll
   for (int e = 0; e < E; ++e) x[e] *= norm;
 }
@@ -104,7 +106,7 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, const TcP
 #pragma unroll
     for (int e = 0; e < E; ++e) bits[e] = q[e], x[e] = bf16_bits_to_fp32(bits[e]);
     if constexpr (!kBf16Q)
-      if (p.k.hadamard) hadamard_across_lanes<E, D>(x, lane);  // K stored rotated (+had): Q alike
+      if (p.k.hadamard) hadamard_across_lanes<E, D>(x, lane, p.k.hadamard_block);  // K stored rotated (+had): Q alike
 #pragma unroll
     for (int e = 0; e < E; ++e) amax = fmaxf(amax, fabsf(x[e]));
 #pragma unroll

@@ -35,7 +35,7 @@ __global__ void rotate_rows_kernel(QuantizeParams p) {
       if (!is_finite_float(row[d])) bad = min(bad, detail::flat_index(s, b, h, t, d));
     }
     if (bad != kNoIndex) atomicMin(p.first_bad, bad);
-    hadamard_rotate(row, s.head_dim);
+    hadamard_rotate(row, s.head_dim, p.scheme.rotation_block(s.head_dim));
   }
 }
 

@@ -208,6 +208,10 @@ void bind_scheme(nb::module_& m) {
                    "llama.cpp's types and mxfp4 / nvfp4: blocks of group elements along D, each by its reference rule")
       .def_ro("scale_free", &Scheme::scale_free, "scale-free FP8 (no scale stored)")
       .def_ro("hadamard", &Scheme::hadamard, "+had: rotated along D before quantization")
+      .def_prop_ro("hadamard_block", [](const Scheme& s) { return s.hadamard && s.hadamard_block > 0 ? std::optional<int>(s.hadamard_block) : std::nullopt; },
+                   "+had<N>: the rotation's block of N elements along D; None for the whole row (+had) or no rotation")
+      .def("rotation_block", [](const Scheme& s, int64_t head_dim) { return s.hadamard ? s.rotation_block(head_dim) : int64_t{0}; },
+           "head_dim"_a, "elements per rotation block of a head_dim row (0 without +had)")
       .def_prop_ro("window", [](const Scheme& s) { return s.has_window() ? std::optional<int>(s.window) : std::nullopt; },
                    "+w<W>: the last W tokens kept in full precision, else None")
       .def_prop_ro("scale_dtype", [](const Scheme& s) { return scale_dtype_name(s.scale_dtype); },
@@ -221,6 +225,15 @@ void bind_scheme(nb::module_& m) {
   m.def("parse_scheme", [](const std::string& name) { return parse_scheme(name); }, "name"_a,
         "Parses a scheme name, e.g. 'int4-g32-asym'; raises SchemeError with kvq's message");
   m.def("parse_scheme_list", [](const std::string& names) { return parse_scheme_list(names); }, "names"_a);
+  m.def(
+      "llamacpp_rotation_block",
+      [](const std::string& side, int64_t head_dim) {
+        if (side != "k" && side != "v") throw InputError(fmt::format("side '{}': expected 'k' or 'v'", side));
+        return llamacpp_rotation_block(side == "k", head_dim);
+      },
+      "side"_a, "head_dim"_a,
+      "llama.cpp's rotation block for a quantized cache side ('k': the largest power of two >= 64 dividing "
+      "head_dim; 'v': 64), 0 where head_dim % 64 != 0");
   m.def(
       "default_pairs",
       [](int64_t head_dim) {
@@ -380,12 +393,14 @@ nb::object round_to_format(const AnyArray& x, const std::string& format) {
   return owned_array(std::move(values), shape);
 }
 
-nb::object hadamard_rotate_back_py(const AnyArray& x) {
+nb::object hadamard_rotate_back_py(const AnyArray& x, int64_t block) {
   const int64_t d = x.ndim() > 0 ? static_cast<int64_t>(x.shape(x.ndim() - 1)) : 0;
-  if (!is_power_of_two(d))
-    throw InputError(fmt::format("hadamard_rotate_back: the last axis of x {} must be a power of two", shape_string(x)));
+  if (block == 0) block = d;
+  if (!is_power_of_two(block) || d % block != 0)
+    throw InputError(fmt::format("hadamard_rotate_back: the last axis of x {} must be {}", shape_string(x),
+                                 block == d ? "a power of two" : fmt::format("a multiple of the block {} (a power of two)", block)));
   std::vector<double> values = double_values(x, "x");
-  for (size_t i = 0; i < values.size(); i += static_cast<size_t>(d)) hadamard_rotate_back(values.data() + i, d);
+  for (size_t i = 0; i < values.size(); i += static_cast<size_t>(d)) hadamard_rotate_back(values.data() + i, d, block);
   std::vector<int64_t> shape;
   for (size_t i = 0; i < x.ndim(); ++i) shape.push_back(static_cast<int64_t>(x.shape(i)));
   return owned_array(std::move(values), shape);
@@ -484,6 +499,7 @@ NB_MODULE(_core, m) {
   kvq::bind_reference(m);
   kvq::bind_metrics(m);
   m.def("round_to_format", &kvq::round_to_format, "x"_a, "format"_a);
-  m.def("hadamard_rotate_back", &kvq::hadamard_rotate_back_py, "x"_a,
-        "x [..., D] (D a power of two) from the +had basis back to the input basis, in float64");
+  m.def("hadamard_rotate_back", &kvq::hadamard_rotate_back_py, "x"_a, "block"_a = 0,
+        "x [..., D] from the +had basis back to the input basis, in float64: the whole row (block 0; D a power "
+        "of two) or blocks of `block` elements (+had<N>: scheme.rotation_block(D))");
 }

@@ -43,12 +43,21 @@ KVQ_HD void hadamard_rotate(float* x, int64_t d) {
   for (int64_t i = 0; i < d; ++i) x[i] *= norm;
 }
 
+// +had<N>: the rotation of each block of `block` consecutive elements of x[0 .. d) on its own
+// (block-diagonal; block a power of two dividing d). block == d is the whole-row rotation.
+KVQ_HD void hadamard_rotate(float* x, int64_t d, int64_t block) {
+  for (int64_t i = 0; i < d; i += block) hadamard_rotate(x + i, block);
+}
+
 // Back to the input basis in fp64 (H is its own inverse): what the fp64 reference and the
 // quantize-on-append cache apply to results computed in the rotated basis.
 inline void hadamard_rotate_back(double* x, int64_t d) {
   walsh_hadamard_unnormalized(x, d);
   const double norm = 1.0 / std::sqrt(static_cast<double>(d));
   for (int64_t i = 0; i < d; ++i) x[i] *= norm;
+}
+inline void hadamard_rotate_back(double* x, int64_t d, int64_t block) {
+  for (int64_t i = 0; i < d; i += block) hadamard_rotate_back(x + i, block);
 }
 
 }  // namespace kvq

@@ -90,8 +90,8 @@ GroupStats box_stats_parallel(const KvView& x, const GroupBox& box, const std::v
   return st;
 }
 
-// A BNSH fp32 copy of x rotated along D (+had).
-std::vector<float> rotated_copy(const KvView& x) {
+// A BNSH fp32 copy of x rotated along D in blocks of `block` elements (+had, +had<N>).
+std::vector<float> rotated_copy(const KvView& x, int64_t block) {
   const KvShape& s = x.shape;
   std::vector<float> out(static_cast<size_t>(s.numel()));
 #pragma omp parallel for schedule(static) if (s.numel() >= kParallelMinElements)
@@ -99,7 +99,7 @@ std::vector<float> rotated_copy(const KvView& x) {
     const float* in = x.row(r / (s.heads * s.tokens), (r / s.tokens) % s.heads, r % s.tokens);
     float* o = out.data() + r * s.head_dim;
     std::copy(in, in + s.head_dim, o);
-    hadamard_rotate(o, s.head_dim);
+    hadamard_rotate(o, s.head_dim, block);
   }
   return out;
 }
@@ -139,7 +139,7 @@ QuantizedKv quantize(const KvView& input, const Scheme& scheme, const std::strin
   check_finite(input, tensor_name);
   const KvShape& s = input.shape;
   std::vector<float> rotated;
-  if (scheme.hadamard) rotated = rotated_copy(input);
+  if (scheme.hadamard) rotated = rotated_copy(input, scheme.rotation_block(s.head_dim));
   const KvView x = scheme.hadamard ? KvView::bnsh(rotated.data(), s) : input;
 
   QuantizedKv q;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 
 #include "quant/block_formats.hpp"
@@ -151,8 +152,18 @@ Scheme parse_scheme(std::string_view name) {
   Scheme s = parse_base(name, parts[0]);
   for (size_t i = 1; i < parts.size(); ++i) {
     const std::string_view m = parts[i];
-    if (m == "had" && !s.hadamard) {
+    const bool rotation = m.substr(0, 3) == "had" &&
+                          std::all_of(m.begin() + 3, m.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (rotation && !s.hadamard) {
       s.hadamard = true;
+      if (m.size() > 3) {  // +had<N>: blocks of N elements
+        const std::string_view digits = m.substr(3);
+        int n = 0;
+        const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+        if (ec != std::errc() || end != digits.data() + digits.size() || n < 2 || (n & (n - 1)) != 0)
+          bad(name, fmt::format("rotation block in '+{}' must be a power of two >= 2, e.g. +had64", m));
+        s.hadamard_block = n;
+      }
     } else if (m.size() > 1 && m[0] == 'w' && !s.has_window()) {
       const std::string_view digits = m.substr(1);
       int w = -1;
@@ -161,7 +172,7 @@ Scheme parse_scheme(std::string_view name) {
         bad(name, fmt::format("window in '+{}' must be a non-negative number of tokens, e.g. +w128", m));
       s.window = w;
     } else {
-      bad(name, fmt::format("unexpected or repeated modifier '+{}' (modifiers: +had, +w<W>)", m));
+      bad(name, fmt::format("unexpected or repeated modifier '+{}' (modifiers: +had, +had<N>, +w<W>)", m));
     }
   }
   return s;
@@ -187,7 +198,7 @@ std::string to_string(const Scheme& s) {
     base = fmt::format("int{}-{}{}{}", s.bits, gran, s.asymmetric ? "-asym" : "",
                        s.scale_dtype == ScaleDtype::kFp32 ? "-fp32" : "");
   }
-  if (s.hadamard) base += "+had";
+  if (s.hadamard) base += s.hadamard_block > 0 ? fmt::format("+had{}", s.hadamard_block) : "+had";
   if (s.has_window()) base += fmt::format("+w{}", s.window);
   return base;
 }
@@ -242,9 +253,12 @@ void check_scheme_fits(const Scheme& s, int head_dim) {
   if (s.bits == 4 && head_dim % 2 != 0)
     throw SchemeError(fmt::format("{}: int4 packs two codes per byte and needs an even head_dim, got {}",
                                   to_string(s), head_dim));
-  if (s.hadamard && (head_dim & (head_dim - 1)) != 0)
+  if (s.hadamard && s.hadamard_block == 0 && (head_dim & (head_dim - 1)) != 0)
     throw SchemeError(fmt::format("{}: the Hadamard rotation (+had) needs a power-of-two head_dim, got {}",
                                   to_string(s), head_dim));
+  if (s.hadamard && s.hadamard_block > 0 && head_dim % s.hadamard_block != 0)
+    throw SchemeError(fmt::format("{}: the rotation block {} does not divide head_dim {}", to_string(s),
+                                  s.hadamard_block, head_dim));
 }
 
 }  // namespace kvq

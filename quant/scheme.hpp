@@ -55,12 +55,17 @@ struct Scheme {
   // nominally and there are no groups.
   bool scale_free = false;
   bool hadamard = false;  // +had: rotate along D (K: and Q) before quantization
+  // +had<N>: the rotation in independent blocks of N elements along D (llama.cpp rotates V in
+  // blocks of 64); 0: one rotation of the whole row.
+  int hadamard_block = 0;
   int window = -1;        // +wW: W >= 0 tokens kept in full precision; -1: no window
 
   KVQ_HD bool fp8() const { return format == CodeFormat::kFp8E4M3 || format == CodeFormat::kFp8E5M2; }
   // llama.cpp's types and the FP4 microscaling formats: kGroup granularity, group = the block size.
   KVQ_HD bool block_format() const { return format >= CodeFormat::kQ8_0; }
   KVQ_HD bool has_window() const { return window >= 0; }
+  // Elements per rotation block of a head_dim row (+had: the whole row).
+  KVQ_HD int64_t rotation_block(int64_t head_dim) const { return hadamard_block > 0 ? hadamard_block : head_dim; }
   // Codes read as two's complement (symmetric int, q8_0) rather than as unsigned bytes / nibbles.
   KVQ_HD bool signed_codes() const {
     return format == CodeFormat::kInt ? !asymmetric : format == CodeFormat::kQ8_0;
@@ -77,7 +82,8 @@ struct Scheme {
   bool operator==(const Scheme& o) const {
     return bits == o.bits && granularity == o.granularity && group == o.group &&
            asymmetric == o.asymmetric && scale_dtype == o.scale_dtype && format == o.format &&
-           scale_free == o.scale_free && hadamard == o.hadamard && window == o.window;
+           scale_free == o.scale_free && hadamard == o.hadamard && hadamard_block == o.hadamard_block &&
+           window == o.window;
   }
   bool operator!=(const Scheme& o) const { return !(*this == o); }
 };
@@ -87,13 +93,13 @@ struct SchemeError : InputError {
   using InputError::InputError;
 };
 
-// Grammar: BASE[+had][+w<W>], BASE one of
+// Grammar: BASE[+had[<N>]][+w<W>], BASE one of
 //   int{8|4}-{tensor|token|head|g<G>|chan-t<N>}[-sym|-asym][-fp16|-fp32]
 //   fp8-{e4m3|e5m2}-{tensor|token|head|g<G>}[-sym][-fp16|-fp32]     (symmetric only, no chan-tN)
 //   fp8-{e4m3|e5m2}                                                  (scale-free)
 //   q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | iq4_nl | mxfp4 | nvfp4        (block formats, no suffixes)
 // Symmetric and fp16 scales are the defaults and are omitted when printing; modifiers print as
-// +had then +wW.
+// +had (or +had<N>: blocks of N elements, a power of two) then +wW.
 Scheme parse_scheme(std::string_view name);
 std::string to_string(const Scheme& s);
 // tensor, token, head, group, channel

@@ -1,5 +1,7 @@
 #include "quant/scheme_pairs.hpp"
 
+#include <fmt/format.h>
+
 #include <string>
 
 #include "quant/hadamard.hpp"
@@ -53,7 +55,37 @@ std::vector<SchemePair> default_pairs(int64_t head_dim) {
     pairs.push_back({parse_scheme("q8_0"), parse_scheme("q4_0")});
     pairs.push_back({parse_scheme("q4_0"), parse_scheme("q8_0")});
   }
+  // The same types as today's llama.cpp runs them, where it rotates a quantized cache; the plain
+  // ones above are what LLAMA_ATTN_ROT_DISABLE=1 runs.
+  if (llamacpp_rotation_block(true, head_dim) > 0) {
+    auto rotated = [&](const char* k, const char* v) {
+      pairs.push_back({llamacpp_cache_scheme(k, true, head_dim), llamacpp_cache_scheme(v, false, head_dim)});
+    };
+    for (const char* name : {"q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"}) rotated(name, name);
+    rotated("q8_0", "q4_0");
+    rotated("q4_0", "q8_0");
+  }
   return pairs;
+}
+
+int64_t llamacpp_rotation_block(bool k_side, int64_t head_dim) {
+  constexpr int64_t kGrain = 64;
+  if (head_dim <= 0 || head_dim % kGrain != 0) return 0;
+  if (!k_side) return kGrain;
+  int64_t block = kGrain;
+  while (head_dim % (2 * block) == 0) block *= 2;
+  return block;
+}
+
+Scheme llamacpp_cache_scheme(const std::string& type, bool k_side, int64_t head_dim) {
+  Scheme s = parse_scheme(type);
+  const bool fp4 = s.format == CodeFormat::kMxfp4 || s.format == CodeFormat::kNvfp4;  // no llama.cpp cache type
+  if (!s.block_format() || fp4 || s.hadamard || s.has_window())
+    throw SchemeError(fmt::format("'{}': expected one of llama.cpp's quantized cache types (q8_0, q4_0, q4_1, q5_0, "
+                                  "q5_1, iq4_nl)", type));
+  const int64_t block = llamacpp_rotation_block(k_side, head_dim);
+  if (block > 0) s.hadamard = true, s.hadamard_block = block == head_dim ? 0 : static_cast<int>(block);
+  return s;
 }
 
 }  // namespace kvq

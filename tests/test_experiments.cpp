@@ -105,20 +105,42 @@ TEST_CASE("layers without queries get reconstruction metrics only") {
   }
 }
 
+TEST_CASE("llama.cpp's rotation: K in the largest power-of-two block >= 64 dividing D, V in 64, none unless 64 | D") {
+  CHECK(llamacpp_rotation_block(true, 128) == 128);
+  CHECK(llamacpp_rotation_block(true, 192) == 64);
+  CHECK(llamacpp_rotation_block(true, 256) == 256);
+  CHECK(llamacpp_rotation_block(false, 256) == 64);
+  CHECK(llamacpp_rotation_block(true, 96) == 0);
+  CHECK(llamacpp_rotation_block(false, 32) == 0);
+  CHECK(to_string(llamacpp_cache_scheme("q4_1", true, 192)) == "q4_1+had64");
+  CHECK(to_string(llamacpp_cache_scheme("iq4_nl", false, 64)) == "iq4_nl+had");
+  CHECK(to_string(llamacpp_cache_scheme("q5_0", true, 96)) == "q5_0");
+  CHECK(test::message_of<SchemeError>([] { llamacpp_cache_scheme("nvfp4", true, 128); }).find("llama.cpp's quantized cache types") !=
+        std::string::npos);
+  CHECK_THROWS_AS(llamacpp_cache_scheme("int8-head", true, 128), SchemeError);
+}
+
 TEST_CASE("default scheme pairs follow the head_dim") {
   const std::vector<SchemePair> d128 = default_pairs(128), d8 = default_pairs(8);
   // {int8,int4} x {tensor,token,head,g64,g32,g16,g8} x {sym,asym} + per-channel K; 5 FP8; 2 rotated; 2 KIVI;
-  // 8 block formats (llama.cpp's six, mxfp4, nvfp4) and the two q8_0 / q4_0 mixes
-  CHECK(d128.size() == 2 * (7 * 2 + 1) + 5 + 2 + 2 + 8 + 2);
+  // 8 block formats (llama.cpp's six, mxfp4, nvfp4) and the two q8_0 / q4_0 mixes; then llama.cpp's
+  // six and the two mixes as today's llama.cpp rotates them (D % 64 == 0)
+  CHECK(d128.size() == 2 * (7 * 2 + 1) + 5 + 2 + 2 + 8 + 2 + 8);
   CHECK(d8.size() == 2 * (3 * 2 + 1) + 5 + 1 + 2);  // no group smaller than D=8 divides it: head-only rotation
   CHECK(to_string(d128[2 * (7 * 2 + 1) - 1].k) == "int4-chan-t32-asym");
   CHECK(to_string(d128[2 * (7 * 2 + 1) - 1].v) == "int4-token-asym");
-  CHECK(to_string(d128[d128.size() - 12].k) == "int4-chan-t32-asym+w128");
-  CHECK(to_string(d128[d128.size() - 12].v) == "int4-g32-asym+w128");
-  CHECK(to_string(d128[d128.size() - 10].k) == "q8_0");
-  CHECK(to_string(d128[d128.size() - 3].v) == "nvfp4");
-  CHECK(to_string(d128.back().k) == "q4_0");
-  CHECK(to_string(d128.back().v) == "q8_0");
+  CHECK(to_string(d128[d128.size() - 20].k) == "int4-chan-t32-asym+w128");
+  CHECK(to_string(d128[d128.size() - 20].v) == "int4-g32-asym+w128");
+  CHECK(to_string(d128[d128.size() - 18].k) == "q8_0");
+  CHECK(to_string(d128[d128.size() - 11].v) == "nvfp4");
+  CHECK(to_string(d128[d128.size() - 9].k) == "q4_0");
+  CHECK(to_string(d128[d128.size() - 9].v) == "q8_0");
+  // llama.cpp's rotation at D = 128: K as a whole row, V in two 64-blocks
+  CHECK(to_string(d128[d128.size() - 8].k) == "q8_0+had");
+  CHECK(to_string(d128[d128.size() - 8].v) == "q8_0+had64");
+  CHECK(to_string(d128.back().k) == "q4_0+had");
+  CHECK(to_string(d128.back().v) == "q8_0+had64");
+  CHECK(to_string(default_pairs(64).back().v) == "q8_0+had");  // D = 64: V's block is the whole row
   CHECK(to_string(d8.back().v) == "int4-head-asym+w128");  // no block fits D = 8
   CHECK(default_pairs(96).size() == 2 * (6 * 2 + 1) + 5 + 0 + 2 + 8 + 2);  // g32, g16, g8 divide 96; no rotation
   CHECK(default_pairs(48).size() == 2 * (5 * 2 + 1) + 5 + 0 + 2 + 1);      // g16, g8; of the blocks only nvfp4

@@ -138,3 +138,44 @@ TEST_CASE("golden: int8-head+had on one hand-computed row") {
   CHECK(q.scales == std::vector<float>{0.03936767578125f});
   CHECK(q.codes == std::vector<uint8_t>{0x7f, 0xe7, 0xcd, 0x00});
 }
+
+TEST_CASE("+had<N>: the rotation in blocks of N elements (llama.cpp rotates V in blocks of 64)") {
+  const Scheme s = parse_scheme("q4_0+had64+w16");
+  CHECK(s.hadamard);
+  CHECK(s.hadamard_block == 64);
+  CHECK(s.rotation_block(128) == 64);
+  CHECK(parse_scheme("q4_0+had").rotation_block(128) == 128);
+  CHECK(to_string(s) == "q4_0+had64+w16");
+  CHECK(parse_scheme("int8-head+had64") != parse_scheme("int8-head+had"));  // the same only where D = 64
+  using test::message_of;
+  CHECK(message_of<SchemeError>([] { parse_scheme("q4_0+had48"); }).find("power of two >= 2, e.g. +had64") !=
+        std::string::npos);
+  CHECK(message_of<SchemeError>([] { parse_scheme("q4_0+had1"); }).find("power of two >= 2") != std::string::npos);
+  CHECK(message_of<SchemeError>([] { parse_scheme("q4_0+had+had64"); }).find("repeated modifier '+had64'") !=
+        std::string::npos);
+  CHECK(message_of<SchemeError>([] { check_scheme_fits(parse_scheme("int8-head+had64"), 96); }) ==
+        "int8-head+had64: the rotation block 64 does not divide head_dim 96");
+  CHECK(message_of<SchemeError>([] { check_scheme_fits(parse_scheme("int8-head+had256"), 128); }) ==
+        "int8-head+had256: the rotation block 256 does not divide head_dim 128");
+  CHECK_NOTHROW(check_scheme_fits(parse_scheme("int8-head+had64"), 192));  // no power-of-two head_dim needed
+
+  // Each block rotates on its own: the transform of a block is the whole-row transform of that block.
+  const KvShape shape{1, 2, 5, 192};
+  const std::vector<float> x = test::random_normal(shape.numel(), 7);
+  std::vector<float> blocks = x, by_hand = x;
+  hadamard_rotate(blocks.data(), 192, 64);
+  for (int i = 0; i < 3; ++i) hadamard_rotate(by_hand.data() + 64 * i, 64);
+  CHECK(std::equal(blocks.begin(), blocks.begin() + 192, by_hand.begin()));
+  std::vector<double> back(blocks.begin(), blocks.begin() + 192);
+  hadamard_rotate_back(back.data(), 192, 64);
+  for (int d = 0; d < 192; ++d) CHECK(std::abs(back[d] - x[d]) < 1e-5);
+
+  // Quantizing with +had64 equals quantizing the block-rotated tensor with the plain scheme, byte for byte.
+  std::vector<float> rotated = x;
+  for (int64_t r = 0; r < shape.rows(); ++r) hadamard_rotate(rotated.data() + r * 192, 192, 64);
+  const QuantizedKv a = quantize(KvView::bnsh(x.data(), shape), parse_scheme("int4-g32-asym+had64"), "K");
+  const QuantizedKv b = quantize(KvView::bnsh(rotated.data(), shape), parse_scheme("int4-g32-asym"), "K");
+  CHECK(a.codes == b.codes);
+  CHECK(a.scales == b.scales);
+  CHECK(a.zeros == b.zeros);
+}

@@ -42,7 +42,7 @@ double write_tensor(H5Writer& f, const std::string& group, const QuantizedKv& q,
   if (s.has_window()) f.write_int32(group + "/quantized_tokens", {x.batch}, q.quantized_tokens);
   f.write_floats(group + "/dequantized", {x.batch, x.heads, x.tokens, x.head_dim}, values, StoredDtype::kFp32);
   std::vector<float> reference = original;
-  if (s.hadamard) rotate_rows(reference, x.head_dim);
+  if (s.hadamard) rotate_rows(reference, x.head_dim, s.rotation_block(x.head_dim));
   const double sqnr = sqnr_db(reference, values);
   f.set_attr(group, "scheme", to_string(s));
   f.set_attr(group, "bits", static_cast<int64_t>(s.bits));
@@ -53,6 +53,7 @@ double write_tensor(H5Writer& f, const std::string& group, const QuantizedKv& q,
   f.set_attr(group, "format", format_name(s));
   if (s.format == CodeFormat::kNvfp4) f.set_attr(group, "tensor_scale", static_cast<double>(q.tensor_scale));
   f.set_bool_attr(group, "hadamard", s.hadamard);
+  f.set_attr(group, "hadamard_block", s.hadamard ? s.rotation_block(x.head_dim) : int64_t{0});
   f.set_attr(group, "window", static_cast<int64_t>(s.window));
   f.set_attr(group, "layout", "planar");
   f.set_attr(group, "sqnr_db", sqnr);

@@ -35,18 +35,20 @@ def float32_arithmetic():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def hadamard_back(x):
-    """kvq.hadamard_rotate_back along the last axis of x (float32): quant/hadamard.hpp's butterflies
-    in float64, in its order, so the same bits as the CPU's."""
+def hadamard_back(x, block=0):
+    """kvq.hadamard_rotate_back along the last axis of x (float32), in blocks of `block` elements (0:
+    the whole row): quant/hadamard.hpp's butterflies in float64, in its order, so the same bits as
+    the CPU's."""
     D = x.shape[-1]
+    block = block or D
     y = x.double()
     h = 1
-    while h < D:
+    while h < block:  # strides below the block pair elements within a block only
         pairs = y.reshape(*y.shape[:-1], D // (2 * h), 2, h)
         a, b = pairs[..., 0, :], pairs[..., 1, :]
         y = torch.stack((a + b, a - b), dim=-2).reshape(y.shape)
         h *= 2
-    return (y * (1.0 / math.sqrt(D))).float()
+    return (y * (1.0 / math.sqrt(block))).float()
 
 
 def base_scheme(name):
@@ -76,7 +78,7 @@ def stored_values(x, name):
         return x.to(FLOAT_STORAGES[name]).to(dtype)
     scheme = kvq.parse_scheme(name)
     _, values = quantized(x, base_scheme(name))
-    return (hadamard_back(values) if scheme.hadamard else values).to(dtype)
+    return (hadamard_back(values, scheme.rotation_block(values.shape[-1])) if scheme.hadamard else values).to(dtype)
 
 
 class CacheView:

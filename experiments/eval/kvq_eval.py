@@ -230,7 +230,7 @@ def eval_pairs(k_list, v_list, head_dim, appending=True):
 
 
 # ---- output ------------------------------------------------------------------------------------
-COLUMNS = ["source", "tokens", "k_scheme", "v_scheme", "k_bits_per_element", "v_bits_per_element",
+COLUMNS = ["source", "tokens", "head_dim", "k_scheme", "v_scheme", "k_bits_per_element", "v_bits_per_element",
            "kv_bits_per_element", "k_bytes_per_token_head", "v_bytes_per_token_head", "kld_mean", "kld_max",
            "top1_agreement", "ppl_ref", "ppl", "ppl_delta", "out_rel_l2_mean", "out_rel_l2_max",
            "sweep_out_rel_l2_mean", "seconds"]
@@ -360,7 +360,8 @@ def pair_row(engine, tokens, shape, k_name, v_name, acc, sweep):
     """A pair's row over all windows, its per-window rows under "windows"."""
     kb, vb = storage_bits(k_name, shape, engine.cache_bits), storage_bits(v_name, shape, engine.cache_bits)
     attn = acc["attn"]
-    row = {"source": engine.source, "engine": engine.name, "tokens": tokens, "k_scheme": k_name, "v_scheme": v_name,
+    row = {"source": engine.source, "engine": engine.name, "tokens": tokens, "head_dim": engine.head_dim,
+           "k_scheme": k_name, "v_scheme": v_name,
            "k_bits_per_element": kb, "v_bits_per_element": vb, "kv_bits_per_element": (kb + vb) / 2,
            "k_bytes_per_token_head": kb * engine.head_dim / 8, "v_bytes_per_token_head": vb * engine.head_dim / 8,
            **windows.summarize([m for _, _, m in acc["metrics"]]),

@@ -39,7 +39,8 @@ def stored_whole(x, name):
     if name in STORAGES:
         return kvq.round_to_format(x, name)
     r = kvq.quantize(x, name)
-    return kvq.hadamard_rotate_back(r.dequantized) if r.scheme.hadamard else r.dequantized
+    return (kvq.hadamard_rotate_back(r.dequantized, r.scheme.rotation_block(x.shape[-1])) if r.scheme.hadamard
+            else r.dequantized)
 
 
 def stored_values(x, name):

@@ -19,6 +19,8 @@ import csv
 import sys
 from collections import defaultdict
 
+from kvq import llamacpp
+
 
 def read_csv(path, needed):
     with open(path, newline="") as f:
@@ -32,6 +34,15 @@ def read_csv(path, needed):
 def pick(rows, budget):
     within = [r for r in rows if float(r["kld_mean"]) <= budget and r["k_scheme"] != "none"]
     return min(within, key=lambda r: (float(r["kv_bits_per_element"]), float(r["kld_mean"]))) if within else None
+
+
+def llamacpp_flags(row):
+    """How llama.cpp runs the row's pair ('-ctk ... -ctv ...', with LLAMA_ATTN_ROT_DISABLE=1 where
+    kvq evaluated the unrotated types), or None: not a llama.cpp cache, or a row without head_dim."""
+    try:
+        return llamacpp.describe_pair(row["k_scheme"], row["v_scheme"], int(row.get("head_dim") or 0))
+    except ValueError:
+        return None
 
 
 def sweep_table(path):
@@ -131,6 +142,9 @@ def main(argv=None):
         print(f"which_scheme: error: {args.eval_csv}: no rows", file=sys.stderr)
         return 2
     print(f"Which KV cache scheme for {rows[0]['source']} ({rows[0].get('tokens', '?')} tokens evaluated)?")
+    # A GGUF model is llama.cpp's: its answer also names llama.cpp's cache types as llama.cpp runs them
+    # (quantized types rotated where head_dim % 64 == 0; kvq.llamacpp).
+    gguf = rows[0]["source"].startswith("gguf:") and bool(rows[0].get("head_dim"))
     for budget in budgets:
         best = pick(rows, budget)
         print(f"\nKLD budget {budget:g} nats:")
@@ -144,6 +158,14 @@ def main(argv=None):
         print(f"  K {pair[0]}, V {pair[1]}: {float(best['kv_bits_per_element']):.2f} bits per element, "
               f"KLD {float(best['kld_mean']):.3e}, top-1 {float(best['top1_agreement']):.3f}, "
               f"ppl {float(best['ppl_delta']):+.4f}, attention rel-L2 {float(best['out_rel_l2_mean']):.3e}{sweep_mean}")
+        if gguf:  # a llama.cpp user's answer: the fewest-bits pair llama.cpp itself can run, as it runs it
+            runnable = [r for r in rows if llamacpp_flags(r) and r["k_scheme"] != "none"]
+            mine = pick(runnable, budget)
+            if mine is None:
+                print("  in llama.cpp: no cache type pair evaluated stays within it")
+            else:
+                print(f"  in llama.cpp: {llamacpp_flags(mine)} (kvq: K {mine['k_scheme']}, V {mine['v_scheme']}), "
+                      f"{float(mine['kv_bits_per_element']):.2f} bits per element, KLD {float(mine['kld_mean']):.3e}")
         candidates = {(r["k_scheme"], r["v_scheme"]) for r in rows}  # what kvq eval can run: no per-tensor
         target, plan = layer_plan(table, pair, candidates)
         by_pair = defaultdict(list)

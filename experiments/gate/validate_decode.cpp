@@ -246,7 +246,8 @@ struct Gate {
     // transform), so the reference attends with the rotated Q.
     std::vector<float> q_ref = q;
     if (c.storage.k && c.storage.k->hadamard)
-      for (int64_t r = 0; r < s.batch * s.q_heads; ++r) hadamard_rotate(q_ref.data() + r * s.head_dim, s.head_dim);
+      for (int64_t r = 0; r < s.batch * s.q_heads; ++r)
+        hadamard_rotate(q_ref.data() + r * s.head_dim, s.head_dim, c.storage.k->rotation_block(s.head_dim));
     CaseResult r{v.name, c.name, c.storage.name(), c.storage.formats(), c.storage.bsnh ? "BSNH" : "BNSH", "",
                  "", s.batch * s.q_heads * s.head_dim, false};
     try {
@@ -481,6 +482,7 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
       quantized("q8_0", "nvfp4"), quantized("q8_0", "q4_0"), quantized("q4_1", "q5_0"), quantized("q5_1", "iq4_nl"),
       quantized("mxfp4", "q4_1"), quantized("bf16", "q5_1"), quantized("iq4_nl", "fp16"), quantized("q8_0", "int4-g32-asym"),
       quantized("int8-head", "q5_0"), quantized("q4_0+w32", "q5_1+w64"), quantized("q4_0+had", "q4_0"),
+      quantized("q4_0+had64", "q8_0"),  // llama.cpp's rotation blocks: at D = 128, two 64-blocks
       quantized("nvfp4+had", "iq4_nl"), quantized("nvfp4", "nvfp4"), quantized("bf16", "nvfp4+w24")};
   for (const Storage& st : storages) g.run({"varlen GQA", gqa, lens, false, st});
   // Head dims, head-group sizes (MHA, MQA, groups that are not a power of two, groups over 8), ALiBi.

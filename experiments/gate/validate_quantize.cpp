@@ -251,7 +251,7 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
                            "fp8-e4m3-token+w8", "int8-tensor+w20", "int4-token-asym+w24", "fp8-e4m3+w5",
                            "int4-head-asym+had", "int4-g32-asym+had+w16", "fp8-e4m3-head+had", "int8-tensor-asym+had",
                            "int4-chan-t32-asym+had+w33", "q4_1+w16", "nvfp4+w8", "iq4_nl+w0", "mxfp4+had",
-                           "q5_0+had+w16", "nvfp4+had"})
+                           "q5_0+had+w16", "nvfp4+had", "q4_0+had64", "int8-head+had32"})
     for (InputDtype dt : kDtypes) {
       const KvShape shape{4, 2, opt.quick ? 40 : 70, 64};
       const int32_t T = static_cast<int32_t>(shape.tokens);

@@ -43,19 +43,19 @@ const Reconstruction& reconstruct(std::map<std::string, Reconstruction>& cache, 
   const int32_t* lens = layer.seq_lens.empty() ? nullptr : layer.seq_lens.data();
   std::vector<float> x_hat = dequantize(quantize(KvView::bnsh(x.data(), layer.kv_shape), s, tensor_name, lens));
   std::vector<float> unrotated = x_hat;
-  if (s.hadamard) rotate_rows(unrotated, layer.kv_shape.head_dim);
+  if (s.hadamard) rotate_rows(unrotated, layer.kv_shape.head_dim, s.rotation_block(layer.kv_shape.head_dim));
   Reconstruction r{std::move(x_hat), sqnr_db(x, unrotated), max_abs_difference(x, unrotated)};
   return cache.emplace(key, std::move(r)).first->second;
 }
 
 }  // namespace
 
-void rotate_rows(std::vector<float>& x, int64_t head_dim) {
-  for (size_t i = 0; i + head_dim <= x.size(); i += head_dim) hadamard_rotate(x.data() + i, head_dim);
+void rotate_rows(std::vector<float>& x, int64_t head_dim, int64_t block) {
+  for (size_t i = 0; i + head_dim <= x.size(); i += head_dim) hadamard_rotate(x.data() + i, head_dim, block);
 }
 
-void rotate_rows_back(std::vector<double>& x, int64_t head_dim) {
-  for (size_t i = 0; i + head_dim <= x.size(); i += head_dim) hadamard_rotate_back(x.data() + i, head_dim);
+void rotate_rows_back(std::vector<double>& x, int64_t head_dim, int64_t block) {
+  for (size_t i = 0; i + head_dim <= x.size(); i += head_dim) hadamard_rotate_back(x.data() + i, head_dim, block);
 }
 
 std::vector<SchemePair> sweep_pairs(const std::string& k_schemes, const std::string& v_schemes, int64_t head_dim) {
@@ -80,11 +80,14 @@ std::vector<SweepRow> sweep_layer(const KvLayer& layer, const std::vector<Scheme
     ref = attention(attention_problem(layer, layer.k, layer.v), {}, {}, &ref_probs);
   }
 
-  std::vector<float> rotated_q;  // for +had K schemes
-  if (layer.has_queries() && std::any_of(pairs.begin(), pairs.end(), [](const SchemePair& p) { return p.k.hadamard; })) {
-    rotated_q = layer.q;
-    rotate_rows(rotated_q, layer.q_shape.head_dim);
-  }
+  const int64_t head_dim = layer.kv_shape.head_dim;
+  std::map<int64_t, std::vector<float>> rotated_q;  // for +had K schemes, per rotation block
+  if (layer.has_queries())
+    for (const SchemePair& pair : pairs)
+      if (pair.k.hadamard && !rotated_q.count(pair.k.rotation_block(head_dim))) {
+        std::vector<float>& q = rotated_q[pair.k.rotation_block(head_dim)] = layer.q;
+        rotate_rows(q, head_dim, pair.k.rotation_block(head_dim));
+      }
   std::map<std::string, Reconstruction> k_cache, v_cache;
   std::vector<SweepRow> rows;
   for (const SchemePair& pair : pairs) {
@@ -108,9 +111,9 @@ std::vector<SweepRow> sweep_layer(const KvLayer& layer, const std::vector<Scheme
     if (layer.has_queries()) {
       std::vector<double> probs;
       AttentionProblem problem = attention_problem(layer, k.values, v.values);
-      if (pair.k.hadamard) problem.q = rotated_q.data();  // Q·K is then unchanged in exact arithmetic
+      if (pair.k.hadamard) problem.q = rotated_q[pair.k.rotation_block(head_dim)].data();  // Q·K unchanged in exact arithmetic
       AttentionOutput out = attention(problem, {}, {}, &probs);
-      if (pair.v.hadamard) rotate_rows_back(out.o, layer.kv_shape.head_dim);  // O = H (P · H V)
+      if (pair.v.hadamard) rotate_rows_back(out.o, head_dim, pair.v.rotation_block(head_dim));  // O = H (P · H V)
       row.has_attention = true;
       row.heads = head_errors(out.o, ref.o, layer.q_shape.tokens * layer.q_shape.head_dim);
       row.output = summarize(row.heads);

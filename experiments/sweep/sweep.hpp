@@ -21,8 +21,8 @@ AttentionProblem attention_problem(const KvLayer& layer, const std::vector<float
 
 // +had in the sweep: every D-row of `x` rotated by the codec's fp32 transform (K, Q); and O rotated
 // back in fp64 (a +had V: O = H (P · H V), H symmetric and orthogonal).
-void rotate_rows(std::vector<float>& x, int64_t head_dim);
-void rotate_rows_back(std::vector<double>& x, int64_t head_dim);
+void rotate_rows(std::vector<float>& x, int64_t head_dim, int64_t block);
+void rotate_rows_back(std::vector<double>& x, int64_t head_dim, int64_t block);
 
 // GPU decode time of a scheme pair, measured at a reference decode shape (not the dump's).
 struct DecodeLatency {

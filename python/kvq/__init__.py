@@ -30,7 +30,7 @@ __all__ += ["from_ggml_blocks", "to_ggml_blocks"]
 def __getattr__(name):
     # kvq.gate and kvq.gate_examples load on first use: `python -m kvq.gate` then runs the module
     # without a second copy of it already imported by the package.
-    if name in ("gate", "gate_examples", "gate_kvq", "gate_peers", "gpu"):
+    if name in ("gate", "gate_examples", "gate_kvq", "gate_peers", "gpu", "llamacpp"):
         import importlib
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'kvq' has no attribute '{name}'")

@@ -68,8 +68,9 @@ class AppendQuantizer:
             chunk = _core.quantize(pending[:, :, :ready], self._base, tensor_scale=self.tensor_scale,
                                    name=f"{self.name} (tokens {start}..{start + ready - 1}, t counted from {start})")
             self._chunks.append(chunk)
-            values[:, :, :ready] = (_core.hadamard_rotate_back(chunk.dequantized) if self.scheme.hadamard
-                                    else chunk.dequantized)
+            values[:, :, :ready] = (_core.hadamard_rotate_back(chunk.dequantized,
+                                                               self.scheme.rotation_block(x.shape[-1]))
+                                    if self.scheme.hadamard else chunk.dequantized)
         values[:, :, ready:] = pending[:, :, ready:]
         self._pending = pending[:, :, ready:].copy()
         self.tokens += x.shape[2]

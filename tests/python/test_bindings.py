@@ -253,7 +253,9 @@ def test_scheme_objects_and_default_pairs():
     assert (kvq.parse_scheme("int4-chan-t32-asym"), kvq.parse_scheme("int4-token-asym")) in pairs
     # tensor, token, head, g64, g32, g16, g8; sym and asym; + per-channel K; FP8; rotated INT4; KIVI;
     # llama.cpp's types, mxfp4 and nvfp4; q8_0 / q4_0 both ways
-    assert len(pairs) == 2 * (7 * 2 + 1) + 5 + 2 + 2 + 8 + 2
+    # and llama.cpp's six types and two mixes as today's llama.cpp rotates them (K whole, V in 64-blocks)
+    assert len(pairs) == 2 * (7 * 2 + 1) + 5 + 2 + 2 + 8 + 2 + 8
+    assert (kvq.parse_scheme("q8_0+had"), kvq.parse_scheme("q4_0+had64")) in pairs
     assert (kvq.parse_scheme("q8_0"), kvq.parse_scheme("q4_0")) in pairs
     assert (kvq.parse_scheme("int4-chan-t32-asym+w128"), kvq.parse_scheme("int4-g32-asym+w128")) in pairs
     had = kvq.parse_scheme("int4-g32-asym+had")

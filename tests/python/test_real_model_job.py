@@ -142,3 +142,23 @@ def test_a_bad_rope_pairs_attribute_is_refused(model, tmp_path):
     r = kvq_cli("inspect", tmp_path / "d.h5")
     assert r.returncode == 3
     assert "d.h5: / attribute rope_pairs: expected half or adjacent, got 'sideways'" in r.stderr
+
+
+def test_which_scheme_names_llama_cpp_cache_types_as_llama_cpp_runs_them(tmp_path, capsys):
+    def e2e(k, v, bits, kld, head_dim=64):
+        return {"source": "gguf:m", "tokens": 512, "head_dim": head_dim, "k_scheme": k, "v_scheme": v,
+                "kv_bits_per_element": bits, "kld_mean": kld, "top1_agreement": 0.9, "ppl_delta": 0.1,
+                "out_rel_l2_mean": kld * 10}
+    write_rows(tmp_path / "eval.csv", [e2e("none", "none", 32, 0), e2e("q8_0", "q8_0", 8.5, 4e-4),
+                                       e2e("q8_0+had", "q8_0+had", 8.5, 1e-4), e2e("int4-g32-asym", "int4-g32-asym", 5, 6e-3),
+                                       e2e("q5_0", "q5_0", 5.5, 2e-2), e2e("q4_0+had", "q4_0+had", 4.5, 3e-2),
+                                       e2e("q4_0", "q4_0", 4.5, 1.2e-1)])
+    assert which_scheme.main([str(tmp_path / "eval.csv"), "--max-kld", "1e-3,2.5e-2,5e-2,1e-6"]) == 0
+    out = capsys.readouterr().out
+    assert ("KLD budget 0.001 nats:\n  K q8_0+had, V q8_0+had: 8.50 bits per element, KLD 1.000e-04" in out and
+            "  in llama.cpp: -ctk q8_0 -ctv q8_0 (kvq: K q8_0+had, V q8_0+had), 8.50 bits per element" in out)
+    # kvq's own int4 pair is the smaller one; of llama.cpp's, only the unrotated q5_0 was evaluated within it
+    assert ("KLD budget 0.025 nats:\n  K int4-g32-asym, V int4-g32-asym: 5.00 bits" in out and
+            "  in llama.cpp: LLAMA_ATTN_ROT_DISABLE=1 -ctk q5_0 -ctv q5_0 (kvq: K q5_0, V q5_0)" in out)
+    assert "  in llama.cpp: -ctk q4_0 -ctv q4_0 (kvq: K q4_0+had, V q4_0+had), 4.50 bits" in out
+    assert "KLD budget 1e-06 nats:\n  no scheme pair stays within it" in out
