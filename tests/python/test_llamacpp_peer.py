@@ -1,0 +1,70 @@
+"""experiments/eval/llamacpp_peer.py's plumbing, with a stand-in for llama-cpp-python's Llama (the real
+library is built by the script itself, outside CI): what it asks llama.cpp for (cache types, flash
+attention, the rotation switch in the environment), how it scores the logits and matches kvq's rows."""
+import os
+import sys
+import types
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "experiments", "eval"))
+import llamacpp_peer  # noqa: E402
+
+
+def fake_llama_cpp(calls, vocab=50):
+    """A llama_cpp module whose Llama returns fixed logits plus noise that grows with the cache's bits
+    lost (and shrinks with the rotation), so the metrics' order is known."""
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((16, vocab)).astype(np.float32) * 3
+    loss = {1: 0.0, 8: 0.01, 6: 0.1, 2: 0.4}  # f16, q8_0, q5_0, q4_0
+
+    class Llama:
+        def __init__(self, **kw):
+            self.kw = kw
+            self.rotated = os.environ.get("LLAMA_ATTN_ROT_DISABLE") != "1"
+            calls.append((kw["type_k"], kw["type_v"], kw["flash_attn"], self.rotated))
+
+        def eval(self, tokens):
+            n = len(tokens)
+            scale = loss[self.kw["type_k"]] + 0.5 * loss[self.kw["type_v"]]
+            if self.rotated:
+                scale /= 3
+            noise = np.random.default_rng(self.kw["type_k"] * 10 + self.kw["type_v"]).standard_normal((n, vocab))
+            self.scores = base[:n] + scale * noise + (0 if self.kw["flash_attn"] else 1e-3 * noise)
+
+    return types.SimpleNamespace(Llama=Llama)
+
+
+def test_rows_ask_llama_cpp_for_each_pair_rotated_and_not_and_match_kvq(monkeypatch):
+    monkeypatch.delenv("LLAMA_ATTN_ROT_DISABLE", raising=False)
+    calls = []
+    runner = llamacpp_peer.LlamaCpp(fake_llama_cpp(calls), "m.gguf", 16, 1)
+    tokens = list(range(16))
+    predictions = {("q4_0+had", "fp16"): 0.01, ("q4_0", "fp16"): 0.2}
+    rows, floor = llamacpp_peer.peer_rows(runner, tokens, [("q4_0", "f16"), ("q8_0", "q5_0")], 128, "gguf:m", predictions)
+    # the reference (f16, flash on), the floor (f16, flash off), then each pair rotated and not
+    assert calls[:2] == [(1, 1, True, True), (1, 1, False, True)]
+    assert calls[2:] == [(2, 1, True, True), (2, 1, True, False), (8, 6, True, True), (8, 6, True, False)]
+    assert "LLAMA_ATTN_ROT_DISABLE" not in os.environ  # restored
+    assert [(r["ctk"], r["ctv"], r["rotation"], r["kvq_k_scheme"], r["kvq_v_scheme"]) for r in rows] == [
+        ("q4_0", "f16", 1, "q4_0+had", "fp16"), ("q4_0", "f16", 0, "q4_0", "fp16"),
+        ("q8_0", "q5_0", 1, "q8_0+had", "q5_0+had64"), ("q8_0", "q5_0", 0, "q8_0", "q5_0")]
+    assert 0 < floor < min(r["kld_mean"] for r in rows)
+    assert rows[0]["kld_mean"] < rows[1]["kld_mean"]  # the stand-in's rotation lowers the noise
+    assert rows[0]["llamacpp_over_kvq"] == pytest.approx(rows[0]["kld_mean"] / 0.01)
+    assert rows[0]["kvq_plus_floor"] == pytest.approx(0.01 + floor)
+    assert rows[0]["llamacpp_over_kvq_plus_floor"] == pytest.approx(rows[0]["kld_mean"] / (0.01 + floor))
+    assert rows[2]["kvq_kld_mean"] == "" and rows[2]["llamacpp_over_kvq"] == ""
+    assert all(r["below_floor"] == 0 for r in rows)
+
+
+def test_pairs_and_arguments_are_checked(tmp_path, capsys):
+    assert llamacpp_peer.parse_pairs("q4_0/f16,iq4_nl/q8_0") == [("q4_0", "f16"), ("iq4_nl", "q8_0")]
+    with pytest.raises(ValueError, match="'q4_k/f16': expected K/V with llama.cpp's cache types"):
+        llamacpp_peer.parse_pairs("q4_k/f16")
+    with pytest.raises(ValueError, match="'q4_0': expected K/V"):
+        llamacpp_peer.parse_pairs("q4_0")
+    assert llamacpp_peer.main(["--lib", str(tmp_path)]) == 2
+    assert "no llama_cpp package there" in capsys.readouterr().err
