@@ -389,7 +389,7 @@ KvOperand quantized_operand(const Scheme& s, int64_t batch, int64_t heads, int64
   op.asymmetric = s.asymmetric;
   op.scale_dtype = s.scale_dtype;
   op.hadamard = s.hadamard;
-  op.hadamard_block = s.hadamard ? static_cast<int>(s.rotation_block(head_dim)) : 0;
+  op.hadamard_block = s.hadamard_block;
   op.group = s.granularity == Granularity::kGroup ? s.group : head_dim;
   if (s.scale_free) {  // FP8 without a scale: codes are the values
     op.stride_t = code_bytes_per_row(s, head_dim), op.stride_h = tokens * op.stride_t, op.stride_b = heads * op.stride_h;

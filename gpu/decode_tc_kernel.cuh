@@ -106,7 +106,8 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, const TcP
 #pragma unroll
     for (int e = 0; e < E; ++e) bits[e] = q[e], x[e] = bf16_bits_to_fp32(bits[e]);
     if constexpr (!kBf16Q)
-      if (p.k.hadamard) hadamard_across_lanes<E, D>(x, lane, p.k.hadamard_block);  // K stored rotated (+had): Q alike
+      if (p.k.hadamard)  // K stored rotated (+had, +had<N>): Q alike
+        hadamard_across_lanes<E, D>(x, lane, p.k.hadamard_block > 0 ? p.k.hadamard_block : D);
 #pragma unroll
     for (int e = 0; e < E; ++e) amax = fmaxf(amax, fabsf(x[e]));
 #pragma unroll

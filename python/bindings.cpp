@@ -235,6 +235,15 @@ void bind_scheme(nb::module_& m) {
       "llama.cpp's rotation block for a quantized cache side ('k': the largest power of two >= 64 dividing "
       "head_dim; 'v': 64), 0 where head_dim % 64 != 0");
   m.def(
+      "llamacpp_cache_scheme",
+      [](const std::string& type, const std::string& side, int64_t head_dim) {
+        if (side != "k" && side != "v") throw InputError(fmt::format("side '{}': expected 'k' or 'v'", side));
+        return llamacpp_cache_scheme(type, side == "k", head_dim);
+      },
+      "type"_a, "side"_a, "head_dim"_a,
+      "a llama.cpp quantized cache type (q8_0, q4_0, ...) as today's llama.cpp keeps it on that side: +had or "
+      "+had<N> where it rotates");
+  m.def(
       "default_pairs",
       [](int64_t head_dim) {
         std::vector<std::pair<Scheme, Scheme>> out;

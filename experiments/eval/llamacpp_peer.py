@@ -79,7 +79,8 @@ class LlamaCpp:
                                        n_threads=self.threads, verbose=False)
             llm.eval(list(tokens))
             out = np.array(llm.scores[:len(tokens)], dtype=np.float32)
-            llm.close() if hasattr(llm, "close") else None
+            if hasattr(llm, "close"):  # frees the model and context now, not at garbage collection
+                llm.close()
             return out
         finally:
             os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)

@@ -36,11 +36,11 @@ def cache_scheme(cache_type, side, head_dim, rotation=True):
     rotated as llama.cpp rotates it unless rotation=False (LLAMA_ATTN_ROT_DISABLE=1)."""
     if cache_type not in CACHE_TYPES:
         raise ValueError(f"cache type {cache_type!r}: llama.cpp's are {', '.join(CACHE_TYPES)}")
-    name = CACHE_TYPES[cache_type]
-    block = rotation_block(side, head_dim) if rotation and cache_type not in UNQUANTIZED else 0
-    if not block:
-        return name
-    return f"{name}+had" if block == head_dim else f"{name}+had{block}"
+    if side not in ("k", "v"):
+        raise ValueError(f"side {side!r}: expected 'k' or 'v'")
+    if not rotation or cache_type in UNQUANTIZED:
+        return CACHE_TYPES[cache_type]
+    return _core.llamacpp_cache_scheme(cache_type, side, head_dim).name  # the C++ rule kvq's default pairs follow
 
 
 def cache_schemes(type_k, type_v, head_dim, rotation=True):
