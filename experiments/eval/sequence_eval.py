@@ -92,15 +92,16 @@ def attend(q, k, v, scale, block=512):
     return out.reshape(Hq, T, D)
 
 
-def run_sequence(m, tokens, k_name, v_name, record=False, kernel=None, dtype=np.float32):
+def run_sequence(m, tokens, k_name, v_name, record=False, kernel=None, dtype=np.float32, convert_input=None):
     """Logits [T, vocab] of the model over tokens with every layer's K in storage k_name and V in
     v_name (llama_forward.forward_sequence in `dtype`, attending through CacheViews, or through
-    `kernel`, a kernel_attention.KernelAttention); with record, every layer's {"q", "k", "v"}
-    [1, H, T, D] as computed."""
+    `kernel`, a kernel_attention.KernelAttention; convert_input: llamacpp_runtime.MatmulInputs or
+    None); with record, every layer's {"q", "k", "v"} [1, H, T, D] as computed."""
     def attend_stored(q, k, v, scale):
         return attend(q, CacheView(k, k_name), CacheView(v, v_name), scale)
 
-    logits, Q, K, V = lf.forward_sequence(m, tokens, record=record, attend=kernel or attend_stored, dtype=dtype)
+    logits, Q, K, V = lf.forward_sequence(m, tokens, record=record, attend=kernel or attend_stored, dtype=dtype,
+                                          convert_input=convert_input)
     layers = None
     if record:
         layers = [{"q": Q[i][None], "k": K[i][None], "v": V[i][None], "softmax_scale": 0.0} for i in range(m.n_layers)]

@@ -58,6 +58,24 @@ def test_rows_ask_llama_cpp_for_each_pair_rotated_and_not_and_match_kvq(monkeypa
     assert rows[0]["llamacpp_over_kvq_plus_floor"] == pytest.approx(rows[0]["kld_mean"] / (0.01 + floor))
     assert rows[2]["kvq_kld_mean"] == "" and rows[2]["llamacpp_over_kvq"] == ""
     assert all(r["below_floor"] == 0 for r in rows)
+    assert all(r["kvq_runtime_kld_mean"] == "" and r["llamacpp_over_kvq_runtime"] == "" for r in rows)
+
+
+def test_kvq_runtime_column_runs_kvq_names_of_each_pair(monkeypatch):
+    monkeypatch.delenv("LLAMA_ATTN_ROT_DISABLE", raising=False)
+    asked = []
+
+    class Runtime:
+        def kld(self, k_name, v_name):
+            asked.append((k_name, v_name))
+            return 0.02
+
+    runner = llamacpp_peer.LlamaCpp(fake_llama_cpp([]), "m.gguf", 16, 1)
+    rows, _ = llamacpp_peer.peer_rows(runner, list(range(16)), [("q4_0", "q4_0")], 128, "gguf:m", {},
+                                      kvq_runtime=Runtime())
+    assert asked == [("q4_0+had", "q4_0+had64"), ("q4_0", "q4_0")]
+    assert [r["kvq_runtime_kld_mean"] for r in rows] == [0.02, 0.02]
+    assert rows[1]["llamacpp_over_kvq_runtime"] == pytest.approx(rows[1]["kld_mean"] / 0.02)
 
 
 def test_pairs_and_arguments_are_checked(tmp_path, capsys):
