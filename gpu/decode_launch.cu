@@ -332,8 +332,8 @@ std::string tensor_core_unsupported_reason(const DecodeParams& p) {
     return fmt::format("head_dim {}: tensor-core kernels take 64, 128 or 256 (the CUDA-core variants take 8)", p.head_dim);
   if (p.v.mode == ParamMode::kChannel)
     return "V chan-tN: tensor-core kernels read per-channel groups for K only";
-  if (p.v.hadamard || p.v_window.raw.hadamard)
-    return "V +had: tensor-core kernels rotate Q for a rotated K; rotating O back for a rotated V is not implemented";
+  if (p.v.hadamard && p.v_window.present())
+    return "V +had with a +wW window: tensor-core kernels do not read a rotated window";
   if (p.k.hadamard && p.k_window.present())
     return "K +had with a +wW window: tensor-core kernels do not read a rotated window";
   if (p.k.mode == ParamMode::kChannel) {

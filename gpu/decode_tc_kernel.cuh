@@ -480,14 +480,33 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   const bool direct = p.splits == 1 && p.region_count == 1;
   const int64_t slot_row = (static_cast<int64_t>(p.split_base + split) * p.batch) * p.q_heads + row;
   float* cluster_o = head_lse + Tr::kHeads;  // [head][D]: this split's O, read by the cluster's merge
+  auto store = [&](int idx, float out) {
+    if (p.cluster_merge) cluster_o[idx] = out;
+    else if (direct) p.out[row * D + idx] = fp32_to_bf16_bits(out);
+    else p.partial_o[slot_row * D + idx] = out;
+  };
+  const bool rotated_v = p.v.hadamard;  // O is in V's rotated basis: rotated back (H is its own inverse)
   for (int idx = threadIdx.x; idx < heads * D; idx += Tr::kThreads) {
     const int i = idx / D, d = idx % D;
     float out = 0.0f;
 #pragma unroll
     for (int w = 0; w < Tr::kWarps; ++w) out = __fmaf_rn(w_weight[i * Tr::kWarps + w], w_o[(w * Tr::kHeads + i) * D + d], out);
-    if (p.cluster_merge) cluster_o[idx] = out;
-    else if (direct) p.out[row * D + idx] = fp32_to_bf16_bits(out);
-    else p.partial_o[slot_row * D + idx] = out;
+    if (rotated_v) cluster_o[idx] = out;
+    else store(idx, out);
+  }
+  if (rotated_v) {  // each split's O rotated before the merge: the merge is linear
+    __syncthreads();
+    constexpr int E = D / 32;
+    const int lane = threadIdx.x % 32;
+    for (int i = threadIdx.x / 32; i < heads; i += Tr::kWarps) {
+      float x[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) x[e] = cluster_o[i * D + E * lane + e];
+      hadamard_across_lanes<E, D>(x, lane, p.v.hadamard_block > 0 ? p.v.hadamard_block : D);
+      __syncwarp();  // the row's reads are done before the cluster's copy is overwritten in place
+#pragma unroll
+      for (int e = 0; e < E; ++e) store(i * D + E * lane + e, x[e]);
+    }
   }
   if (p.cluster_merge) return merge_cluster_splits<Tr::kThreads>(p, cluster_o, head_lse, heads, D, row);
   if (threadIdx.x < heads) (direct ? p.lse[row + threadIdx.x] : p.partial_lse[slot_row + threadIdx.x]) = head_lse[threadIdx.x];

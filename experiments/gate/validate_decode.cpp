@@ -196,6 +196,12 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
   return out;
 }
 
+// The profile's output rounding, applied by hand where the kernel rounds O after rotating it back.
+double round_output(double o, RoundTo to) {
+  if (to == RoundTo::kNone) return o;
+  return to == RoundTo::kBf16 ? round_to_bf16(static_cast<float>(o)) : round_to_fp16(static_cast<float>(o));
+}
+
 double bf16_noise(double r) {  // FlashAttention's atol: rounding noise of the output dtype at r
   const double x = round_to_bf16(static_cast<float>(round_to_bf16(static_cast<float>(r + 0.3)) - 0.3));
   return std::fabs(x - r);
@@ -276,7 +282,19 @@ struct Gate {
       p.seq_lens = c.seq_lens.empty() ? nullptr : c.seq_lens.data();
       p.softmax_scale = planned.softmax_scale;
       p.alibi = c.alibi;
-      AttentionOutput ref = attention(p), mimic = attention(p, PrecisionProfile::parse(decode_precision_profile(planned)));
+      PrecisionProfile profile = PrecisionProfile::parse(decode_precision_profile(planned));
+      const RoundTo output_rounding = profile.output;
+      const bool rotated_v = c.storage.v && c.storage.v->hadamard;
+      if (rotated_v) profile.output = RoundTo::kNone;  // the kernel rounds O after rotating it back
+      AttentionOutput ref = attention(p), mimic = attention(p, profile);
+      if (rotated_v) {  // +had V: attention in V's rotated basis, then O rotated back
+        const int64_t block = c.storage.v->rotation_block(s.head_dim);
+        for (int64_t row = 0; row < s.batch * s.q_heads; ++row) {
+          hadamard_rotate_back(ref.o.data() + row * s.head_dim, s.head_dim, block);
+          hadamard_rotate_back(mimic.o.data() + row * s.head_dim, s.head_dim, block);
+        }
+        for (double& o : mimic.o) o = round_output(o, output_rounding);
+      }
       std::vector<float> judged_out = out, judged_lse = lse;
       if (!c.broken.empty()) {  // the broken sequences' rows are not judged
         auto keep = [&](auto& o, auto& l) {
@@ -471,7 +489,7 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
       quantized("int4-chan-t32-asym", "int4-g32-asym"), quantized("int8-chan-t64", "int8-head"),
       quantized("int4-chan-t32-asym+w64", "int4-g32-asym+w64"), quantized("int8-chan-t32-asym+w50", "int4-head-asym"),
       quantized("int4-chan-t16-asym", "int4-g32-asym"),
-      // +had K (Q rotated in the kernel); V +had and +had with a window: not read (skipped, with the reason)
+      // +had K (Q rotated in the kernel), +had V (O rotated back); +had with a window: not read (skipped)
       quantized("int4-g32-asym+had", "int4-g32-asym"), quantized("int8-head-asym+had", "int4-head-asym"),
       quantized("int4-chan-t32-asym+had", "int4-g32-asym"), quantized("int4-g32-asym", "int4-g32-asym+had"),
       quantized("int4-g32-asym+had+w32", "int4-g32-asym"),
@@ -483,6 +501,7 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
       quantized("mxfp4", "q4_1"), quantized("bf16", "q5_1"), quantized("iq4_nl", "fp16"), quantized("q8_0", "int4-g32-asym"),
       quantized("int8-head", "q5_0"), quantized("q4_0+w32", "q5_1+w64"), quantized("q4_0+had", "q4_0"),
       quantized("q4_0+had64", "q8_0"),  // llama.cpp's rotation blocks: at D = 128, two 64-blocks
+      quantized("q4_0+had", "q4_0+had64"), quantized("q8_0+had", "q5_1+had64"), quantized("int8-head", "int8-head+had32"),
       quantized("nvfp4+had", "iq4_nl"), quantized("nvfp4", "nvfp4"), quantized("bf16", "nvfp4+w24")};
   for (const Storage& st : storages) g.run({"varlen GQA", gqa, lens, false, st});
   // Head dims, head-group sizes (MHA, MQA, groups that are not a power of two, groups over 8), ALiBi.
