@@ -510,7 +510,7 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
                                std::pair{"int4-head-asym", "int8-g32-asym"}, std::pair{"q5_1", "q4_0"},
                                std::pair{"nvfp4", "mxfp4"}, std::pair{"q5_0", "q5_0"},
                                std::pair{"int4-chan-t32-asym+w128", "int4-g32-asym+w128"}, std::pair{"bf16", "q4_0"},
-                               std::pair{"iq4_nl", "nvfp4"}}) {
+                               std::pair{"iq4_nl", "nvfp4"}, std::pair{"q8_0+had", "q4_0+had64"}}) {
     // raw K with quantized V: the general kernel (at D = 256 one MMA chain, whose sum is the score)
     const Storage st = std::string(k) == "bf16" && std::string(vs) == "bf16" ? raw(KvFormat::kBf16) : quantized(k, vs);
     for (int d : {64, 256}) g.run({"head_dim", {"", 2, 4, 2, T, d}, {}, false, st});
@@ -529,6 +529,9 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
       g.run(c);
       g.run({fmt::format("forced {} splits, windows", splits), {"", 2, 8, 2, 1000, 128}, {1000, 333}, false,
              quantized("int4-g32-asym+w200", "int8-head+w37"), splits});
+      // rotated K and V: each split's O rotated back before the merge (kernel or cluster)
+      g.run({fmt::format("forced {} splits, +had", splits), {"", 2, 8, 2, 1000, 128}, {1000, 333}, false,
+             quantized("q4_0+had", "q4_0+had64"), splits});
     }
   run_large_logits(g, T, v.split_k);
   run_placements(g, T, opt.quick);
