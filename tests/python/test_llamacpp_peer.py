@@ -86,3 +86,71 @@ def test_pairs_and_arguments_are_checked(tmp_path, capsys):
         llamacpp_peer.parse_pairs("q4_0")
     assert llamacpp_peer.main(["--lib", str(tmp_path)]) == 2
     assert "no llama_cpp package there" in capsys.readouterr().err
+
+
+# ---- llamacpp_blocks.py: llama.cpp's stored cache blocks against kvq's codec -------------------------
+import struct  # noqa: E402
+
+import llamacpp_blocks  # noqa: E402
+
+
+def seq_state(k_layers, v_layers, cells):
+    """Bytes laid out as llama_state_seq_get_data writes them (one stream, V not transposed)."""
+    out = struct.pack("<IiI", llamacpp_blocks.STATE_MAGIC, 0, 1) + struct.pack("<I", cells)
+    out += b"".join(struct.pack("<iIi", pos, 1, 0) for pos in range(cells))
+    out += struct.pack("<II", 0, len(k_layers))
+    for layers in (k_layers, v_layers):
+        for kind, data in layers:
+            out += struct.pack("<iQ", kind, data.shape[1]) + data.tobytes()
+    return out
+
+
+class FakeCaches:
+    """cache_state() as llama.cpp would answer it if its codec were kvq's: f32 rows of fixed K / V, or
+    kvq's blocks of them for a type (`corrupt`: one byte of layer 0's K changed)."""
+
+    def __init__(self, k, v, corrupt=False):
+        self.k, self.v, self.corrupt, self.asked = k, v, corrupt, []
+
+    def cache_state(self, tokens, ctk, ctv, rotation=True):
+        from kvq import llamacpp
+        self.asked.append((ctk, ctv, rotation))
+        T = self.k.shape[0]
+        if ctk == "f32":
+            rows = [(0, np.frombuffer(x.astype(np.float32).tobytes(), np.uint8).reshape(T, -1)) for x in (self.k, self.v)]
+        else:
+            names = llamacpp.cache_schemes(ctk, ctv, self.k.shape[2], rotation)
+            rows = [(2, llamacpp_blocks.kvq_blocks(x, n).copy()) for x, n in zip((self.k, self.v), names)]
+            if self.corrupt:
+                rows[0][1][3, 5] ^= 1
+        return seq_state([rows[0]] * 2, [rows[1]] * 2, T)
+
+
+def test_blocks_state_is_parsed_and_blocks_compared():
+    rng = np.random.default_rng(1)
+    k, v = (rng.standard_normal((6, 2, 64)).astype(np.float32) for _ in range(2))
+    parsed_k, parsed_v = llamacpp_blocks.parse_seq_state(FakeCaches(k, v).cache_state(range(6), "f32", "f32"))
+    assert len(parsed_k) == len(parsed_v) == 2 and parsed_k[0][1].shape == (6, 2 * 64 * 4)
+    np.testing.assert_array_equal(np.frombuffer(parsed_v[1][1].tobytes(), np.float32).reshape(6, 2, 64), v)
+
+    fake = FakeCaches(k, v)
+    rows = llamacpp_blocks.check(fake, list(range(6)), 64, 2, types=("q4_0",))
+    assert fake.asked == [("f32", "f32", True), ("q4_0", "q4_0", True), ("q4_0", "q4_0", False)]
+    assert [(r["rotation"], r["side"], r["kvq_scheme"]) for r in rows] == [
+        (1, "k", "q4_0+had"), (1, "v", "q4_0+had"), (0, "k", "q4_0"), (0, "v", "q4_0")]
+    assert all(r["blocks"] == 6 * 2 * 2 and r["identical_blocks"] == r["blocks"] for r in rows)
+    # one changed byte is one differing block; rotated and plain blocks are not the same bytes
+    bad = llamacpp_blocks.check(FakeCaches(k, v, corrupt=True), list(range(6)), 64, 2, types=("q4_0",))
+    assert [r["identical_blocks"] for r in bad if r["side"] == "k"] == [23, 23]
+    assert not np.array_equal(llamacpp_blocks.kvq_blocks(k, "q4_0+had"), llamacpp_blocks.kvq_blocks(k, "q4_0"))
+
+
+def test_blocks_state_errors():
+    with pytest.raises(ValueError, match="magic 0x1234, expected 0xaf143cd8"):
+        llamacpp_blocks.parse_seq_state(struct.pack("<IiI", 0x1234, 0, 1))
+    transposed = struct.pack("<IiII", llamacpp_blocks.STATE_MAGIC, 0, 1, 1) + struct.pack("<iIi", 0, 1, 0) + \
+        struct.pack("<II", 1, 1)
+    with pytest.raises(ValueError, match="V transposed"):
+        llamacpp_blocks.parse_seq_state(transposed)
+    with pytest.raises(ValueError, match="no cells for sequence 0"):
+        llamacpp_blocks.parse_seq_state(struct.pack("<IiII", llamacpp_blocks.STATE_MAGIC, 0, 1, 0))
