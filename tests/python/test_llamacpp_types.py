@@ -63,3 +63,27 @@ def test_block_rotation_back_and_the_append_cache_agree_with_the_codec():
     assert np.array_equal(np.concatenate([v1, v2], axis=2), back.astype(np.float32))
     with pytest.raises(kvq.InputError, match="multiple of the block 64"):
         kvq.hadamard_rotate_back(np.zeros((2, 96)), 64)
+
+
+def ggml_gen_hadamard(n):
+    """llama.cpp's rotation matrix (src/llama-kv-cache.cpp ggml_gen_hadamard), its recursion written out."""
+    data = np.zeros((n, n), np.float32)
+    data[0, 0] = np.float32(1.0 / float(np.sqrt(np.float32(n))))
+    s = 1
+    while s < n:
+        block = data[:s, :s].copy()
+        data[s:2 * s, :s], data[:s, s:2 * s], data[s:2 * s, s:2 * s] = block, block, -block
+        s *= 2
+    return data
+
+
+@pytest.mark.parametrize("n", [64, 128, 256])
+def test_llama_cpp_rotation_matrix_is_kvq_rotation(n):
+    # kvq's rotation of each unit vector is a column of its matrix: the same entries, bit for bit
+    kvq_matrix = kvq.hadamard_rotate_back(np.eye(n), 0).astype(np.float32)
+    np.testing.assert_array_equal(kvq_matrix, ggml_gen_hadamard(n))
+    # and the codec's fp32 rotation (as quantize applies it) maps e_j to that column
+    x = np.zeros((1, 1, n, n), np.float32)
+    x[0, 0] = np.eye(n, dtype=np.float32) * 64
+    r = kvq.quantize(x, "int8-head+had")
+    np.testing.assert_allclose(r.dequantized[0, 0] / 64, ggml_gen_hadamard(n), rtol=0, atol=1.0 / 127)
