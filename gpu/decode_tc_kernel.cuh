@@ -485,16 +485,17 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     else if (direct) p.out[row * D + idx] = fp32_to_bf16_bits(out);
     else p.partial_o[slot_row * D + idx] = out;
   };
-  const bool rotated_v = p.v.hadamard;  // O is in V's rotated basis: rotated back (H is its own inverse)
-  for (int idx = threadIdx.x; idx < heads * D; idx += Tr::kThreads) {
+  auto merged = [&](int idx) {  // the warps' partials of element idx, weighted
     const int i = idx / D, d = idx % D;
     float out = 0.0f;
 #pragma unroll
     for (int w = 0; w < Tr::kWarps; ++w) out = __fmaf_rn(w_weight[i * Tr::kWarps + w], w_o[(w * Tr::kHeads + i) * D + d], out);
-    if (rotated_v) cluster_o[idx] = out;
-    else store(idx, out);
-  }
-  if (rotated_v) {  // each split's O rotated before the merge: the merge is linear
+    return out;
+  };
+  if (!p.v.hadamard) {
+    for (int idx = threadIdx.x; idx < heads * D; idx += Tr::kThreads) store(idx, merged(idx));
+  } else {  // O is in V's rotated basis: each split's O rotated back (H is its own inverse) before the merge
+    for (int idx = threadIdx.x; idx < heads * D; idx += Tr::kThreads) cluster_o[idx] = merged(idx);
     __syncthreads();
     constexpr int E = D / 32;
     const int lane = threadIdx.x % 32;
