@@ -9,7 +9,8 @@ K/V cache that quantizes tokens as they are appended (`AppendQuantizer`).
 
 Errors are kvq.InputError (a ValueError) or kvq.SchemeError with kvq's one-line messages.
 kvq.gate (loaded on first use) runs kvq's decode gate on a kernel written elsewhere (docs/gate.md);
-kvq.gpu runs kvq's GPU kernels on torch CUDA tensors (built when nvcc was found).
+kvq.gpu runs kvq's GPU kernels on torch CUDA tensors (built when nvcc was found); kvq.ops registers
+them as torch custom ops (torch.ops.kvq.quantize / decode) for CUDA graphs and torch.compile.
 """
 from ._core import (Error, HeadError, InputError, OutputError, ProbabilityError, QuantizeResult, Scheme, SchemeError,
                     __version__, alibi_slopes, attention, bits_per_element, bytes_per_token_per_head, default_pairs,
@@ -30,7 +31,7 @@ __all__ += ["from_ggml_blocks", "to_ggml_blocks"]
 def __getattr__(name):
     # kvq.gate and kvq.gate_examples load on first use: `python -m kvq.gate` then runs the module
     # without a second copy of it already imported by the package.
-    if name in ("gate", "gate_examples", "gate_kvq", "gate_peers", "gpu", "llamacpp"):
+    if name in ("gate", "gate_examples", "gate_kvq", "gate_peers", "gpu", "llamacpp", "ops"):
         import importlib
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'kvq' has no attribute '{name}'")

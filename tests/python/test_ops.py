@@ -1,0 +1,111 @@
+"""kvq.ops: kvq's GPU kernels as torch custom ops. torch.library.opcheck on each (schema, fake
+implementation against the real one, torch.compile with static and dynamic shapes), the same bits as
+kvq.gpu's calls, a decode step captured in a CUDA graph and replayed with new inputs, and quantize +
+decode compiled with fullgraph=True (no graph breaks). Skipped where kvq was built without its kernels
+or there is no CUDA device (CI); scripts/device_run.sh runs it."""
+import pytest
+
+import kvq
+import kvq.gpu
+
+if not kvq.gpu.available():
+    pytest.skip(kvq.gpu.why_unavailable(), allow_module_level=True)
+
+import torch  # noqa: E402
+
+import kvq.ops  # noqa: E402
+
+STORAGES = ["bf16", "int8-head", "int4-g32-asym", "q4_0", "fp8-e4m3-head", "nvfp4", "q8_0+had"]
+
+
+def random_kv(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * (1 + 6 * (torch.rand(shape[-1], generator=g) > 0.9))).to(torch.bfloat16).cuda()
+
+
+def cache(x, storage):
+    return x if storage == "bf16" else kvq.ops.quantize(x, storage)
+
+
+def problem(B=3, Hq=8, Hkv=2, T=300, D=128, seed=0):
+    q = random_kv((B, Hq, D), seed)
+    k, v = random_kv((B, Hkv, T, D), seed + 1), random_kv((B, Hkv, T, D), seed + 2)
+    lens = torch.tensor([T, T // 3, 1][:B], dtype=torch.int32, device="cuda")
+    return q, k, v, lens
+
+
+def op_args(q, k, v, lens):
+    """torch.ops.kvq.decode's arguments for kvq.ops.decode(q, k, v, seq_lens=lens)."""
+    def parts(c):
+        c = c if isinstance(c, kvq.gpu.Cache) else kvq.gpu.raw(c)
+        empty = lambda d: c.data.new_empty((0,), dtype=d)  # noqa: E731
+        sd = c.scales.dtype if c.scales is not None else torch.float16
+        return (c.data, c.scales if c.scales is not None else empty(sd),
+                c.zero_points if c.zero_points is not None else empty(sd),
+                c.tensor_scale if c.tensor_scale is not None else empty(torch.float32)), c.storage
+    (kp, ks), (vp, vs) = parts(k), parts(v)
+    return (q, *kp, *vp, lens, ks, vs, "bnsh", 0.0, "")
+
+
+@pytest.mark.parametrize("scheme", ["int8-head", "int4-g32-asym", "q4_0", "nvfp4", "fp8-e4m3-head", "int4-chan-t32-asym"])
+def test_quantize_op_is_kvq_gpu_quantize(scheme):
+    x = random_kv((2, 3, 70, 64), 4)
+    a, b = kvq.ops.quantize(x, scheme), kvq.gpu.quantize(x, scheme)
+    assert torch.equal(a.data, b.data)
+    for name in ("scales", "zero_points", "tensor_scale"):
+        ta, tb = getattr(a, name), getattr(b, name)
+        assert (ta is None) == (tb is None) and (ta is None or (ta.dtype == tb.dtype and torch.equal(ta, tb)))
+    torch.library.opcheck(torch.ops.kvq.quantize.default, (x, scheme, "planar", ""))
+
+
+@pytest.mark.parametrize("k_storage", STORAGES)
+@pytest.mark.parametrize("v_storage", ["bf16", "int4-g32-asym"])
+def test_decode_op_is_kvq_gpu_decode_and_passes_opcheck(k_storage, v_storage):
+    q, k, v, lens = problem()
+    kc, vc = cache(k, k_storage), cache(v, v_storage)
+    o, lse = kvq.ops.decode(q, kc, vc, seq_lens=lens)
+    o_ref, lse_ref = kvq.gpu.decode(q, kc, vc, seq_lens=lens)
+    assert torch.equal(o, o_ref) and torch.equal(lse, lse_ref)
+    torch.library.opcheck(torch.ops.kvq.decode.default, op_args(q, kc, vc, lens))
+
+
+def test_decode_in_a_cuda_graph_replays_with_new_inputs():
+    q, k, v, lens = problem(B=2, T=1000, seed=7)
+    kc, vc = kvq.ops.quantize(k, "int8-head"), kvq.ops.quantize(v, "q4_0")
+    static_q = q.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside the capture
+        kvq.ops.decode(static_q, kc, vc, seq_lens=lens)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_graph, lse_graph = kvq.ops.decode(static_q, kc, vc, seq_lens=lens)
+    for seed in (11, 12):
+        new_q = random_kv(tuple(q.shape), seed)
+        static_q.copy_(new_q)
+        graph.replay()
+        o_eager, lse_eager = kvq.ops.decode(new_q, kc, vc, seq_lens=lens)
+        torch.cuda.synchronize()
+        assert torch.equal(o_graph, o_eager) and torch.equal(lse_graph, lse_eager)
+
+
+def test_quantize_and_decode_compile_without_graph_breaks():
+    q, k, v, lens = problem(seed=21)
+
+    def step(q, k, v, lens):
+        return kvq.ops.decode(q, kvq.ops.quantize(k, "int4-g32-asym"), kvq.ops.quantize(v, "q8_0"), seq_lens=lens)
+
+    compiled = torch.compile(step, fullgraph=True)  # fullgraph: a graph break is an error
+    o, lse = compiled(q, k, v, lens)
+    o_ref, lse_ref = step(q, k, v, lens)
+    assert torch.equal(o, o_ref) and torch.equal(lse, lse_ref)
+
+
+def test_ops_refuse_cpu_tensors_and_mixed_layouts():
+    x = torch.zeros(1, 1, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError):
+        torch.ops.kvq.quantize(x, "int8-head", "planar", "")
+    q, k, v, lens = problem(B=1, T=40)
+    with pytest.raises(kvq.InputError, match="one layout for both"):
+        kvq.ops.decode(q, kvq.gpu.Cache("bf16", k, layout="bsnh"), v)
