@@ -116,7 +116,12 @@ def test_every_quantize_variant_that_takes_a_scheme_agrees():
 def test_decode_tc_from_python_passes_the_gate(k, v, layout):
     r = gate.check(gate_kvq.kernel("decode-tc", layout), k, v, cases="quick", device="cuda", log=None)
     assert r.ok, "\n".join(c.line("decode-tc") for c in r.cases if not c.ok)
-    assert not r.with_status("SKIP") or all("head_dim 96" in c.detail for c in r.with_status("SKIP"))
+    # skipped only where no such cache reaches decode-tc: head_dim 96, Inf / NaN in a quantized
+    # storage, and the paged layouts' family (decode-tc reads contiguous caches; issue 33)
+    allowed = ("head_dim 96", "a quantized storage's codes cannot hold them", "the family gates paged layouts")
+    skipped = [c for c in r.with_status("SKIP") if not any(a in c.detail for a in allowed)]
+    assert not skipped, [c.detail for c in skipped]
+    assert r.with_status("OK")
 
 
 def test_a_wrong_kernel_on_the_gpu_fails():
