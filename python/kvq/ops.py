@@ -1,6 +1,8 @@
 """kvq's GPU kernels as torch custom ops (torch.library): `torch.ops.kvq.quantize` and
-`torch.ops.kvq.decode`, with fake (meta) implementations, so that a serving loop can call them inside
-CUDA graphs and under torch.compile without graph breaks. They run on the current stream.
+`torch.ops.kvq.decode`, with fake (meta) implementations, so that a serving loop can call them under
+torch.compile without graph breaks, and decode inside a CUDA graph. They run on the current stream.
+(quantize, and so append, is not capturable yet: it checks its input for Inf / NaN on the host and
+allocates scratch memory.)
 
     import torch, kvq.ops
     k = kvq.ops.quantize(k_bf16, "int8-head")               # a kvq.gpu.Cache of the op's tensors
@@ -18,7 +20,7 @@ import torch
 
 from . import gpu
 
-__all__ = ["quantize", "decode"]
+__all__ = ["quantize", "decode", "empty_cache", "append"]
 
 
 def _none_if_empty(t):
@@ -41,9 +43,9 @@ def _quantized_shapes(x, scheme, layout):
 
 
 @torch.library.custom_op("kvq::quantize", mutates_args=(), device_types="cuda")
-def _quantize(x: torch.Tensor, scheme: str, layout: str, variant: str) -> Tuple[torch.Tensor, torch.Tensor,
-                                                                                 torch.Tensor, torch.Tensor]:
-    c = gpu.quantize(x, scheme, layout=layout, variant=variant or None)
+def _quantize(x: torch.Tensor, scheme: str, layout: str, variant: str, tensor_scale: float) -> Tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    c = gpu.quantize(x, scheme, layout=layout, variant=variant or None, tensor_scale=tensor_scale if tensor_scale > 0 else None)
     dtype = gpu._scale_dtype(torch, scheme)
     absent = lambda d: _empty_like_absent(x, d)  # noqa: E731
     return (c.data, absent(dtype) if c.scales is None else c.scales, absent(dtype) if c.zero_points is None else c.zero_points,
@@ -51,7 +53,7 @@ def _quantize(x: torch.Tensor, scheme: str, layout: str, variant: str) -> Tuple[
 
 
 @_quantize.register_fake
-def _(x, scheme, layout, variant):
+def _(x, scheme, layout, variant, tensor_scale):
     codes, n_scales, dtype, n_zeros, has_tensor_scale = _quantized_shapes(x, scheme, layout)
     return (x.new_empty(codes, dtype=torch.uint8), x.new_empty((n_scales,), dtype=dtype),
             x.new_empty((n_zeros,), dtype=dtype), x.new_empty(() if has_tensor_scale else (0,), dtype=torch.float32))
@@ -75,9 +77,11 @@ def _(q, k, k_scales, k_zeros, k_tensor_scale, v, v_scales, v_zeros, v_tensor_sc
     return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
 
 
-def quantize(x, scheme, *, layout="planar", variant=None):
-    """kvq.gpu.quantize through the kvq::quantize op: a kvq.gpu.Cache whose tensors the op made."""
-    codes, scales, zeros, tensor_scale = torch.ops.kvq.quantize(x, scheme, layout, variant or "")
+def quantize(x, scheme, *, layout="planar", variant=None, tensor_scale=None):
+    """kvq.gpu.quantize through the kvq::quantize op: a kvq.gpu.Cache whose tensors the op made
+    (tensor_scale: nvfp4's s_t as given; default amax / (6 * 448) of x)."""
+    codes, scales, zeros, tensor_scale = torch.ops.kvq.quantize(x, scheme, layout, variant or "",
+                                                                float(tensor_scale or 0.0))
     return gpu.Cache(scheme, codes, scales if scales.numel() else None, zeros if zeros.numel() else None,
                      "fbgemm" if layout == "fbgemm" else "bnsh", tensor_scale if tensor_scale.dim() == 0 else None)
 
@@ -98,3 +102,71 @@ def decode(q, k, v, *, seq_lens=None, softmax_scale=None, variant=None):
 
     return torch.ops.kvq.decode(q, *parts(k), *parts(v), seq_lens, k.storage, v.storage, k.layout,
                                 float(softmax_scale or 0.0), variant or "")
+
+
+def _token_local(scheme, name):
+    """The parsed scheme, if each token's codes and parameters depend on that token alone (what
+    append writes a token at a time); else kvq.SchemeError naming why not."""
+    from ._core import SchemeError, parse_scheme
+    s = parse_scheme(scheme)
+    if s.window is not None or s.granularity == "channel":
+        raise SchemeError(f"{name}: {scheme}: kvq.ops.append writes token-local schemes (per-token, per-head, g<G>, the "
+                          "block formats, scale-free FP8); chan-t<N> groups and +w<W> windows need a raw buffer "
+                          "for their pending tokens, not yet (kvq.AppendQuantizer has them on the CPU)")
+    if s.granularity == "tensor" and not s.scale_free:
+        raise SchemeError(f"{name}: {scheme}: a per-tensor scale needs the whole cache, which appending does not have")
+    return s
+
+
+def _rows(t, scheme, B, H, T):
+    """A cache tensor as [B, H', T, X], the token axis third: codes [B, H, T, row bytes]; scales and zero
+    points in group order ([B, T] per token, [B, H, T, groups] otherwise)."""
+    if scheme.granularity == "token":
+        return t.view(B, 1, T, -1)
+    return t.view(B, H, T, -1)
+
+
+def empty_cache(scheme, batch, heads, capacity, head_dim, *, device="cuda", tensor_scale=None):
+    """A K or V cache of `capacity` tokens in `scheme` (token-local: see append), every slot zero: the
+    tensors kvq.ops.quantize would give for [batch, heads, capacity, head_dim]. nvfp4 needs its
+    calibrated tensor_scale (a whole cache's amax is not known while appending)."""
+    s = _token_local(scheme, "kvq.ops.empty_cache")
+    if (s.format == "nvfp4") != (tensor_scale is not None):
+        from ._core import SchemeError
+        raise SchemeError(f"kvq.ops.empty_cache: {scheme}: " + ("nvfp4 appends with a calibrated tensor_scale"
+                                                                 if tensor_scale is None else "only nvfp4 takes a tensor_scale"))
+    zeros = torch.zeros(batch, heads, capacity, head_dim, dtype=torch.bfloat16, device=device)
+    return quantize(zeros, scheme, tensor_scale=tensor_scale)
+
+
+def append(cache, x, positions, *, tensor_scale=None):
+    """Quantizes new tokens x [B, H, t, D] into `cache` (kvq.ops.empty_cache's, or any planar Cache of a
+    token-local scheme) at slots positions[b] .. positions[b] + t - 1 of each sequence b (positions:
+    an int tensor [B] on the device), in place: the codes and parameters kvq.AppendQuantizer gives
+    for those tokens, bit for bit (a token-local scheme's codes depend on the token alone). Torch ops
+    only (the kvq::quantize op and an indexed copy): it compiles with torch.compile; it is not
+    captured in a CUDA graph yet (see the module's note). nvfp4: tensor_scale, the cache's
+    calibrated s_t as given to empty_cache (a float, so that nothing waits on the device). Returns
+    the cache."""
+    s = _token_local(cache.storage, "kvq.ops.append")
+    if cache.layout != "bnsh":
+        raise gpu.InputError(f"kvq.ops.append: a {cache.layout} cache; append writes planar (bnsh) caches")
+    B, H, T, _ = cache.data.shape
+    if x.dim() != 4 or x.shape[0] != B or x.shape[1] != H:
+        raise gpu.InputError(f"kvq.ops.append: new tokens have shape {list(x.shape)}, expected [{B}, {H}, t, D]")
+    t = x.shape[2]
+    if (s.format == "nvfp4") != (tensor_scale is not None):
+        from ._core import SchemeError
+        raise SchemeError(f"kvq.ops.append: {cache.storage}: " + ("nvfp4 appends with the cache's calibrated tensor_scale"
+                                                                   if tensor_scale is None else "only nvfp4 takes a tensor_scale"))
+    new = quantize(x, cache.storage, tensor_scale=tensor_scale)
+    slots = positions.to(torch.long)[:, None] + torch.arange(t, device=x.device)[None, :]  # [B, t]
+    batch = torch.arange(B, device=x.device)[:, None].expand(B, t)
+    for field in ("data", "scales", "zero_points"):
+        dst, src = getattr(cache, field), getattr(new, field)
+        if dst is None or (field != "data" and s.granularity == "tensor"):
+            continue
+        dst_rows = dst if field == "data" else _rows(dst, s, B, H, T)
+        src_rows = src if field == "data" else _rows(src, s, B, H, t)
+        dst_rows[batch, :, slots] = src_rows.permute(0, 2, 1, 3)  # [B, t, H', X] at (b, slot)
+    return cache

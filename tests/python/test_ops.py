@@ -55,7 +55,7 @@ def test_quantize_op_is_kvq_gpu_quantize(scheme):
     for name in ("scales", "zero_points", "tensor_scale"):
         ta, tb = getattr(a, name), getattr(b, name)
         assert (ta is None) == (tb is None) and (ta is None or (ta.dtype == tb.dtype and torch.equal(ta, tb)))
-    torch.library.opcheck(torch.ops.kvq.quantize.default, (x, scheme, "planar", ""))
+    torch.library.opcheck(torch.ops.kvq.quantize.default, (x, scheme, "planar", "", 0.0))
 
 
 @pytest.mark.parametrize("k_storage", STORAGES)
@@ -105,7 +105,101 @@ def test_quantize_and_decode_compile_without_graph_breaks():
 def test_ops_refuse_cpu_tensors_and_mixed_layouts():
     x = torch.zeros(1, 1, 4, 64, dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError):
-        torch.ops.kvq.quantize(x, "int8-head", "planar", "")
+        torch.ops.kvq.quantize(x, "int8-head", "planar", "", 0.0)
     q, k, v, lens = problem(B=1, T=40)
     with pytest.raises(kvq.InputError, match="one layout for both"):
         kvq.ops.decode(q, kvq.gpu.Cache("bf16", k, layout="bsnh"), v)
+
+
+# ---- kvq.ops.append: quantize-on-append on the GPU -----------------------------------------------
+import numpy as np  # noqa: E402
+
+TOKEN_LOCAL = ["int8-token", "int8-head-asym", "int4-g32-asym", "int4-g32-asym+had", "int4-head", "q4_1", "q8_0+had64",
+               "iq4_nl", "mxfp4", "nvfp4", "fp8-e4m3", "fp8-e4m3-head"]
+
+
+def host_bytes(t):
+    return None if t is None else t.contiguous().view(torch.uint8).cpu().numpy().reshape(-1)
+
+
+def params_of(cache, name, scheme, tokens):
+    """The cache's scales or zero points of its first `tokens` slots, in group order, as bytes."""
+    t = getattr(cache, name)
+    if t is None:
+        return None
+    B, H, T, _ = cache.data.shape
+    rows = t.view(B, T, -1) if kvq.parse_scheme(scheme).granularity == "token" else t.view(B, H, T, -1)
+    return host_bytes(rows[:, :tokens] if rows.dim() == 3 else rows[:, :, :tokens])
+
+
+@pytest.mark.parametrize("scheme", TOKEN_LOCAL)
+def test_append_streams_bit_identical_to_append_quantizer(scheme):
+    B, H, T, D, capacity = 2, 3, 40, 128, 48
+    x = random_kv((B, H, T, D), 31)
+    ts = 0.01 if scheme == "nvfp4" else None
+    cache = kvq.ops.empty_cache(scheme, B, H, capacity, D, tensor_scale=ts)
+    host = kvq.AppendQuantizer(scheme, tensor_scale=ts)
+    pos = torch.zeros(B, dtype=torch.int32, device="cuda")
+    for start, stop in [(0, 16)] + [(t, t + 1) for t in range(16, T)]:  # a prefill chunk, then one token at a time
+        kvq.ops.append(cache, x[:, :, start:stop], pos + start, tensor_scale=ts)
+        host.append(x[:, :, start:stop].float().cpu().numpy())
+    r = host.result()
+    assert np.array_equal(host_bytes(cache.data[:, :, :T]), np.asarray(r.codes).view(np.uint8).reshape(-1))
+    for name, ref in (("scales", r.scales), ("zero_points", r.zero_points)):
+        if ref is not None and kvq.parse_scheme(scheme).granularity != "tensor":
+            assert np.array_equal(params_of(cache, name, scheme, T), np.asarray(ref).view(np.uint8).reshape(-1)), name
+    assert not cache.data[:, :, T:].any()  # slots past the stream untouched
+
+
+def test_append_at_each_sequences_own_position_then_a_graphed_decode():
+    # The quantize op (so append) checks its input for Inf / NaN on the host and allocates scratch:
+    # it runs eagerly; the decode that reads the appended cache replays from a CUDA graph.
+    B, H, D, capacity = 3, 2, 128, 64
+    k_all, v_all = random_kv((B, H, capacity, D), 41), random_kv((B, H, capacity, D), 42)
+    lens = torch.tensor([10, 0, 33], dtype=torch.int32, device="cuda")
+    kc, vc = kvq.ops.empty_cache("int8-head", B, H, capacity, D), kvq.ops.empty_cache("q4_0", B, H, capacity, D)
+    for b in range(B):  # each sequence's first tokens, as a prefill would leave them
+        n = int(lens[b])
+        if n:
+            one = torch.tensor([0], dtype=torch.int32, device="cuda")
+            for c, x in ((kc, k_all), (vc, v_all)):
+                part = kvq.ops.empty_cache(c.storage, 1, H, capacity, D)
+                kvq.ops.append(part, x[b:b + 1, :, :n], one)
+                c.data[b] = part.data[0]
+                c.scales.view(B, H, capacity, -1)[b] = part.scales.view(1, H, capacity, -1)[0]
+    q = random_kv((B, 8, D), 43)
+    pos, seq_lens = lens.clone(), lens.clone() + 1
+
+    def append_token():  # token pos[b] of each sequence, at its own slot
+        rows = torch.arange(B, device="cuda")
+        kvq.ops.append(kc, k_all[rows, :, pos.long()][:, :, None], pos)
+        kvq.ops.append(vc, v_all[rows, :, pos.long()][:, :, None], pos)
+
+    append_token()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kvq.ops.decode(q, kc, vc, seq_lens=seq_lens)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_graph, lse_graph = kvq.ops.decode(q, kc, vc, seq_lens=seq_lens)
+    ref_k, ref_v = kvq.gpu.quantize(k_all, "int8-head"), kvq.gpu.quantize(v_all, "q4_0")
+    for _ in range(3):
+        pos += 1
+        seq_lens += 1
+        append_token()
+        graph.replay()
+        torch.cuda.synchronize()
+        # the whole cache quantized at once, read over the same lengths: token-local codes are the same
+        o_ref, lse_ref = kvq.gpu.decode(q, ref_k, ref_v, seq_lens=seq_lens)
+        assert torch.equal(o_graph, o_ref) and torch.equal(lse_graph, lse_ref)
+
+
+@pytest.mark.parametrize("scheme, why", [("int4-chan-t32-asym", "chan-t<N> groups and \\+w<W> windows"),
+                                         ("int4-g32-asym+w128", "chan-t<N> groups and \\+w<W> windows"),
+                                         ("int8-tensor", "a per-tensor scale needs the whole cache"),
+                                         ("nvfp4", "nvfp4 appends with a calibrated tensor_scale")])
+def test_append_refuses_what_it_cannot_write_a_token_at_a_time(scheme, why):
+    with pytest.raises(kvq.SchemeError, match=why):
+        kvq.ops.empty_cache(scheme, 1, 1, 8, 64)
