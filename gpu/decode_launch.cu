@@ -305,7 +305,7 @@ std::string cuda_core_unsupported_reason(const DecodeParams& p) {
     return "full-precision windows (+wW): CUDA-core kernels read one storage per operand (decode-tc reads windows)";
   if (p.k.mode == ParamMode::kChannel || p.v.mode == ParamMode::kChannel)
     return "chan-tN: per-channel groups change along the keys; CUDA-core kernels do not read them (decode-tc reads K)";
-  if (p.k.hadamard || p.v.hadamard) return "+had: CUDA-core kernels do not rotate the query (decode-tc does, for K)";
+  if (p.k.hadamard || p.v.hadamard) return "+had: CUDA-core kernels rotate neither Q nor O (decode-tc does)";
   return "";
 }
 

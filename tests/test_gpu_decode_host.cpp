@@ -130,10 +130,14 @@ TEST_CASE("the decode benchmark reads rotated and windowed storages and the kern
   p.k = op("int4-g32-asym+had"), p.v = op("int4-g32-asym");
   CHECK(p.k.hadamard);
   CHECK(tensor_core_unsupported_reason(p).empty());  // Q rotated in the kernel
-  CHECK(cuda_core_unsupported_reason(p) == "+had: CUDA-core kernels do not rotate the query (decode-tc does, for K)");
+  CHECK(cuda_core_unsupported_reason(p) == "+had: CUDA-core kernels rotate neither Q nor O (decode-tc does)");
   p.k = op("int4-g32-asym"), p.v = op("int4-g32-asym+had");
-  CHECK(tensor_core_unsupported_reason(p) ==
-        "V +had: tensor-core kernels rotate Q for a rotated K; rotating O back for a rotated V is not implemented");
+  CHECK(tensor_core_unsupported_reason(p).empty());  // O rotated back in the kernel
+  CHECK(cuda_core_unsupported_reason(p) == "+had: CUDA-core kernels rotate neither Q nor O (decode-tc does)");
+  p.v = op("int4-g32-asym+had+w16");
+  p.v_window = scheme_window(parse_scheme("int4-g32-asym+had+w16"), KvOperand{}, KvFormat::kBf16);
+  CHECK(tensor_core_unsupported_reason(p) == "V +had with a +wW window: tensor-core kernels do not read a rotated window");
+  p.v = op("int4-g32-asym"), p.v_window = KvWindow{};
   p.k = op("int4-g32-asym+had+w16"), p.v = op("int4-g32-asym");
   p.k_window = scheme_window(parse_scheme("int4-g32-asym+had+w16"), KvOperand{}, KvFormat::kBf16);
   CHECK(tensor_core_unsupported_reason(p) == "K +had with a +wW window: tensor-core kernels do not read a rotated window");
