@@ -167,7 +167,47 @@ class Reader {
     const auto dtype = h5::stored_dtype_of(type);
     if (!dtype) fail(where, fmt::format("expected float16, bfloat16 or float32, got {}", h5::describe(type)));
     info.dtype = *dtype;
+    check_chunks(ds, info);
     return info;
+  }
+
+  // A corrupt chunk index can send HDF5's own read outside its buffers (a crash, not an error), so
+  // before any read every chunk must sit on the chunk grid inside the extent, its bytes inside the file.
+  void check_chunks(const H5::DataSet& ds, const TensorInfo& info) const {
+    auto corrupt = [&](const std::string& problem) {
+      throw CorruptFileError(fmt::format("{}: {}: {} (corrupt chunk metadata)", path_, info.dataset, problem));
+    };
+    guarded(info.dataset, "read the chunk index", [&] {
+      const H5::DSetCreatPropList dcpl = ds.getCreatePlist();
+      if (dcpl.getLayout() != H5D_CHUNKED) return;
+      const int rank = static_cast<int>(info.shape.size());
+      std::vector<hsize_t> chunk(static_cast<size_t>(rank)), offset(static_cast<size_t>(rank));
+      if (dcpl.getChunk(rank, chunk.data()) != rank) corrupt("the chunk shape's rank differs from the dataset's");
+      std::vector<hsize_t> dims(static_cast<size_t>(rank)), max_dims(static_cast<size_t>(rank));
+      ds.getSpace().getSimpleExtentDims(dims.data(), max_dims.data());
+      for (int d = 0; d < rank; ++d)  // libhdf5 refuses a chunk larger than a fixed dimension when it writes one
+        if (chunk[d] == 0 || (max_dims[d] != H5S_UNLIMITED && chunk[d] > max_dims[d]))
+          corrupt(fmt::format("chunk shape [{}] does not fit the dataset's maximum shape [{}]", fmt::join(chunk, ", "),
+                              fmt::join(max_dims, ", ")));
+      const H5::DataSpace space = ds.getSpace();  // the whole extent (libhdf5 1.10 takes no H5S_ALL here)
+      hsize_t count = 0;
+      if (H5Dget_num_chunks(ds.getId(), space.getId(), &count) < 0) throw H5::DataSetIException("H5Dget_num_chunks", "failed");
+      std::error_code ec;
+      const auto file_bytes = std::filesystem::file_size(path_, ec);
+      for (hsize_t i = 0; i < count; ++i) {
+        unsigned filter_mask = 0;
+        haddr_t address = 0;
+        hsize_t bytes = 0;
+        if (H5Dget_chunk_info(ds.getId(), space.getId(), i, offset.data(), &filter_mask, &address, &bytes) < 0)
+          throw H5::DataSetIException("H5Dget_chunk_info", "failed");
+        for (int d = 0; d < rank; ++d)
+          if (chunk[d] == 0 || offset[d] % chunk[d] != 0 || offset[d] >= static_cast<hsize_t>(info.shape[d]))
+            corrupt(fmt::format("chunk {} at [{}] is off the grid of [{}] chunks in shape {}", i, fmt::join(offset, ", "),
+                                fmt::join(chunk, ", "), fmt::format("[{}]", fmt::join(info.shape, ", "))));
+        if (address == HADDR_UNDEF || (!ec && (address > file_bytes || bytes > file_bytes - address)))
+          corrupt(fmt::format("chunk {} lies outside the file ({} bytes at {}, file {} bytes)", i, bytes, address, file_bytes));
+      }
+    });
   }
 
   static std::string join(const std::string& parent, const std::string& name) {
