@@ -183,13 +183,13 @@ class Reader {
       const int rank = static_cast<int>(info.shape.size());
       std::vector<hsize_t> chunk(static_cast<size_t>(rank)), offset(static_cast<size_t>(rank));
       if (dcpl.getChunk(rank, chunk.data()) != rank) corrupt("the chunk shape's rank differs from the dataset's");
+      const H5::DataSpace space = ds.getSpace();  // the whole extent (libhdf5 1.10 takes no H5S_ALL below)
       std::vector<hsize_t> dims(static_cast<size_t>(rank)), max_dims(static_cast<size_t>(rank));
-      ds.getSpace().getSimpleExtentDims(dims.data(), max_dims.data());
+      space.getSimpleExtentDims(dims.data(), max_dims.data());
       for (int d = 0; d < rank; ++d)  // libhdf5 refuses a chunk larger than a fixed dimension when it writes one
         if (chunk[d] == 0 || (max_dims[d] != H5S_UNLIMITED && chunk[d] > max_dims[d]))
           corrupt(fmt::format("chunk shape [{}] does not fit the dataset's maximum shape [{}]", fmt::join(chunk, ", "),
                               fmt::join(max_dims, ", ")));
-      const H5::DataSpace space = ds.getSpace();  // the whole extent (libhdf5 1.10 takes no H5S_ALL here)
       hsize_t count = 0;
       if (H5Dget_num_chunks(ds.getId(), space.getId(), &count) < 0) throw H5::DataSetIException("H5Dget_num_chunks", "failed");
       std::error_code ec;

@@ -14,7 +14,6 @@ such a value sits on a rounding boundary of its code or scale, which the table c
     python experiments/eval/llamacpp_blocks.py --lib .llamacpp --out results/llamacpp_blocks
 """
 import argparse
-import csv
 import os
 import struct
 import sys
@@ -125,22 +124,15 @@ def main(argv=None):
         bad = [t for t in types if t not in TYPES]
         if bad:
             raise ValueError(f"--types {bad[0]}: expected llama.cpp's quantized cache types ({', '.join(TYPES)})")
-        llama_cpp, path, tokens, head_dim = llamacpp_peer.load(args.lib, args.model, args.text, args.tokens)
-        import gguf_llama
-        kv_heads = gguf_llama.GgufLlama(path).n_kv_heads
+        llama_cpp, path, tokens, model = llamacpp_peer.load(args.lib, args.model, args.text, args.tokens)
     except (OSError, ValueError, ImportError) as e:
         print(f"llamacpp_blocks: error: {e}", file=sys.stderr)
         return 2
     from tqdm import tqdm
     runner = llamacpp_peer.LlamaCpp(llama_cpp, path, len(tokens), args.threads)
     with tqdm(total=2 * len(types), desc="llama.cpp caches", file=sys.stderr) as progress:
-        rows = check(runner, tokens, head_dim, kv_heads, types, progress)
-    os.makedirs(args.out, exist_ok=True)
-    out = os.path.join(args.out, "llamacpp_blocks.csv")
-    with open(out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
+        rows = check(runner, tokens, model.head_dim, model.n_kv_heads, types, progress)
+    out = llamacpp_peer.write_rows(args.out, "llamacpp_blocks.csv", COLUMNS, rows)
     print(f"layer 0's stored blocks, llama.cpp vs kvq's codec on llama.cpp's own K and V ({len(tokens)} tokens)")
     print(f"{'-ctk=-ctv':<10} {'rotation':>8} {'side':>4} {'kvq scheme':<14} {'identical blocks':>20}")
     for r in rows:

@@ -111,7 +111,7 @@ class LlamaCpp:
 
 def load(lib, model, text, count):
     """(llama_cpp module from --lib, the GGUF path, the text's first `count` token ids by the GGUF's own
-    tokenizer, head_dim)."""
+    tokenizer, the model as gguf_llama.GgufLlama for its shape)."""
     if not lib or not os.path.isdir(os.path.join(lib, "llama_cpp")):
         raise ValueError(f"--lib {lib}: no llama_cpp package there (build it with --install DIR first)")
     sys.path.insert(0, os.path.abspath(lib))
@@ -121,7 +121,18 @@ def load(lib, model, text, count):
     tokenizer = gguf_llama.GgufTokenizer.from_gguf(path)
     with open(text, encoding="utf-8") as f:
         tokens = tokenizer.encode(f.read())[:count]
-    return llama_cpp, path, tokens, gguf_llama.GgufLlama(path).head_dim
+    return llama_cpp, path, tokens, gguf_llama.GgufLlama(path)
+
+
+def write_rows(folder, name, columns, rows):
+    """rows as folder/name (CSV with `columns`); returns its path."""
+    os.makedirs(folder, exist_ok=True)
+    out = os.path.join(folder, name)
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+    return out
 
 
 def kvq_predictions(paths):
@@ -198,7 +209,8 @@ def main(argv=None):
         pairs = parse_pairs(args.pairs)
         if args.tokens < 2:
             raise ValueError(f"--tokens {args.tokens}: perplexity needs at least 2 tokens")
-        llama_cpp, path, tokens, head_dim = load(args.lib, args.model, args.text, args.tokens)
+        llama_cpp, path, tokens, model = load(args.lib, args.model, args.text, args.tokens)
+        head_dim = model.head_dim
         predictions = kvq_predictions(args.kvq)
     except (OSError, ValueError, ImportError) as e:
         print(f"llamacpp_peer: error: {e}", file=sys.stderr)
@@ -209,12 +221,7 @@ def main(argv=None):
     kvq_runtime = KvqRuntime(path, tokens) if args.kvq_runtime else None
     with tqdm(total=2 * len(pairs), desc="llama.cpp pairs", file=sys.stderr) as progress:
         rows, floor = peer_rows(runner, tokens, pairs, head_dim, source, predictions, progress, kvq_runtime)
-    os.makedirs(args.out, exist_ok=True)
-    out = os.path.join(args.out, "llamacpp_peer.csv")
-    with open(out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
+    out = write_rows(args.out, "llamacpp_peer.csv", COLUMNS, rows)
     print(f"llama.cpp's floor (f16 cache, flash attention on vs off): KLD {floor:.2e} nats")
     print(f"{'-ctk/-ctv':<14} {'rotation':>8} {'llama.cpp KLD':>14} {'kvq KLD':>10} {'kvq+floor':>10} {'ratio':>7} "
           f"{'kvq llama.cpp runtime':>22} {'ratio':>7}")
