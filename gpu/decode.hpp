@@ -52,10 +52,18 @@ KVQ_HD constexpr uint32_t lut_word(LutTable t, int w) {
 }
 
 // One of K or V on the device. Row (b, h, t) starts at data + b*stride_b + h*stride_h + t*stride_t
-// (bytes), so BNSH, BSNH and FBGEMM's [B, T, H] rows are all strides.
+// (bytes), so BNSH, BSNH and FBGEMM's [B, T, H] rows are all strides. In a paged cache
+// (DecodeParams::block_table) it starts at data + page*stride_page + h*stride_h + (t % P)*stride_t,
+// page = table[b][t / P] (stride_b unused): vLLM's and FlashInfer's NHD pages, HND pages, K and V
+// pages interleaved in one pool are all strides too; per-row parameters (token, head and group
+// modes) follow their codes' pages (param_stride_page, param_stride_h below).
 struct KvOperand {
   const uint8_t* data = nullptr;
   int64_t stride_b = 0, stride_h = 0, stride_t = 0;  // bytes
+  int64_t stride_page = 0;                           // bytes; paged caches only
+  // Paged caches: parameter (b, h, t, group) is element page*param_stride_page + h*param_stride_h +
+  // (t % P)*groups + group of scales (and zeros): a head's parameters of one page lie together.
+  int64_t param_stride_page = 0, param_stride_h = 0;
   const void* scales = nullptr;  // planar params in group order (quant/groups.hpp)
   const void* zeros = nullptr;   // asymmetric only
   ParamMode mode = ParamMode::kNone;
@@ -124,6 +132,12 @@ struct DecodeParams {
   KvOperand k, v;
   const uint16_t* q = nullptr;        // bf16 [B, Hq, D]
   const int32_t* seq_lens = nullptr;  // [B] in [0, T]; nullptr: all T
+  // A paged cache (tensor-core family): sequence b's tokens [i*P, (i+1)*P) lie in page
+  // block_table[b * table_stride + i]; P = page_tokens, a power of two >= 16. T is the longest
+  // sequence the table can hold (table_stride >= ceil(T / P)). nullptr: contiguous K and V.
+  const int32_t* block_table = nullptr;
+  int64_t table_stride = 0;
+  int page_tokens = 0;
   const float* alibi_slopes = nullptr;  // [Hq]; nullptr: no ALiBi
   float softmax_scale = 0.0f;
   uint16_t* out = nullptr;  // bf16 [B, Hq, D]
@@ -155,6 +169,13 @@ KvOperand quantized_operand(const Scheme& s, int64_t batch, int64_t heads, int64
 KvWindow scheme_window(const Scheme& s, const KvOperand& raw, KvFormat raw_format);
 // Raw bf16/fp16 K or V, BNSH or BSNH.
 KvOperand raw_operand(const void* data, int64_t heads, int64_t tokens, int head_dim, bool bsnh);
+// `op` (from quantized_operand or raw_operand) as a paged cache in kvq's paged layout: codes
+// [pages, P, H, row] (NHD), per-row parameters [pages, H, P, groups] (kToken: [pages, P]); data,
+// scales and zeros point at page 0. The decode's DecodeParams carries the block table.
+KvOperand paged_operand(KvOperand op, int64_t heads, int page_tokens, int head_dim, int64_t row_bytes);
+// Why `p`'s paging cannot be read (P not a power of two >= 16, windows, chan-tN, parameter spans
+// not word-aligned), or "" (also for a contiguous cache).
+std::string paged_unsupported_reason(const DecodeParams& p);
 // D = 8 (small test models such as the bundled one), 64, 128, 256.
 bool decode_head_dim_supported(int head_dim);
 // Why `s` cannot be read by a decode kernel, or "" when it can.

@@ -306,6 +306,7 @@ std::string cuda_core_unsupported_reason(const DecodeParams& p) {
   if (p.k.mode == ParamMode::kChannel || p.v.mode == ParamMode::kChannel)
     return "chan-tN: per-channel groups change along the keys; CUDA-core kernels do not read them (decode-tc reads K)";
   if (p.k.hadamard || p.v.hadamard) return "+had: CUDA-core kernels rotate neither Q nor O (decode-tc does)";
+  if (p.block_table) return "paged caches: CUDA-core kernels read contiguous caches (decode-tc reads pages)";
   return "";
 }
 
@@ -354,6 +355,7 @@ std::string tensor_core_unsupported_reason(const DecodeParams& p) {
   for (const auto& [name, op] : {std::pair{"K", &p.k}, std::pair{"V", &p.v}})
     if (op->scale_dtype == ScaleDtype::kE4M3 && !op->tensor_scale)
       return fmt::format("{} nvfp4: its per-tensor scale (an fp32 on the device) is missing", name);
+  if (const std::string why = paged_unsupported_reason(p); !why.empty()) return why;
   for (const auto& [name, w] : {std::pair{"K", &p.k_window}, std::pair{"V", &p.v_window}})
     if (w->present() && (is_quantized(w->format) || w->round_to < 1))
       return fmt::format("{} window: expected raw bf16 / fp16 values and round_to >= 1, got {} / {}", name,
@@ -456,6 +458,39 @@ KvOperand raw_operand(const void* data, int64_t heads, int64_t tokens, int head_
   return op;
 }
 
+KvOperand paged_operand(KvOperand op, int64_t heads, int page_tokens, int head_dim, int64_t row_bytes) {
+  op.stride_t = heads * row_bytes, op.stride_h = row_bytes, op.stride_b = 0;
+  op.stride_page = page_tokens * op.stride_t;
+  const int64_t groups = op.mode == ParamMode::kGroup ? head_dim / op.group : 1;
+  switch (op.mode) {
+    case ParamMode::kToken: op.param_stride_page = page_tokens, op.param_stride_h = 0; break;
+    case ParamMode::kHead:
+    case ParamMode::kGroup: op.param_stride_h = page_tokens * groups, op.param_stride_page = heads * op.param_stride_h; break;
+    default: break;
+  }
+  return op;
+}
+
+std::string paged_unsupported_reason(const DecodeParams& p) {
+  if (!p.block_table) return "";
+  const int P = p.page_tokens;
+  if (P < 16 || (P & (P - 1)) != 0)
+    return fmt::format("pages of {} tokens: paged caches take a power of two >= 16 tokens per page", P);
+  if (p.table_stride < (p.tokens + P - 1) / P)
+    return fmt::format("a block table of {} pages per sequence holds fewer than T = {} tokens in pages of {}", p.table_stride,
+                       p.tokens, P);
+  if (p.k_window.present() || p.v_window.present()) return "paged caches with +wW windows: not read (a window's raw tokens are contiguous)";
+  if (p.k.mode == ParamMode::kChannel || p.v.mode == ParamMode::kChannel)
+    return "paged caches with chan-tN: not read (a token group would span pages)";
+  for (const auto& [name, op] : {std::pair{"K", &p.k}, std::pair{"V", &p.v}}) {
+    const int64_t pb = op->param_bytes();
+    const bool per_row = op->mode == ParamMode::kToken || op->mode == ParamMode::kHead || op->mode == ParamMode::kGroup;
+    if (op->stride_page % 4 != 0 || (per_row && ((op->param_stride_page * pb) % 4 != 0 || (op->param_stride_h * pb) % 4 != 0)))
+      return fmt::format("{} pages or their parameters are not 4-byte aligned (tensor-core kernels copy words)", name);
+  }
+  return "";
+}
+
 void check_decode_params(const DecodeParams& p) {
   if (p.batch < 0 || p.q_heads <= 0 || p.kv_heads <= 0 || p.tokens < 0)
     throw InputError(fmt::format("decode: B={} Hq={} Hkv={} T={}: need B >= 0, T >= 0, heads > 0", p.batch, p.q_heads,
@@ -477,6 +512,9 @@ void check_decode_params(const DecodeParams& p) {
     if (p.batch > 0 && p.tokens > 0 && w->present() && !w->raw.data)
       throw InputError(fmt::format("decode: the {} window (+w{}) needs its raw values", name, w->tokens));
   if (total_splits(p) > 1 && (!p.partial_o || !p.partial_lse)) throw InputError("decode: split-K needs partial buffers");
+  if (p.block_table && (p.page_tokens <= 0 || p.table_stride < (p.tokens + p.page_tokens - 1) / std::max(p.page_tokens, 1)))
+    throw InputError(fmt::format("decode: a block table needs page_tokens > 0 and >= ceil(T / P) entries per sequence "
+                                 "(T = {}, P = {}, {} entries)", p.tokens, p.page_tokens, p.table_stride));
 }
 
 int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens, int64_t sm_count) {

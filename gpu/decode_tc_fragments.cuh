@@ -67,7 +67,8 @@ template <int D, KvFormat F, bool kMayOffset = F == KvFormat::kInt4 || F == KvFo
 __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const TcOperandPlan& pl, const DecodeParams& p,
                                               int64_t b, int64_t h, int row_words, int64_t t_origin) {
   TcSource s;
-  s.rows = op.data + b * op.stride_b + h * op.stride_h;
+  const bool paged = p.block_table != nullptr;  // rows and parameters of page 0 here; copy_step adds each page's
+  s.rows = op.data + (paged ? 0 : b * op.stride_b) + h * op.stride_h;
   s.stride_t = op.stride_t;
   s.mode = op.mode;
   s.asymmetric = op.asymmetric, s.scale_dtype = op.scale_dtype;
@@ -101,9 +102,9 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const TcOpera
         s.tensor_zero = op.fp32_params() ? __ldg(static_cast<const float*>(op.zeros))
                                        : __half2float(__ushort_as_half(__ldg(static_cast<const uint16_t*>(op.zeros))));
       break;
-    case ParamMode::kToken: s.first_param = b * p.tokens; break;
+    case ParamMode::kToken: s.first_param = paged ? 0 : b * p.tokens; break;
     case ParamMode::kHead:
-    case ParamMode::kGroup: s.first_param = (b * p.kv_heads + h) * pl.params_per_head; break;
+    case ParamMode::kGroup: s.first_param = paged ? h * op.param_stride_h : (b * p.kv_heads + h) * pl.params_per_head; break;
     case ParamMode::kChannel:
       s.first_param = (b * p.kv_heads + h) * pl.params_per_head;
       s.channel_tokens = op.group, s.channel_bytes = D * op.param_bytes();
@@ -113,7 +114,7 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const TcOpera
   s.scales = static_cast<const uint8_t*>(op.scales), s.zeros = static_cast<const uint8_t*>(op.zeros);
   if (pl.param_bytes > 0) {
     const int pbytes = op.param_bytes();
-    s.t_origin = op.mode == ParamMode::kChannel ? 0 : t_origin;
+    s.t_origin = op.mode == ParamMode::kChannel || paged ? 0 : t_origin;
     const int64_t origin = s.first_param + s.t_origin * s.groups;  // the element of (t_origin, group 0)
     const int64_t first_word = origin * pbytes / 4, lane = threadIdx.x % 32;
     s.param_offset = static_cast<int>(origin & (4 / pbytes - 1));
@@ -147,17 +148,40 @@ __device__ __forceinline__ void copy_param_words(uint32_t* dst, const uint8_t* l
   }
 }
 
+// Paged caches: where a step's rows and parameter span lie, per half of 16 keys (a step of 32 keys
+// starts at a multiple of 32, so with pages of 16 its halves may lie in two pages; with larger pages
+// in one). Bytes added to the contiguous addresses rows + t * stride_t and the span's; all zero for a
+// contiguous cache.
+struct PageShift {
+  int64_t rows[2] = {0, 0}, params[2] = {0, 0};
+  bool paged = false;
+};
+// Page `id` holds tokens from `first`: bytes from their contiguous addresses to the page's.
+__device__ __forceinline__ void set_page_shift(PageShift& ps, int half, const TcSource& s, const TcOperandPlan& pl,
+                                               int64_t id, int64_t first) {
+  ps.rows[half] = id * pl.page_bytes - first * s.stride_t;
+  ps.params[half] = id * pl.param_page_bytes - first * s.param_row_bytes;
+}
+
+// A paged step's parameter span: its halves' words (chunk_words each) from their pages.
+__device__ __forceinline__ void copy_paged_param_words(uint32_t* dst, const uint8_t* lane_src, int words, int chunk_words,
+                                                       const PageShift& ps, int lane) {
+#pragma unroll 1
+  for (int w = lane; w < words; w += 32, lane_src += 128)
+    cp_async4(smem_address(dst + w), lane_src + (w < chunk_words ? ps.params[0] : ps.params[1]), true);
+}
+
 // Rows [t0, t0 + n) in copies of kUnit words: inline parameters to `params`, codes to `codes`.
 template <int kUnit, int kRowWords, typename Rows, int kStepTokens>
 __device__ __forceinline__ void copy_rows_in_units(uint32_t* codes, uint32_t* params, const TcSource& s, int64_t t0,
-                                                   int n_lo, int n, int lane, uint32_t units_magic) {
+                                                   int n_lo, int n, int lane, uint32_t units_magic, const PageShift& ps) {
   const int units = (s.inline_words + kRowWords) / kUnit;
   for (int i = lane; i < kStepTokens * units; i += 32) {
     const int r = static_cast<int>((static_cast<uint64_t>(i) * units_magic) >> 24);  // i / units
     const int w = (i - r * units) * kUnit;
     const bool ok = r >= n_lo && r < n;
     uint32_t* dst = w < s.inline_words ? params + r * s.inline_words + w : codes + Rows::word(r, w - s.inline_words);
-    const uint8_t* src = s.rows + (ok ? (t0 + r) * s.stride_t + w * 4 : 0);
+    const uint8_t* src = s.rows + (ok ? (t0 + r) * s.stride_t + w * 4 + (r < 16 ? ps.rows[0] : ps.rows[1]) : 0);
     if constexpr (kUnit == 4) cp_async16(smem_address(dst), src, ok);
     else if constexpr (kUnit == 2) cp_async8(smem_address(dst), src, ok);
     else cp_async4(smem_address(dst), src, ok);
@@ -170,7 +194,8 @@ __device__ __forceinline__ void copy_rows_in_units(uint32_t* codes, uint32_t* pa
 // kernels carry none of its arithmetic).
 template <int kRowWords, typename Rows, int kStepTokens, bool kChannel = false>
 __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, const TcSource& s, int64_t t0, int n_lo,
-                                          int n, int lane, uint32_t units_magic) {
+                                          int n, int lane, uint32_t units_magic, const PageShift& ps) {
+  static_assert(kStepTokens <= 32, "PageShift holds two halves of 16 keys");
   constexpr bool kChunksTileWarp = kRowWords % 4 == 0 && 32 % (kRowWords / 4) == 0;  // 5-bit rows: 5 or 10 chunks
   if (kChunksTileWarp && s.vec16) {  // lane takes chunk lane % kChunks of rows lane / kChunks + k * kRowsPerPass
     constexpr int kChunks = kChunksTileWarp ? kRowWords / 4 : 1;
@@ -178,28 +203,41 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
     constexpr int kPasses = kStepTokens / kRowsPerPass;
     static_assert(kChunks <= 32 && 32 % kChunks == 0, "a row's 16-byte chunks tile a warp");
     const int row0 = lane / kChunks, ch = lane % kChunks;
-    const uint8_t* src = s.lane_src + t0 * s.stride_t;
+    // a pass's rows lie in one half (kRowsPerPass divides 16): the second half's page from pass kHalf on
+    constexpr int kHalf = 16 / kRowsPerPass;
+    const uint8_t* src = s.lane_src + t0 * s.stride_t + ps.rows[0];
+    const int64_t to_second = ps.rows[1] - ps.rows[0];
     const uint32_t dst = smem_address(codes);
     auto at = [&](int k) { return dst + 4 * Rows::word(row0 + k * kRowsPerPass, 4 * ch); };
     if (n_lo == 0 && n == kStepTokens) {  // a whole step: no row masks
 #pragma unroll
-      for (int k = 0; k < kPasses; ++k, src += s.pass_bytes) cp_async16(at(k), src, true);
+      for (int k = 0; k < kPasses; ++k, src += s.pass_bytes) {
+        if (k == kHalf) src += to_second;
+        cp_async16(at(k), src, true);
+      }
     } else {
 #pragma unroll
       for (int k = 0; k < kPasses; ++k, src += s.pass_bytes) {
+        if (k == kHalf) src += to_second;
         const int row = row0 + k * kRowsPerPass;
         const bool ok = row >= n_lo && row < n;  // masked rows copy nothing from a valid address
         cp_async16(at(k), ok ? src : s.rows, ok);
       }
     }
   } else if (s.copy_words == 4) {  // FBGEMM rows whose params and codes tile 16-byte chunks
-    copy_rows_in_units<4, kRowWords, Rows, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic);
+    copy_rows_in_units<4, kRowWords, Rows, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic, ps);
   } else if (kRowWords % 4 == 2 && s.copy_words == 2) {  // 5-bit rows at D = 64 (40 bytes): 8-byte copies
-    copy_rows_in_units<2, kRowWords, Rows, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic);
+    copy_rows_in_units<2, kRowWords, Rows, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic, ps);
   } else {  // other FBGEMM rows, unaligned rows
-    copy_rows_in_units<1, kRowWords, Rows, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic);
+    copy_rows_in_units<1, kRowWords, Rows, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic, ps);
   }
-  if (s.scale_lane) {  // whole spans: rows past n copy their neighbours' parameters, never used
+  if (s.scale_lane && ps.paged) {  // a paged step: each half from its page
+    // (a half without keys copies nothing: its table entry may name no page)
+    const int chunk_words = 4 * s.param_row_bytes, words = (n > 16 ? kStepTokens : 16) * s.param_row_bytes / 4;
+    const int64_t advance = t0 * s.param_row_bytes;
+    copy_paged_param_words(params, s.scale_lane + advance, words, chunk_words, ps, lane);
+    if (s.asymmetric) copy_paged_param_words(params + s.param_words, s.zero_lane + advance, words, chunk_words, ps, lane);
+  } else if (s.scale_lane) {  // whole spans: rows past n copy their neighbours' parameters, never used
     const int64_t advance = kChannel ? t0 / s.channel_tokens * s.channel_bytes : (t0 - s.t_origin) * s.param_row_bytes;
     copy_param_words(params, s.scale_lane + advance, s.scale_end, s.scales, s.param_words, lane, s.params_inside);
     if (s.asymmetric)

@@ -183,17 +183,42 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   // Groups are powers of two (they divide D and hold whole k-slices): shifts, not divisions, in the loops.
   const int k_shift = kKSlicesPerGroup > 0 ? ilog2(kKSlicesPerGroup) : plan.k.group_shift;
   const int v_shift = kVPairsPerGroup > 0 ? ilog2(kVPairsPerGroup) : kVBlocks16 ? ilog2(Tr::kSlices / 2) : plan.v.group_shift;
+  // Paged caches: the pages of a step's halves (ids read from the block table as the step is issued).
+  const bool paged = p.block_table != nullptr;
+  const int32_t* page_row = p.block_table + b * p.table_stride;
+  struct StepPages {
+    PageShift k, v;
+  };
+  auto page_shifts = [&](int64_t t0, int n) {
+    StepPages r;
+    PageShift &k = r.k, &v = r.v;
+    if (paged) {
+      k.paged = v.paged = true;
+      const int64_t i0 = t0 >> plan.page_shift, i1 = (t0 + 16) >> plan.page_shift;
+      const int64_t id0 = __ldg(page_row + i0), id1 = kST > 16 && n > 16 && i1 != i0 ? __ldg(page_row + i1) : id0;
+      set_page_shift(k, 0, ks, plan.k, id0, i0 << plan.page_shift), set_page_shift(k, 1, ks, plan.k, id1, i1 << plan.page_shift);
+      set_page_shift(v, 0, vs, plan.v, id0, i0 << plan.page_shift), set_page_shift(v, 1, vs, plan.v, id1, i1 << plan.page_shift);
+    }
+    return r;
+  };
   // The split's first V scale (2^Ev below) loaded before the prologue: its latency overlaps Q's.
   float first_v_scale = 0.0f;
   if (kVQuant && t_begin < t_end) {
     first_v_scale = vs.tensor_scale;
+    // t_begin's row and parameter index (paged: in its page)
+    int64_t row_t = t_begin, param_index = vs.first_param + t_begin * vs.groups;
+    const uint8_t* row_base = vs.rows;
+    if (paged) {
+      const int64_t id = __ldg(page_row + (t_begin >> plan.page_shift)), in_page = t_begin & ((1 << plan.page_shift) - 1);
+      row_t = in_page, row_base += id * plan.v.page_bytes;
+      param_index = vs.first_param + id * p.v.param_stride_page + in_page * vs.groups;
+    }
     if (vs.mode == ParamMode::kInlineRow)
-      first_v_scale = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.rows + t_begin * vs.stride_t))));
+      first_v_scale = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(row_base + row_t * vs.stride_t))));
     else if (kVBlocks16)
       first_v_scale = vs.scale_mult;
     else if (vs.mode != ParamMode::kTensor && vs.mode != ParamMode::kNone)
-      first_v_scale = param_in_memory<FV == KvFormat::kLut4>(vs.scales, vs.first_param + t_begin * vs.groups,
-                                                             vs.scale_dtype, vs.scale_mult);
+      first_v_scale = param_in_memory<FV == KvFormat::kLut4>(vs.scales, param_index, vs.scale_dtype, vs.scale_mult);
     // mxfp4's zero block stores e = 0 (2^-127): folding by it would lift the next blocks' P' past fp16
     if (FV == KvFormat::kLut4 && vs.scale_dtype == ScaleDtype::kE8M0 && first_v_scale < 0x1p-120f) first_v_scale = 0.0f;
   }
@@ -235,9 +260,11 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
       uint32_t* st = ring + (s % kS) * lay.stage_words;
       const int64_t t0 = step_start(s);
       const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
-      copy_step<Tr::kKRowWords, typename Tr::KRows, kST, kChanK>(st, st + lay.k_params, ks, t0, n_lo, n, lane, k_magic);
+      const StepPages pages = page_shifts(t0, n);
+      copy_step<Tr::kKRowWords, typename Tr::KRows, kST, kChanK>(st, st + lay.k_params, ks, t0, n_lo, n, lane, k_magic,
+                                                                 pages.k);
       copy_step<Tr::kVRowWords, typename Tr::VRows, kST>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0, n_lo, n, lane,
-                                                   v_magic);
+                                                   v_magic, pages.v);
     }
     cp_async_commit();  // empty groups keep the count uniform
   };

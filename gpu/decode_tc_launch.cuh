@@ -51,8 +51,9 @@ TcOperandPlan tc_operand_plan(const KvOperand& op, const DecodeParams& p, int ro
   // Every CTA's rows aligned to `bytes` (a stride that never moves the pointer does not count).
   auto aligned_to = [&](int64_t bytes) {
     auto moves = [&](int64_t count, int64_t stride) { return count > 1 && stride % bytes != 0; };
-    return reinterpret_cast<uintptr_t>(op.data) % bytes == 0 && op.stride_t % bytes == 0 && !moves(p.batch, op.stride_b) &&
-           !moves(p.kv_heads, op.stride_h);
+    return reinterpret_cast<uintptr_t>(op.data) % bytes == 0 && op.stride_t % bytes == 0 &&
+           !moves(p.block_table ? 1 : p.batch, op.stride_b) && !moves(p.kv_heads, op.stride_h) &&
+           (!p.block_table || op.stride_page % bytes == 0);
   };
   const bool aligned = aligned_to(16);
   // 16-byte copies whose chunks tile a warp (5-bit rows of 5 or 10 chunks copy as FBGEMM rows do)
@@ -74,6 +75,7 @@ TcOperandPlan tc_operand_plan(const KvOperand& op, const DecodeParams& p, int ro
     pl.param_words = tc_param_words(op, Tr::kStepTokens, D) / (op.asymmetric ? 2 : 1);
     pl.param_row_bytes = op.mode == ParamMode::kChannel ? 0 : pl.groups * pbytes;
   }
+  if (p.block_table) pl.page_bytes = op.stride_page, pl.param_page_bytes = op.param_stride_page * pbytes;
   // Operands read without scale groups (raw, chan-tN K) count as one group per row.
   const bool grouped = is_k ? Tr::K::kQuantized && op.mode != ParamMode::kChannel : Tr::V::kQuantized;
   const int groups = grouped ? pl.groups : 1;
@@ -94,6 +96,7 @@ TcPlan tc_plan(const DecodeParams& p) {
   plan.head_blocks = (plan.group_size + Tr::kHeads - 1) / Tr::kHeads;
   const bool k_grouped = Tr::K::kQuantized && p.k.mode != ParamMode::kChannel;
   plan.q_lanes_per_group = D / (k_grouped ? plan.k.groups : 1) / (D / 32);
+  if (p.block_table) plan.page_shift = ilog2(p.page_tokens);
   plan.by_head_blocks = FastDiv(static_cast<uint32_t>(plan.head_blocks));
   plan.by_splits = FastDiv(static_cast<uint32_t>(p.splits));
   plan.by_kv_heads = FastDiv(static_cast<uint32_t>(p.kv_heads));

@@ -201,20 +201,25 @@ void dequantize_py(const Tensor& codes, const std::string& scheme_name, int64_t 
 
 // ---- decode ----
 
-// One of K or V from the Python side: {"storage", "layout" (bnsh | bsnh | fbgemm), "data", "scales",
-// "zero_points"}. Strides come from the tensor (a batch stride of 0 shares one cache among queries).
+// One of K or V from the Python side: {"storage", "layout" (bnsh | bsnh | fbgemm | paged), "data",
+// "scales", "zero_points"}. Strides come from the tensor (a batch stride of 0 shares one cache among
+// queries). "paged": data [pages, P, H, row] through its strides (NHD; an HND pool's transposed view
+// too), per-row parameters contiguous [pages, H, P, groups] (per token: [pages, P]); `batch` and
+// `tokens` then count pages and tokens per page.
 struct Operand {
   KvOperand op;
   KvFormat format = KvFormat::kBf16;
   int64_t batch = 0, heads = 0, tokens = 0;
+  bool paged = false;
 };
 
 Operand operand(const nb::dict& d, const char* which, int64_t head_dim) {
   const std::string storage = nb::cast<std::string>(d["storage"]), layout = nb::cast<std::string>(d["layout"]);
-  if (layout != "bnsh" && layout != "bsnh" && layout != "fbgemm")
-    throw InputError(fmt::format("{}: layout '{}', expected bnsh, bsnh or fbgemm", which, layout));
+  if (layout != "bnsh" && layout != "bsnh" && layout != "fbgemm" && layout != "paged")
+    throw InputError(fmt::format("{}: layout '{}', expected bnsh, bsnh, fbgemm or paged", which, layout));
   Operand r;
-  const bool fbgemm = layout == "fbgemm", bsnh = layout != "bnsh";  // FBGEMM rows are [B, T, H, row]
+  r.paged = layout == "paged";
+  const bool fbgemm = layout == "fbgemm", bsnh = layout != "bnsh";  // FBGEMM rows and pages are [B, T, H, row]
   const std::optional<Scheme> s = parse_storage_operand(storage, fbgemm, r.format);
   if (s && s->has_window())
     throw SchemeError(fmt::format("{}: {}: +wW schemes keep their window raw; kvq.gpu.decode does not take them yet",
@@ -255,9 +260,13 @@ Operand operand(const nb::dict& d, const char* which, int64_t head_dim) {
                              static_cast<const uint8_t*>(data.data()), scales, zeros, static_cast<const float*>(tensor_scale));
   }
   const int b_axis = 0, h_axis = bsnh ? 2 : 1, t_axis = bsnh ? 1 : 2;
-  r.op.stride_b = data.stride(b_axis) * bytes, r.op.stride_h = data.stride(h_axis) * bytes;
+  if (r.paged) {  // parameter strides of the contiguous [pages, H, P, groups]; code strides the tensor's
+    r.op = paged_operand(r.op, r.heads, static_cast<int>(r.tokens), static_cast<int>(head_dim), row * bytes);
+    r.op.stride_page = data.stride(0) * bytes;
+  }
+  r.op.stride_b = r.paged ? 0 : data.stride(b_axis) * bytes, r.op.stride_h = data.stride(h_axis) * bytes;
   r.op.stride_t = data.stride(t_axis) * bytes;
-  if (s && !fbgemm && r.op.stride_b == 0 && r.op.mode != ParamMode::kNone && r.batch > 1)
+  if (s && !fbgemm && !r.paged && r.op.stride_b == 0 && r.op.mode != ParamMode::kNone && r.batch > 1)
     throw InputError(fmt::format("{}: a batch stride of 0 shares the codes but not their scales (kept per sequence "
                                  "in group order): repeat the cache instead", which));
   return r;
@@ -280,20 +289,35 @@ int sm_count() {
 }
 
 DecodeParams decode_problem(const Tensor& q, const nb::dict& k, const nb::dict& v, const Tensor& out, const Tensor& lse,
-                            nb::object seq_lens, nb::object alibi_slopes, double softmax_scale) {
+                            nb::object seq_lens, nb::object alibi_slopes, double softmax_scale, nb::object block_table) {
   require(q, "q", {dt::kBf16}, 3);
   if (!contiguous(q)) throw InputError("q: must be contiguous [B, Hq, D]");
   DecodeParams p;
   p.batch = static_cast<int64_t>(q.shape(0)), p.q_heads = static_cast<int64_t>(q.shape(1));
   p.head_dim = static_cast<int>(q.shape(2));
   const Operand ko = operand(k, "k", p.head_dim), vo = operand(v, "v", p.head_dim);
+  const bool paged = !block_table.is_none();
   for (const Operand* o : {&ko, &vo}) {
     const char* which = o == &ko ? "k" : "v";
-    if (o->batch != p.batch) throw InputError(fmt::format("{}: batch {}, but q has B = {}", which, o->batch, p.batch));
+    if (o->paged != paged)
+      throw InputError(fmt::format("{}: layout {} {} a block_table", which, o->paged ? "paged needs" : "bnsh / bsnh / fbgemm takes no",
+                                   paged ? "(one was given)" : ""));
+    if (!paged && o->batch != p.batch) throw InputError(fmt::format("{}: batch {}, but q has B = {}", which, o->batch, p.batch));
   }
   if (ko.heads != vo.heads || ko.tokens != vo.tokens)
-    throw InputError(fmt::format("k has Hkv = {}, T = {} but v has Hkv = {}, T = {}", ko.heads, ko.tokens, vo.heads, vo.tokens));
+    throw InputError(fmt::format("k has Hkv = {}, {} = {} but v has Hkv = {}, {}", ko.heads, paged ? "P" : "T", ko.tokens,
+                                 vo.heads, vo.tokens));
   p.kv_heads = ko.heads, p.tokens = ko.tokens;
+  if (paged) {  // T: the tokens the table holds per sequence
+    const Tensor t = nb::cast<Tensor>(block_table);
+    require(t, "block_table", {dt::kInt32}, 2);
+    check_dim(t, "block_table", 0, p.batch, "B");
+    if (!contiguous(t)) throw InputError("block_table: must be contiguous [B, pages per sequence]");
+    p.block_table = static_cast<const int32_t*>(t.data());
+    p.table_stride = static_cast<int64_t>(t.shape(1));
+    p.page_tokens = static_cast<int>(ko.tokens);
+    p.tokens = p.table_stride * ko.tokens;
+  }
   p.k = ko.op, p.v = vo.op, p.k_format = ko.format, p.v_format = vo.format;
   p.q = static_cast<const uint16_t*>(q.data());
   require(out, "out", {dt::kBf16}, 3);
@@ -322,9 +346,9 @@ DecodeParams decode_problem(const Tensor& q, const nb::dict& k, const nb::dict& 
 // Writes O (bf16) and LSE (fp32) for q over (k, v). Returns the launch: variant, splits, profile.
 nb::dict decode_py(const Tensor& q, const nb::dict& k, const nb::dict& v, const Tensor& out, const Tensor& lse,
                 nb::object seq_lens, nb::object alibi_slopes, double softmax_scale, const std::string& variant, int splits,
-                uintptr_t stream_handle) {
+                uintptr_t stream_handle, nb::object block_table) {
   require_device();
-  DecodeParams p = decode_problem(q, k, v, out, lse, seq_lens, alibi_slopes, softmax_scale);
+  DecodeParams p = decode_problem(q, k, v, out, lse, seq_lens, alibi_slopes, softmax_scale, block_table);
   const DecodeVariant& var = decode_variant_for(variant, p);
   if (splits < 0) throw InputError(fmt::format("splits {}: expected 0 (the variant's choice) or more", splits));
   if (splits > 0 && !var.split_k) throw InputError(fmt::format("splits {}: {} does not split keys", splits, var.name));
@@ -363,6 +387,8 @@ nb::dict decode_support(const std::string& variant, const std::string& k, const 
   p.batch = p.q_heads = p.kv_heads = p.tokens = 1, p.head_dim = head_dim;
   p.family = var->family;
   const bool fbgemm = layout == "fbgemm";
+  static const int32_t kAnyTable = 0;  // a paged layout: a table (never read here) of pages of 16
+  if (layout == "paged") p.block_table = &kAnyTable, p.table_stride = 1, p.page_tokens = 16;
   try {
     for (auto [name, op, format] : {std::tuple{&k, &p.k, &p.k_format}, std::tuple{&v, &p.v, &p.v_format}}) {
       const std::optional<Scheme> s = parse_storage_operand(*name, fbgemm, *format);
@@ -428,5 +454,5 @@ NB_MODULE(_gpu, m) {
   m.def("dequantize", &kvq::dequantize_py, "codes"_a, "scheme"_a, "head_dim"_a, "scales"_a.none(), "zeros"_a.none(),
         "tensor_scale"_a.none(), "out"_a, "stream"_a);
   m.def("decode", &kvq::decode_py, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "seq_lens"_a.none(), "alibi_slopes"_a.none(),
-        "softmax_scale"_a, "variant"_a, "splits"_a, "stream"_a);
+        "softmax_scale"_a, "variant"_a, "splits"_a, "stream"_a, "block_table"_a.none() = nb::none());
 }

@@ -34,6 +34,10 @@ void DecodeRun::set_cache(KvFormat k_format, const KvOperand& k, KvFormat v_form
 
 void DecodeRun::set_windows(const KvWindow& k, const KvWindow& v) { base_.k_window = k, base_.v_window = v; }
 
+void DecodeRun::set_pages(const int32_t* block_table, int64_t table_stride, int page_tokens) {
+  base_.block_table = block_table, base_.table_stride = table_stride, base_.page_tokens = page_tokens;
+}
+
 DecodeParams DecodeRun::plan(const DecodeVariant& variant, int sm_count, int forced_splits) {
   DecodeParams p = variant.plan(base_, sm_count, forced_splits);
   if (static_cast<int64_t>(partial_o_.size()) < partial_o_floats(p)) partial_o_ = DeviceBuffer<float>(partial_o_floats(p));

@@ -14,6 +14,7 @@
 #include "experiments/gate/decode_run.hpp"
 #include "experiments/gate/dump_decode_cases.hpp"
 #include "experiments/gate/large_logits.hpp"
+#include "experiments/gate/paged_cache.hpp"
 #include "quant/fbgemm_layout.hpp"
 #include "quant/hadamard.hpp"
 #include "quant/quantize.hpp"
@@ -39,9 +40,11 @@ struct Storage {
   }
 };
 
-// Where the cache's rows lie (kvq.gate's strided and huge_cache families): packed BNSH; rows kStridePad
-// bytes apart; or a token capacity that puts the last sequence's first key past 2^31 elements.
-enum class Placement { kPacked, kStrided, kHuge };
+// Where the cache's rows lie (kvq.gate's strided, huge_cache and paged families): packed BNSH; rows
+// kStridePad bytes apart; a token capacity that puts the last sequence's first key past 2^31
+// elements; or pages of Case::page_tokens shuffled through a pool (paged_cache.hpp: codes NHD,
+// per-row parameters head-major in their pages).
+enum class Placement { kPacked, kStrided, kHuge, kPaged };
 constexpr int64_t kStridePad = 16;  // 16: the kernels' 16-byte loads stay aligned
 constexpr int64_t kHugeOffset = int64_t{1} << 31;
 
@@ -54,6 +57,7 @@ struct Case {
   int splits = 0;  // forced (split-K variants); 0: the heuristic
   Placement placement = Placement::kPacked;
   std::vector<int64_t> broken = {};  // sequences whose rows are not judged (kvq.gate's nonfinite family)
+  int page_tokens = 0;               // Placement::kPaged
 };
 
 // The cache's token capacity as placed: T, or the T at which the first key of the last (sequence,
@@ -89,6 +93,12 @@ std::vector<float> random_normal(size_t n, uint32_t seed, int64_t head_dim, floa
 
 int64_t seq_len(const Case& c, int64_t b) { return c.seq_lens.empty() ? c.shape.tokens : c.seq_lens[b]; }
 
+std::vector<int64_t> lengths(const Case& c) {
+  std::vector<int64_t> lens;
+  for (int64_t b = 0; b < c.shape.batch; ++b) lens.push_back(seq_len(c, b));
+  return lens;
+}
+
 // One of K or V on the device, and the values the reference sees (dequantized, padding zeroed).
 struct DeviceOperand {
   DeviceBuffer<uint8_t> codes, scales, zeros, window_values, tensor_scale;
@@ -100,7 +110,8 @@ struct DeviceOperand {
 // Padding rows (t >= seq_len) get garbage codes and NaN parameters on the device (raw: NaN
 // values): the kernel must never read them into the output. So do a +wW scheme's window rows in
 // the codes, and every row outside the window in its raw values.
-DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optional<Scheme>& scheme, KvFormat format) {
+DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optional<Scheme>& scheme, KvFormat format,
+                           const Paging* paging = nullptr) {
   const DecodeShape& s = c.shape;
   const KvShape kv{s.batch, s.kv_heads, s.tokens, s.head_dim};
   auto padding = [&](int64_t b, int64_t t) { return t >= seq_len(c, b); };
@@ -123,6 +134,14 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
             bytes[2 * stored] = bits & 0xff, bytes[2 * stored + 1] = bits >> 8;
             if (padding(b, t)) x[logical] = 0.0f;
           }
+    if (paging) {
+      bytes = to_pages(bytes, {kv.batch, kv.heads, kv.tokens, 2 * s.head_dim, c.storage.bsnh, false}, *paging, 0xFF);
+      out.codes = DeviceBuffer<uint8_t>(bytes);
+      out.op = paged_operand(raw_operand(out.codes.data(), kv.heads, tokens, s.head_dim, false), kv.heads,
+                             paging->page_tokens, static_cast<int>(s.head_dim), 2 * s.head_dim);
+      out.reference_values = std::move(x);
+      return out;
+    }
     if (c.placement != Placement::kPacked) {
       if (c.storage.bsnh) throw InputError("strided and huge placements are BNSH");
       bytes = place_rows(bytes, kv.batch * kv.heads, kv.tokens, 2 * s.head_dim, tokens, pad);
@@ -173,7 +192,17 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
     out.window = scheme_window(*scheme, raw_operand(out.window_values.data(), kv.heads, kv.tokens, s.head_dim, false),
                                KvFormat::kBf16);
   }
-  if (c.placement != Placement::kPacked) {  // codes rows moved; a huge cache's per-row parameters too
+  if (paging) {  // codes rows into their pages, per-row parameters (token, head, group) with them
+    bytes.codes = to_pages(bytes.codes, {kv.batch, kv.heads, kv.tokens, row, fbgemm, false}, *paging, 0xFF);
+    const bool token_params = scheme->granularity == Granularity::kToken && !scheme->scale_free;
+    if ((per_row_params && !fbgemm) || token_params) {
+      const int64_t heads = token_params ? 1 : kv.heads;
+      const int64_t unit = num_groups(*scheme, kv) / (kv.batch * heads * kv.tokens) * pbytes;
+      const PagedUnits u{kv.batch, heads, kv.tokens, unit, false, true};
+      bytes.scales = to_pages(bytes.scales, u, *paging, 0x7e);
+      if (!bytes.zeros.empty()) bytes.zeros = to_pages(bytes.zeros, u, *paging, 0x7e);
+    }
+  } else if (c.placement != Placement::kPacked) {  // codes rows moved; a huge cache's per-row parameters too
     if (fbgemm || scheme->has_window() || !(per_row_params || scheme->scale_free))
       throw InputError(fmt::format("{}: strided and huge placements take head / group / scale-free schemes",
                                    to_string(*scheme)));
@@ -192,6 +221,7 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
                              out.scales.data(), out.zeros.size() ? out.zeros.data() : nullptr,
                              out.tensor_scale.size() ? reinterpret_cast<const float*>(out.tensor_scale.data()) : nullptr);
   if (pad) restride(out.op, kv.heads, tokens, row + pad);
+  if (paging) out.op = paged_operand(out.op, kv.heads, paging->page_tokens, static_cast<int>(s.head_dim), row);
   out.reference_values = std::move(deq);
   return out;
 }
@@ -216,6 +246,7 @@ std::string shape_string(const Case& c, const DecodeParams& planned) {
   }
   std::string placed = c.placement == Placement::kStrided ? " strided views"
                        : c.placement == Placement::kHuge  ? fmt::format(" placed in T={}", placed_tokens(c))
+                       : c.placement == Placement::kPaged ? fmt::format(" pages of {}", c.page_tokens)
                                                           : "";
   if (!c.broken.empty()) placed += fmt::format(" rows of sequences {} not judged", fmt::join(c.broken, ","));
   return fmt::format("B={} Hq={} Hkv={} T={} D={}{}{}{} splits={} heads/CTA={}", c.shape.batch, c.shape.q_heads,
@@ -254,16 +285,25 @@ struct Gate {
     if (c.storage.k && c.storage.k->hadamard)
       for (int64_t r = 0; r < s.batch * s.q_heads; ++r)
         hadamard_rotate(q_ref.data() + r * s.head_dim, s.head_dim, c.storage.k->rotation_block(s.head_dim));
-    CaseResult r{v.name, c.name, c.storage.name(), c.storage.formats(), c.storage.bsnh ? "BSNH" : "BNSH", "",
+    const char* layout = c.placement == Placement::kPaged ? "paged" : c.storage.bsnh ? "BSNH" : "BNSH";
+    CaseResult r{v.name, c.name, c.storage.name(), c.storage.formats(), layout, "",
                  "", s.batch * s.q_heads * s.head_dim, false};
     try {
-      DeviceOperand dk = make_operand(c, std::move(k), c.storage.k, c.storage.k_format);
-      DeviceOperand dv = make_operand(c, std::move(vv), c.storage.v, c.storage.v_format);
+      std::optional<Paging> paging;
+      DeviceBuffer<int32_t> table;
+      if (c.placement == Placement::kPaged) {
+        paging = make_paging(lengths(c), s.tokens, c.page_tokens, 31);
+        table = DeviceBuffer<int32_t>(paging->table);
+      }
+      const Paging* pages = paging ? &*paging : nullptr;
+      DeviceOperand dk = make_operand(c, std::move(k), c.storage.k, c.storage.k_format, pages);
+      DeviceOperand dv = make_operand(c, std::move(vv), c.storage.v, c.storage.v_format, pages);
       DecodeShape placed = s;
       placed.tokens = placed_tokens(c);
       DecodeRun run(placed, q, c.seq_lens, c.alibi, softmax_scale);
       run.set_cache(c.storage.k_format, dk.op, c.storage.v_format, dv.op);
       run.set_windows(dk.window, dv.window);
+      if (paging) run.set_pages(table.data(), paging->table_stride, paging->page_tokens);
       const DecodeParams planned = run.plan(v, sm_count, c.splits);
       r.shape = shape_string(c, planned);
       if (const std::string why = v.unsupported_reason(planned); !why.empty()) {
@@ -393,6 +433,37 @@ void run_placements(Gate& g, int64_t T, bool quick) {
     c.placement = Placement::kHuge;
     g.run(c);
   }
+}
+
+// kvq.gate's paged family: every storage in pages of 16, 32, 64 and 128 tokens (in turn) shuffled
+// through a pool with poisoned spare pages, the lengths no multiple of a page; the common storages
+// at every page size, other head dims and groups, forced splits. Quick runs: a few of each.
+void run_paged(Gate& g, int64_t T, bool quick, const std::vector<Storage>& storages) {
+  const int32_t t = static_cast<int32_t>(T);
+  const int pages[] = {16, 32, 64, 128};
+  auto paged = [](Case c, int page_tokens) {
+    c.placement = Placement::kPaged, c.page_tokens = page_tokens;
+    return c;
+  };
+  const std::vector<int32_t> lens = {t, 1, t / 2 + 27, 0};
+  for (size_t i = 0; i < storages.size(); ++i)
+    if (!quick || i % 8 == 0)
+      g.run(paged({"paged", {"", 4, 8, 2, T, 128}, lens, false, storages[i]}, pages[i % 4]));
+  for (const Storage& st : {raw(KvFormat::kBf16), quantized("int8-head", "int8-head"),
+                            quantized("int4-g32-asym", "int4-g32-asym"), quantized("q4_0", "q8_0"),
+                            quantized("nvfp4", "nvfp4"), quantized("int4-head-asym", "int4-head-asym", true)})
+    for (int page : pages) {
+      if (quick && page != 16) continue;
+      g.run(paged({"paged, page sizes", {"", 3, 8, 2, T, 128}, {t, t - 17, 33}, false, st}, page));
+      if (quick) continue;
+      g.run(paged({"paged, head_dim 64, MQA", {"", 2, 8, 1, T, 64}, {t - 1, 45}, false, st}, page));
+      g.run(paged({"paged, head_dim 256, group of 6", {"", 2, 12, 2, T, 256}, {t, 100}, false, st}, page));
+    }
+  if (g.v.split_k)
+    for (int splits : {1, 3, 64})  // splits start at multiples of a step: pages of 16 split between halves
+      g.run(paged({fmt::format("paged, forced {} splits", splits), {"", 2, 8, 2, 1000, 128}, {1000, 333}, false,
+                   quantized("int8-head-asym", "int4-g32-asym"), splits},
+                  16));
 }
 
 // Why no decode kernel reads storage `st` at `head_dim` (a dump's D may be anything), or "" when one
@@ -535,6 +606,7 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
     }
   run_large_logits(g, T, v.split_k);
   run_placements(g, T, opt.quick);
+  run_paged(g, T, opt.quick, storages);
   // Hostile shapes: one key, keys not a tile multiple, no keys at all, no batch.
   for (const Case& c : {Case{"one key", {"", 1, 4, 1, 1, 128}, {}, false, raw(KvFormat::kBf16)},
                         Case{"33 keys", {"", 2, 4, 2, 33, 128}, {}, false, quantized("int4-g32-asym", "int4-g32-asym")},

@@ -9,7 +9,9 @@ Each kernel declares what its variant declares in C++ (gpu/registry.hpp): the st
 dims it reads (DecodeVariant::unsupported_reason) and the precision profile of its arithmetic for the
 storage pair (decode_precision_profile). The cache is read through its strides (the strided family);
 Q, scales and zero points are made contiguous first, as kvq.gpu takes them. Layouts: "bnsh" (planar
-codes, raw values BNSH) or "fbgemm" (int4 inline rows); paged caches are not read by kvq's kernels.
+codes, raw values BNSH), "fbgemm" (int4 inline rows) or "paged" (decode-tc: kvq.gate's pages of codes
+or values read in place through the block table; each page's parameters made head-major, the layout
+kvq.gpu reads: [pages, P, Hkv, ...] -> [pages, Hkv, P, ...], page ids unchanged).
 """
 from . import gpu
 from .gate import Kernel
@@ -24,6 +26,11 @@ def _support(variant, k, v, layout, head_dim):
 
 
 def _cache(op, layout):
+    if layout == "paged":
+        if op.scheme is None:
+            return gpu.Cache(op.storage, op.values, layout="paged")
+        return gpu.Cache(op.storage, op.codes, _head_major(op.scales), _head_major(op.zero_points), layout="paged",
+                         tensor_scale=op.tensor_scale)
     if op.scheme is None:  # raw values: BNSH, or BSNH beside FBGEMM rows (kvq.gate's layouts)
         return gpu.Cache(op.storage, op.values, layout="bnsh" if layout == "bnsh" else "bsnh")
     if layout == "fbgemm":
@@ -37,16 +44,25 @@ def _packed(x):
     return None if x is None else x.contiguous()
 
 
-def kernel(variant="decode-tc", layout="bnsh", splits=0):
-    """The registered decode variant `variant` as a kvq.gate.Kernel (layout "bnsh" or "fbgemm");
-    splits > 0 forces that many key splits (split-K variants)."""
-    if layout not in ("bnsh", "fbgemm"):
-        raise ValueError(f"kvq.gate_kvq: layout '{layout}': kvq's decode kernels read bnsh or fbgemm caches")
+def _head_major(x):
+    """Paged per-row parameters [pages, P, Hkv(, groups)] -> [pages, Hkv, P(, groups)]; per-token ones
+    ([pages, P]) and per-tensor ones as they are."""
+    if x is None:
+        return None
+    return x.transpose(1, 2).contiguous() if x.dim() >= 3 else x.contiguous()
+
+
+def kernel(variant="decode-tc", layout="bnsh", splits=0, page_size=16):
+    """The registered decode variant `variant` as a kvq.gate.Kernel (layout "bnsh", "fbgemm" or "paged",
+    in pages of `page_size` tokens); splits > 0 forces that many key splits (split-K variants)."""
+    if layout not in ("bnsh", "fbgemm", "paged"):
+        raise ValueError(f"kvq.gate_kvq: layout '{layout}': kvq's decode kernels read bnsh, fbgemm or paged caches")
 
     def run(case):
+        paged = case.layout == "paged"
         o, lse = gpu.decode(case.q.contiguous(), _cache(case.k, case.layout), _cache(case.v, case.layout), seq_lens=case.seq_lens,
                             alibi_slopes=case.alibi_slopes, softmax_scale=case.softmax_scale, variant=variant,
-                            splits=splits)
+                            splits=splits, block_table=case.block_table.contiguous() if paged else None)
         return o, lse
 
     def why_not(spec, k, v):
@@ -60,16 +76,17 @@ def kernel(variant="decode-tc", layout="bnsh", splits=0):
                 return s["profile"]
         return s["profile"] or "fp32-obf16"
 
-    name = variant + (":fbgemm" if layout == "fbgemm" else "") + (f" splits={splits}" if splits else "")
-    return Kernel(run, name=name, layout=layout, profile=profile, why_not=why_not, strides=True)
+    name = variant + {"fbgemm": ":fbgemm", "paged": f":paged{page_size}"}.get(layout, "") + (f" splits={splits}" if splits else "")
+    return Kernel(run, name=name, layout=layout, profile=profile, why_not=why_not, strides=True, page_size=page_size)
 
 
 def __getattr__(name):
-    """Module attributes for the command line: decode_tc, decode_splitk, decode_tc_fbgemm, ... (a variant
-    name with '_' for '-', and '_fbgemm' for the FBGEMM-row layout)."""
+    """Module attributes for the command line: decode_tc, decode_splitk, decode_tc_fbgemm, decode_tc_paged,
+    ... (a variant name with '_' for '-', '_fbgemm' for the FBGEMM-row layout, '_paged' for pages of 16)."""
     layout = "bnsh"
-    if name.endswith("_fbgemm"):
-        name, layout = name[:-len("_fbgemm")], "fbgemm"
+    for suffix in ("_fbgemm", "_paged"):
+        if name.endswith(suffix):
+            name, layout = name[:-len(suffix)], suffix[1:]
     variant = name.replace("_", "-")
     if name.startswith("decode_") and gpu.available() and any(v["name"] == variant for v in gpu.variants("decode")):
         return kernel(variant, layout)

@@ -69,7 +69,11 @@ class Cache:
     rows [B, T, H, D/2 + 4n]), `scales` and `zero_points` in group order (quant/groups.hpp; None where
     the scheme has none), in the scale dtype as kvq.quantize gives them (float16, float32, or uint8 bytes
     for mxfp4's e8m0 and nvfp4's e4m3), and nvfp4's `tensor_scale` (a float32 0-dim tensor on the device).
-    layout: "bnsh" or "bsnh" (raw and planar codes), or "fbgemm"."""
+    layout: "bnsh" or "bsnh" (raw and planar codes), or "fbgemm"; or "paged": `data` a pool of pages
+    [pages, P, Hkv, D] (raw) or [pages, P, Hkv, row bytes] (codes), read through its strides (vLLM's and
+    FlashInfer's NHD pools, an HND pool as its transposed view, K or V of a pool that interleaves them),
+    `scales` / `zero_points` contiguous [pages, Hkv, P(, groups)] (per-token schemes [pages, P]):
+    decode takes the block table."""
     storage: str
     data: Any
     scales: Any = None
@@ -160,9 +164,11 @@ def _scale_dtype(torch, scheme):
 
 
 def decode(q, k, v, *, seq_lens=None, alibi_slopes=None, softmax_scale=None, variant=None, splits=0, out=None,
-           lse=None, info=False):
+           lse=None, info=False, block_table=None):
     """Decode attention (one query per sequence): q bf16 [B, Hq, D] over k, v (Cache, or bf16 / fp16
     tensors [B, Hkv, T, D]); seq_lens int32 [B] on the device (None: all T), alibi_slopes fp32 [Hq].
+    Paged caches (Cache layout "paged", decode-tc): block_table int32 [B, pages per sequence] on the
+    device, sequence b's tokens [i P, (i + 1) P) in page block_table[b, i]; P a power of two >= 16.
     variant None: decode-tc where it reads the storages, else decode-splitk (`kvq variants`); splits > 0
     forces the key splits of a split-K variant. Returns (O bf16 [B, Hq, D], LSE fp32 [B, Hq], natural
     log, -inf for an empty sequence), and the launch (variant, splits, profile) when info."""
@@ -176,5 +182,5 @@ def decode(q, k, v, *, seq_lens=None, alibi_slopes=None, softmax_scale=None, var
         out = torch.empty_like(q) if out is None else out
         lse = torch.empty(B, Hq, dtype=torch.float32, device=q.device) if lse is None else lse
         launch = _gpu.decode(q, k._as_dict(), v._as_dict(), out, lse, seq_lens, alibi_slopes, float(softmax_scale or 0),
-                             variant or "", int(splits), _stream(torch, q))
+                             variant or "", int(splits), _stream(torch, q), block_table)
     return (out, lse, launch) if info else (out, lse)

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""decode-tc over a paged cache beside the same cache contiguous (issue 33): per shape, storage pair and
+page size, the median time of both (CUDA-graph replays, rotating input sets >= 4x L2, as bench_peers.py
+times) and their ratio. The paged pool holds the contiguous cache's pages in a shuffled order (a serving
+engine's allocator after many requests); the paged output must equal the contiguous one bit for bit
+(same splits, same arithmetic), which is checked per row before timing.
+
+    python3 experiments/bench/bench_paged.py --out results/paged/paged.csv [--shapes llama8b] [--pages 16 64]
+
+Needs a CUDA GPU, torch and kvq._gpu (a build with KVQ_PYTHON; PYTHONPATH=build-gpu/python).
+"""
+import argparse
+import csv
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_peers import driver_version, time_graphs  # noqa: E402
+from peer_rows import SHAPES, input_sets  # noqa: E402
+
+import kvq  # noqa: E402
+import kvq.gpu  # noqa: E402
+
+PAIRS = (("bf16", "bf16"), ("int8-head", "int8-head"), ("int4-g32-asym", "int4-g32-asym"), ("fp8-e4m3", "fp8-e4m3"),
+         ("q4_0", "q8_0"))
+COLUMNS = ("shape,B,HQ,HKV,T,D,k,v,page_tokens,contiguous_us,paged_us,paged_over_contiguous,contiguous_p10,"
+           "contiguous_p90,paged_p10,paged_p90,input_sets,calls_per_graph,gpu,driver,commit").split(",")
+
+
+def operand(x, storage):
+    """x bf16 [B, H, T, D] as a contiguous Cache of `storage`."""
+    return kvq.gpu.Cache(storage, x) if storage in ("bf16", "fp16") else kvq.gpu.quantize(x, storage)
+
+
+def to_pool(a, perm, P, head_major):
+    """[B, H, T, ...] -> a pool [pages, P, H, ...] (head_major: [pages, H, P, ...]; per-token [B, T] ->
+    [pages, P]) whose page perm[b * T/P + i] holds tokens [i P, (i + 1) P) of sequence b."""
+    if a is None or a.dim() < 2:
+        return a
+    if a.dim() == 2:  # per-token parameters [B, T]
+        B, T = a.shape
+        pages = a.reshape(B * T // P, P)
+    else:
+        B, H, T = a.shape[:3]
+        rest = tuple(a.shape[3:])
+        pages = a.reshape(B, H, T // P, P, *rest).movedim(2, 1)  # [B, T/P, H, P, ...]
+        if not head_major:
+            pages = pages.movedim(3, 2)  # [B, T/P, P, H, ...]
+        pages = pages.reshape(B * T // P, *pages.shape[2:])
+    pool = torch.empty_like(pages)
+    pool[perm] = pages
+    return pool.contiguous()
+
+
+def paged_operand(c, perm, P):
+    """The contiguous Cache `c` as a paged one: its pages at perm's places in a pool."""
+    B, H, T = c.data.shape[:3]
+
+    def shaped(a):  # kvq.gpu.quantize's flat parameters: [B, H, T, groups], per token [B, T], per tensor as is
+        if a is None or a.numel() < B * T:
+            return a
+        return a.view(B, T) if a.numel() == B * T and H > 1 else a.view(B, H, T, -1)
+    return kvq.gpu.Cache(c.storage, to_pool(c.data, perm, P, False), to_pool(shaped(c.scales), perm, P, True),
+                         to_pool(shaped(c.zero_points), perm, P, True), layout="paged", tensor_scale=c.tensor_scale)
+
+
+def one_set(shape, pair, P, gen):
+    B, H, T, D = shape.B, shape.HKV, shape.T, shape.D
+    q = torch.randn(B, shape.HQ, D, device="cuda", generator=gen).to(torch.bfloat16)
+    caches, paged = [], []
+    pages = B * T // P
+    perm = torch.randperm(pages, device="cuda", generator=gen)
+    for storage in pair:
+        c = operand(torch.randn(B, H, T, D, device="cuda", generator=gen).to(torch.bfloat16), storage)
+        caches.append(c)
+        paged.append(paged_operand(c, perm, P))
+    table = perm.reshape(B, T // P).to(torch.int32).contiguous()
+    lens = torch.full((B,), T, dtype=torch.int32, device="cuda")
+    return q, caches, paged, table, lens
+
+
+def bytes_of(*tensors):
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None and hasattr(t, "numel"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="seed000|seed002|llama8b|smollm2", help="regex over shape names")
+    ap.add_argument("--pages", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--pairs", default="", help="regex over 'K/V' storage pairs (default: all of PAIRS)")
+    ap.add_argument("--reps", type=int, default=30)
+    args = ap.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    gpu = props.name
+    commit = os.environ.get("KVQ_COMMIT") or subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                                                            text=True).stdout.strip() or "unknown"
+    l2 = getattr(props, "L2_cache_size", 50 << 20)
+    rows = []
+    shapes = [s for s in SHAPES if re.search(args.shapes, s.name)]
+    pairs = [p for p in PAIRS if re.search(args.pairs, f"{p[0]}/{p[1]}")]
+    todo = [(s, p, P) for s in shapes for p in pairs for P in args.pages if s.T % P == 0]
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    for n, (shape, pair, P) in enumerate(todo, 1):
+        gen = torch.Generator(device="cuda").manual_seed(n)
+        first = one_set(shape, pair, P, gen)
+        set_bytes = bytes_of(first[1][0].data, first[1][0].scales, first[1][1].data, first[1][1].scales) * 2
+        sets = input_sets(set_bytes, l2, props.total_memory)
+        data = [first] + [one_set(shape, pair, P, gen) for _ in range(sets - 1)]
+        q, caches, paged, table, lens = first
+        o_c, l_c = kvq.gpu.decode(q, caches[0], caches[1], seq_lens=lens, variant="decode-tc")
+        o_p, l_p = kvq.gpu.decode(q, paged[0], paged[1], seq_lens=lens, variant="decode-tc", block_table=table)
+        if not (torch.equal(o_c, o_p) and torch.equal(l_c, l_p)):
+            raise SystemExit(f"{shape.name} B={shape.B} T={shape.T} {pair} P={P}: paged output differs from contiguous")
+        calls = max(1, min(20, int(2e9 // max(set_bytes, 1))))
+        outs = [(torch.empty_like(d[0]), torch.empty(shape.B, shape.HQ, device="cuda")) for d in data]
+
+        def contiguous(i):
+            q, c, _, _, lens = data[i]
+            return lambda: kvq.gpu.decode(q, c[0], c[1], seq_lens=lens, variant="decode-tc", out=outs[i][0], lse=outs[i][1])
+
+        def paged_call(i):
+            q, _, p, table, lens = data[i]
+            return lambda: kvq.gpu.decode(q, p[0], p[1], seq_lens=lens, variant="decode-tc", out=outs[i][0], lse=outs[i][1],
+                                          block_table=table)
+        tc = time_graphs(contiguous, sets, args.reps, calls_per_graph=calls)
+        tp = time_graphs(paged_call, sets, args.reps, calls_per_graph=calls)
+        mc, mp = statistics.median(tc), statistics.median(tp)
+        q10 = lambda us: statistics.quantiles(us, n=10)[0]  # noqa: E731
+        q90 = lambda us: statistics.quantiles(us, n=10)[-1]  # noqa: E731
+        rows.append({"shape": shape.name, "B": shape.B, "HQ": shape.HQ, "HKV": shape.HKV, "T": shape.T, "D": shape.D,
+                     "k": pair[0], "v": pair[1], "page_tokens": P, "contiguous_us": f"{mc:.2f}", "paged_us": f"{mp:.2f}",
+                     "paged_over_contiguous": f"{mp / mc:.3f}", "contiguous_p10": f"{q10(tc):.2f}",
+                     "contiguous_p90": f"{q90(tc):.2f}", "paged_p10": f"{q10(tp):.2f}", "paged_p90": f"{q90(tp):.2f}",
+                     "input_sets": sets, "calls_per_graph": calls, "gpu": gpu, "driver": driver_version(), "commit": commit})
+        print(f"[{n}/{len(todo)}] {shape.name} B={shape.B} T={shape.T} {pair[0]}/{pair[1]} P={P}: contiguous {mc:.2f} us, "
+              f"paged {mp:.2f} us ({mp / mc:.3f}x)", file=sys.stderr, flush=True)
+        del data, outs, first, q, caches, paged
+        torch.cuda.empty_cache()
+        with open(args.out, "w", newline="") as f:  # rewritten each row: a cut-off run keeps what it timed
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            w.writeheader()
+            w.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
