@@ -183,21 +183,33 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   // Groups are powers of two (they divide D and hold whole k-slices): shifts, not divisions, in the loops.
   const int k_shift = kKSlicesPerGroup > 0 ? ilog2(kKSlicesPerGroup) : plan.k.group_shift;
   const int v_shift = kVPairsPerGroup > 0 ? ilog2(kVPairsPerGroup) : kVBlocks16 ? ilog2(Tr::kSlices / 2) : plan.v.group_shift;
-  // Paged caches: the pages of a step's halves (ids read from the block table as the step is issued).
+  // Paged caches: the pages of a step's halves. Their ids are read from the block table one step
+  // before the step is issued (a dependent load in front of the copies would stall the warp).
   const bool paged = p.block_table != nullptr;
   const int32_t* page_row = p.block_table + b * p.table_stride;
+  struct PageIds {
+    int first = 0, second = 0;
+  };
   struct StepPages {
     PageShift k, v;
   };
-  auto page_shifts = [&](int64_t t0, int n) {
-    StepPages r;
-    PageShift &k = r.k, &v = r.v;
+  // The ids of the pages of keys [t0, t0 + n) (the second half's only when it has keys in another page).
+  auto page_ids = [&](int64_t t0, int n) {
+    PageIds r;
     if (paged) {
-      k.paged = v.paged = true;
       const int64_t i0 = t0 >> plan.page_shift, i1 = (t0 + 16) >> plan.page_shift;
-      const int64_t id0 = __ldg(page_row + i0), id1 = kST > 16 && n > 16 && i1 != i0 ? __ldg(page_row + i1) : id0;
-      set_page_shift(k, 0, ks, plan.k, id0, i0 << plan.page_shift), set_page_shift(k, 1, ks, plan.k, id1, i1 << plan.page_shift);
-      set_page_shift(v, 0, vs, plan.v, id0, i0 << plan.page_shift), set_page_shift(v, 1, vs, plan.v, id1, i1 << plan.page_shift);
+      r.first = __ldg(page_row + i0);
+      r.second = kST > 16 && n > 16 && i1 != i0 ? __ldg(page_row + i1) : r.first;
+    }
+    return r;
+  };
+  auto page_shifts = [&](int64_t t0, PageIds ids) {
+    StepPages r;
+    if (paged) {
+      r.k.paged = r.v.paged = true;
+      const int64_t first0 = t0 >> plan.page_shift << plan.page_shift, first1 = (t0 + 16) >> plan.page_shift << plan.page_shift;
+      set_page_shift(r.k, 0, ks, plan.k, ids.first, first0), set_page_shift(r.k, 1, ks, plan.k, ids.second, first1);
+      set_page_shift(r.v, 0, vs, plan.v, ids.first, first0), set_page_shift(r.v, 1, vs, plan.v, ids.second, first1);
     }
     return r;
   };
@@ -254,13 +266,15 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   uint32_t* ring = stages + warp * kS * lay.stage_words;
   const uint32_t k_magic = plan.k.units_magic, v_magic = plan.v.units_magic;
   auto step_start = [&](int s) { return t_begin + (static_cast<int64_t>(s) * Tr::kWarps + warp) * kST; };
+  auto step_keys = [&](int64_t t0) { return static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST); };
+  auto step_page_ids = [&](int s) { return s < my_steps ? page_ids(step_start(s), step_keys(step_start(s))) : PageIds{}; };
   // n_lo > 0 only for step 0 (chan-tN), issued before the loop: the loop's copies carry no lower mask.
-  auto issue = [&](int s, int n_lo) {
+  auto issue = [&](int s, int n_lo, PageIds ids) {
     if (s < my_steps) {
       uint32_t* st = ring + (s % kS) * lay.stage_words;
       const int64_t t0 = step_start(s);
-      const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
-      const StepPages pages = page_shifts(t0, n);
+      const int n = step_keys(t0);
+      const StepPages pages = page_shifts(t0, ids);
       copy_step<Tr::kKRowWords, typename Tr::KRows, kST, kChanK>(st, st + lay.k_params, ks, t0, n_lo, n, lane, k_magic,
                                                                  pages.k);
       copy_step<Tr::kVRowWords, typename Tr::VRows, kST>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0, n_lo, n, lane,
@@ -269,12 +283,14 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     cp_async_commit();  // empty groups keep the count uniform
   };
 #pragma unroll
-  for (int s = 0; s < kS - 1; ++s) issue(s, s == 0 && warp == 0 ? first_masked : 0);
+  for (int s = 0; s < kS - 1; ++s) issue(s, s == 0 && warp == 0 ? first_masked : 0, step_page_ids(s));
+  PageIds next_ids = step_page_ids(kS - 1);
 
   for (int s = 0; s < my_steps; ++s) {
     cp_async_wait<kS - 2>();
     __syncwarp();
-    issue(s + kS - 1, 0);  // into the stage consumed at step s - 1
+    issue(s + kS - 1, 0, next_ids);  // into the stage consumed at step s - 1
+    next_ids = step_page_ids(s + kS);
     const uint32_t* st = ring + (s % kS) * lay.stage_words;
     const uint32_t* kc = st;
     const uint32_t* vc = st + kST * Tr::kKStride;
