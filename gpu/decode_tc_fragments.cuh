@@ -63,11 +63,11 @@ struct TcSource {
 // F: the operand's storage. What only the block formats use (a code offset: int4 / int5 storages
 // outside chan-tN kernels, kMayOffset; one-byte scales and the table: kLut4) is read for those
 // storages alone, so that the other kernels keep their registers.
-template <int D, KvFormat F, bool kMayOffset = F == KvFormat::kInt4 || F == KvFormat::kInt5>
+template <int D, KvFormat F, bool kPaged, bool kMayOffset = F == KvFormat::kInt4 || F == KvFormat::kInt5>
 __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const TcOperandPlan& pl, const DecodeParams& p,
                                               int64_t b, int64_t h, int row_words, int64_t t_origin) {
   TcSource s;
-  const bool paged = p.block_table != nullptr;  // rows and parameters of page 0 here; copy_step adds each page's
+  constexpr bool paged = kPaged;  // rows and parameters of page 0 here; copy_step adds each page's
   s.rows = op.data + (paged ? 0 : b * op.stride_b) + h * op.stride_h;
   s.stride_t = op.stride_t;
   s.mode = op.mode;

@@ -138,7 +138,9 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, const TcP
 // in the fragments (a step lies in one token group), then multiplied as raw fp16 K. kVPairsPerGroup =
 // -1: nvfp4 V, whose blocks of 16 split an m-tile pair: their e4m3 scales multiply the V fragments
 // (exact in fp16) and P' carries the uniform s_t / 2, built once per step.
-template <KvFormat FK, KvFormat FV, int D, int kKSlicesPerGroup, int kVPairsPerGroup>
+// kPaged: K and V in pages (DecodeParams::block_table), a kernel of its own so that the contiguous
+// kernels carry none of the page arithmetic (at B = 1 every instruction of a CTA is on the latency chain).
+template <KvFormat FK, KvFormat FV, int D, int kKSlicesPerGroup, int kVPairsPerGroup, bool kPaged = false>
 __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV, D>::kMinCtas)
     decode_tc_kernel(const DecodeParams p, const TcPlan plan) {
   using Tr = TcTraits<FK, FV, D>;
@@ -177,15 +179,15 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   const int first_masked = kChanK && split == 0 ? static_cast<int>(lo - base) : 0;  // constant 0 unless chan-tN
 
   const TcStageLayout lay{plan.k_params, plan.v_params, plan.stage_words};
-  const TcSource ks = tc_source<D, FK, !kChanK && (FK == KvFormat::kInt4 || FK == KvFormat::kInt5)>(p.k, plan.k, p, b, hk,
+  const TcSource ks = tc_source<D, FK, kPaged, !kChanK && (FK == KvFormat::kInt4 || FK == KvFormat::kInt5)>(p.k, plan.k, p, b, hk,
                                                                                                    Tr::kKRowWords, t_begin);
-  const TcSource vs = tc_source<D, FV>(p.v, plan.v, p, b, hk, Tr::kVRowWords, t_begin);
+  const TcSource vs = tc_source<D, FV, kPaged>(p.v, plan.v, p, b, hk, Tr::kVRowWords, t_begin);
   // Groups are powers of two (they divide D and hold whole k-slices): shifts, not divisions, in the loops.
   const int k_shift = kKSlicesPerGroup > 0 ? ilog2(kKSlicesPerGroup) : plan.k.group_shift;
   const int v_shift = kVPairsPerGroup > 0 ? ilog2(kVPairsPerGroup) : kVBlocks16 ? ilog2(Tr::kSlices / 2) : plan.v.group_shift;
   // Paged caches: the pages of a step's halves. Their ids are read from the block table one step
   // before the step is issued (a dependent load in front of the copies would stall the warp).
-  const bool paged = p.block_table != nullptr;
+  constexpr bool paged = kPaged;
   const int32_t* page_row = p.block_table + b * p.table_stride;
   struct PageIds {
     int first = 0, second = 0;
@@ -196,7 +198,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   // The ids of the pages of keys [t0, t0 + n) (the second half's only when it has keys in another page).
   auto page_ids = [&](int64_t t0, int n) {
     PageIds r;
-    if (paged) {
+    if constexpr (paged) {
       const int64_t i0 = t0 >> plan.page_shift, i1 = (t0 + 16) >> plan.page_shift;
       r.first = __ldg(page_row + i0);
       r.second = kST > 16 && n > 16 && i1 != i0 ? __ldg(page_row + i1) : r.first;
@@ -205,7 +207,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   };
   auto page_shifts = [&](int64_t t0, PageIds ids) {
     StepPages r;
-    if (paged) {
+    if constexpr (paged) {
       r.k.paged = r.v.paged = true;
       const int64_t first0 = t0 >> plan.page_shift << plan.page_shift, first1 = (t0 + 16) >> plan.page_shift << plan.page_shift;
       set_page_shift(r.k, 0, ks, plan.k, ids.first, first0), set_page_shift(r.k, 1, ks, plan.k, ids.second, first1);
@@ -220,7 +222,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     // t_begin's row and parameter index (paged: in its page)
     int64_t row_t = t_begin, param_index = vs.first_param + t_begin * vs.groups;
     const uint8_t* row_base = vs.rows;
-    if (paged) {
+    if constexpr (paged) {
       const int64_t id = __ldg(page_row + (t_begin >> plan.page_shift)), in_page = t_begin & ((1 << plan.page_shift) - 1);
       row_t = in_page, row_base += id * plan.v.page_bytes;
       param_index = vs.first_param + id * p.v.param_stride_page + in_page * vs.groups;
@@ -274,7 +276,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
       uint32_t* st = ring + (s % kS) * lay.stage_words;
       const int64_t t0 = step_start(s);
       const int n = step_keys(t0);
-      const StepPages pages = page_shifts(t0, ids);
+      const StepPages pages = page_shifts(t0, ids);  // contiguous: all 0, folded away
       copy_step<Tr::kKRowWords, typename Tr::KRows, kST, kChanK>(st, st + lay.k_params, ks, t0, n_lo, n, lane, k_magic,
                                                                  pages.k);
       copy_step<Tr::kVRowWords, typename Tr::VRows, kST>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0, n_lo, n, lane,
@@ -283,14 +285,14 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     cp_async_commit();  // empty groups keep the count uniform
   };
 #pragma unroll
-  for (int s = 0; s < kS - 1; ++s) issue(s, s == 0 && warp == 0 ? first_masked : 0, step_page_ids(s));
-  PageIds next_ids = step_page_ids(kS - 1);
+  for (int s = 0; s < kS - 1; ++s) issue(s, s == 0 && warp == 0 ? first_masked : 0, paged ? step_page_ids(s) : PageIds{});
+  PageIds next_ids = paged ? step_page_ids(kS - 1) : PageIds{};
 
   for (int s = 0; s < my_steps; ++s) {
     cp_async_wait<kS - 2>();
     __syncwarp();
     issue(s + kS - 1, 0, next_ids);  // into the stage consumed at step s - 1
-    next_ids = step_page_ids(s + kS);
+    if constexpr (paged) next_ids = step_page_ids(s + kS);
     const uint32_t* st = ring + (s % kS) * lay.stage_words;
     const uint32_t* kc = st;
     const uint32_t* vc = st + kST * Tr::kKStride;

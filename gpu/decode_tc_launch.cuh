@@ -112,7 +112,9 @@ struct TcEntry {
   std::vector<const void*> (*kernels)() = nullptr;
 };
 
-template <KvFormat FK, KvFormat FV, int D>
+// The kernel of `shape`; paged caches (kernels of their own: kPaged) read with the same shapes, but
+// mixed pairs with the general one only (compile time) and no chan-tN K (refused).
+template <KvFormat FK, KvFormat FV, int D, bool kPaged>
 const void* tc_kernel_for(TcGroupShape shape) {
   using Tr = TcTraits<FK, FV, D>;
   constexpr int kSlices = Tr::kSlices;
@@ -120,17 +122,17 @@ const void* tc_kernel_for(TcGroupShape shape) {
   constexpr bool kChanPair = (FK == KvFormat::kInt8 || FK == KvFormat::kInt4) &&
                              (FV == KvFormat::kInt8 || FV == KvFormat::kInt4 || !Tr::V::kQuantized);
   if (shape == TcGroupShape::kChannelK) {
-    if constexpr (kChanPair) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, -1, 0>);
+    if constexpr (kChanPair && !kPaged) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, -1, 0>);
     else return nullptr;  // tensor_core_unsupported_reason names it
   }
   if (shape == TcGroupShape::kVBlocks16) {
-    if constexpr (FV == KvFormat::kLut4) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, -1>);
+    if constexpr (FV == KvFormat::kLut4) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, -1, kPaged>);
     else return nullptr;
   }
   if constexpr (FK != FV) {
     // The mixed pairs the bench and the sweep's defaults use, at D = 64 and 128 (each kernel costs
     // compile time): int8 / FP8 / raw K with int4 g32 V, int4 g32 K with int8 V.
-    constexpr bool kSmallD = D == 64 || D == 128;
+    constexpr bool kSmallD = (D == 64 || D == 128) && !kPaged;
     constexpr bool kRowG32 = kSmallD && FV == KvFormat::kInt4 &&
                              (FK == KvFormat::kInt8 || FK == KvFormat::kFp8E4m3 || FK == KvFormat::kBf16 || FK == KvFormat::kFp16);
     constexpr bool kG32Row = kSmallD && FK == KvFormat::kInt4 && FV == KvFormat::kInt8;
@@ -138,17 +140,22 @@ const void* tc_kernel_for(TcGroupShape shape) {
       if (shape == TcGroupShape::kRowG32) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kSlices, 1>);
     if constexpr (kG32Row)
       if (shape == TcGroupShape::kG32Row) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 2, kSlices / 2>);
-    return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, 0>);
+    return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, 0, kPaged>);
   } else if constexpr (!Tr::kQuantized) {
-    return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kSlices, kSlices / 2>);
+    return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kSlices, kSlices / 2, kPaged>);
   } else {
     switch (shape) {
-      case TcGroupShape::kRow: return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kSlices, kSlices / 2>);
-      case TcGroupShape::kG32: return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 2, 1>);
+      case TcGroupShape::kRow: return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kSlices, kSlices / 2, kPaged>);
+      case TcGroupShape::kG32: return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 2, 1, kPaged>);
       default: break;
     }
-    return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, 0>);
+    return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, 0, kPaged>);
   }
+}
+
+template <KvFormat FK, KvFormat FV, int D>
+const void* tc_kernel_for(TcGroupShape shape, bool paged) {
+  return paged ? tc_kernel_for<FK, FV, D, true>(shape) : tc_kernel_for<FK, FV, D, false>(shape);
 }
 
 template <KvFormat FK, KvFormat FV>
@@ -156,10 +163,11 @@ TcEntry tc_entry() {
   TcEntry e;
   e.kernel = [](const DecodeParams& p) -> const void* {
     const TcGroupShape shape = tc_group_shape(p);
+    const bool paged = p.block_table != nullptr;
     switch (p.head_dim) {
-      case 64: return tc_kernel_for<FK, FV, 64>(shape);
-      case 128: return tc_kernel_for<FK, FV, 128>(shape);
-      case 256: return tc_kernel_for<FK, FV, 256>(shape);
+      case 64: return tc_kernel_for<FK, FV, 64>(shape, paged);
+      case 128: return tc_kernel_for<FK, FV, 128>(shape, paged);
+      case 256: return tc_kernel_for<FK, FV, 256>(shape, paged);
     }
     return nullptr;
   };
@@ -183,9 +191,10 @@ TcEntry tc_entry() {
     std::vector<const void*> all;
     for (TcGroupShape shape : {TcGroupShape::kRow, TcGroupShape::kG32, TcGroupShape::kAny, TcGroupShape::kChannelK,
                                TcGroupShape::kRowG32, TcGroupShape::kG32Row, TcGroupShape::kVBlocks16})
-      for (const void* k : {tc_kernel_for<FK, FV, 64>(shape), tc_kernel_for<FK, FV, 128>(shape),
-                            tc_kernel_for<FK, FV, 256>(shape)})
-        if (k) all.push_back(k);
+      for (bool paged : {false, true})
+        for (const void* k : {tc_kernel_for<FK, FV, 64>(shape, paged), tc_kernel_for<FK, FV, 128>(shape, paged),
+                              tc_kernel_for<FK, FV, 256>(shape, paged)})
+          if (k) all.push_back(k);
     return all;
   };
   return e;
