@@ -60,10 +60,6 @@ KVQ_HD constexpr uint32_t lut_word(LutTable t, int w) {
 struct KvOperand {
   const uint8_t* data = nullptr;
   int64_t stride_b = 0, stride_h = 0, stride_t = 0;  // bytes
-  int64_t stride_page = 0;                           // bytes; paged caches only
-  // Paged caches: parameter (b, h, t, group) is element page*param_stride_page + h*param_stride_h +
-  // (t % P)*groups + group of scales (and zeros): a head's parameters of one page lie together.
-  int64_t param_stride_page = 0, param_stride_h = 0;
   const void* scales = nullptr;  // planar params in group order (quant/groups.hpp)
   const void* zeros = nullptr;   // asymmetric only
   ParamMode mode = ParamMode::kNone;
@@ -78,6 +74,11 @@ struct KvOperand {
   bool hadamard = false;     // +had: stored in the rotated basis (K: the kernel rotates Q alike)
   int hadamard_block = 0;    // +had<N>: rotated in blocks of N elements along D (0: the whole row)
   const float* tensor_scale = nullptr;  // nvfp4: the fp32 s_t on the device
+  // (last: the kernels' code for contiguous caches keeps its parameter offsets)
+  int64_t stride_page = 0;  // bytes; paged caches only
+  // Paged caches: parameter (b, h, t, group) is element page*param_stride_page + h*param_stride_h +
+  // (t % P)*groups + group of scales (and zeros): a head's parameters of one page lie together.
+  int64_t param_stride_page = 0, param_stride_h = 0;
   KVQ_HD bool fp32_params() const { return scale_dtype == ScaleDtype::kFp32; }
   KVQ_HD int param_bytes() const {
     return scale_dtype == ScaleDtype::kFp32 ? 4 : scale_dtype == ScaleDtype::kFp16 ? 2 : 1;
@@ -132,12 +133,6 @@ struct DecodeParams {
   KvOperand k, v;
   const uint16_t* q = nullptr;        // bf16 [B, Hq, D]
   const int32_t* seq_lens = nullptr;  // [B] in [0, T]; nullptr: all T
-  // A paged cache (tensor-core family): sequence b's tokens [i*P, (i+1)*P) lie in page
-  // block_table[b * table_stride + i]; P = page_tokens, a power of two >= 16. T is the longest
-  // sequence the table can hold (table_stride >= ceil(T / P)). nullptr: contiguous K and V.
-  const int32_t* block_table = nullptr;
-  int64_t table_stride = 0;
-  int page_tokens = 0;
   const float* alibi_slopes = nullptr;  // [Hq]; nullptr: no ALiBi
   float softmax_scale = 0.0f;
   uint16_t* out = nullptr;  // bf16 [B, Hq, D]
@@ -154,6 +149,13 @@ struct DecodeParams {
   int heads_per_cta = 0;  // query heads sharing one CTA's K/V reads: 1, 2, 4 or 8
   float* partial_o = nullptr;    // [splits, B, Hq, D] when splits > 1
   float* partial_lse = nullptr;  // [splits, B, Hq]
+  // A paged cache (tensor-core family): sequence b's tokens [i*P, (i+1)*P) lie in page
+  // block_table[b * table_stride + i]; P = page_tokens, a power of two >= 16. T is the longest
+  // sequence the table can hold (table_stride >= ceil(T / P)). nullptr: contiguous K and V.
+  // (Last: the contiguous kernels' parameter offsets stay as they were.)
+  const int32_t* block_table = nullptr;
+  int64_t table_stride = 0;
+  int page_tokens = 0;
 };
 
 // The operand of a quantized tensor in the layouts gpu/quantize.hpp writes: planar codes BNSH

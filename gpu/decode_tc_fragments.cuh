@@ -154,7 +154,6 @@ __device__ __forceinline__ void copy_param_words(uint32_t* dst, const uint8_t* l
 // contiguous cache.
 struct PageShift {
   int64_t rows[2] = {0, 0}, params[2] = {0, 0};
-  bool paged = false;
 };
 // Page `id` holds tokens from `first`: bytes from their contiguous addresses to the page's.
 __device__ __forceinline__ void set_page_shift(PageShift& ps, int half, const TcSource& s, const TcOperandPlan& pl,
@@ -172,7 +171,7 @@ __device__ __forceinline__ void copy_paged_param_words(uint32_t* dst, const uint
 }
 
 // Rows [t0, t0 + n) in copies of kUnit words: inline parameters to `params`, codes to `codes`.
-template <int kUnit, int kRowWords, typename Rows, int kStepTokens>
+template <int kUnit, int kRowWords, typename Rows, int kStepTokens, bool kPaged>
 __device__ __forceinline__ void copy_rows_in_units(uint32_t* codes, uint32_t* params, const TcSource& s, int64_t t0,
                                                    int n_lo, int n, int lane, uint32_t units_magic, const PageShift& ps) {
   const int units = (s.inline_words + kRowWords) / kUnit;
@@ -181,7 +180,9 @@ __device__ __forceinline__ void copy_rows_in_units(uint32_t* codes, uint32_t* pa
     const int w = (i - r * units) * kUnit;
     const bool ok = r >= n_lo && r < n;
     uint32_t* dst = w < s.inline_words ? params + r * s.inline_words + w : codes + Rows::word(r, w - s.inline_words);
-    const uint8_t* src = s.rows + (ok ? (t0 + r) * s.stride_t + w * 4 + (r < 16 ? ps.rows[0] : ps.rows[1]) : 0);
+    int64_t offset = (t0 + r) * s.stride_t + w * 4;
+    if constexpr (kPaged) offset += r < 16 ? ps.rows[0] : ps.rows[1];
+    const uint8_t* src = s.rows + (ok ? offset : 0);
     if constexpr (kUnit == 4) cp_async16(smem_address(dst), src, ok);
     else if constexpr (kUnit == 2) cp_async8(smem_address(dst), src, ok);
     else cp_async4(smem_address(dst), src, ok);
@@ -192,7 +193,7 @@ __device__ __forceinline__ void copy_rows_in_units(uint32_t* codes, uint32_t* pa
 // the other rows zero-filled so that masked keys multiply finite values), parameters into `params`
 // (kChannel: the step's token group of chan-tN parameters; a template argument, so that the other
 // kernels carry none of its arithmetic).
-template <int kRowWords, typename Rows, int kStepTokens, bool kChannel = false>
+template <int kRowWords, typename Rows, int kStepTokens, bool kChannel = false, bool kPaged = false>
 __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, const TcSource& s, int64_t t0, int n_lo,
                                           int n, int lane, uint32_t units_magic, const PageShift& ps) {
   static_assert(kStepTokens <= 32, "PageShift holds two halves of 16 keys");
@@ -205,33 +206,34 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
     const int row0 = lane / kChunks, ch = lane % kChunks;
     // a pass's rows lie in one half (kRowsPerPass divides 16): the second half's page from pass kHalf on
     constexpr int kHalf = 16 / kRowsPerPass;
-    const uint8_t* src = s.lane_src + t0 * s.stride_t + ps.rows[0];
-    const int64_t to_second = ps.rows[1] - ps.rows[0];
+    const uint8_t* src = s.lane_src + t0 * s.stride_t;
+    int64_t to_second = 0;
+    if constexpr (kPaged) src += ps.rows[0], to_second = ps.rows[1] - ps.rows[0];
     const uint32_t dst = smem_address(codes);
     auto at = [&](int k) { return dst + 4 * Rows::word(row0 + k * kRowsPerPass, 4 * ch); };
     if (n_lo == 0 && n == kStepTokens) {  // a whole step: no row masks
 #pragma unroll
       for (int k = 0; k < kPasses; ++k, src += s.pass_bytes) {
-        if (k == kHalf) src += to_second;
+        if (kPaged && k == kHalf) src += to_second;
         cp_async16(at(k), src, true);
       }
     } else {
 #pragma unroll
       for (int k = 0; k < kPasses; ++k, src += s.pass_bytes) {
-        if (k == kHalf) src += to_second;
+        if (kPaged && k == kHalf) src += to_second;
         const int row = row0 + k * kRowsPerPass;
         const bool ok = row >= n_lo && row < n;  // masked rows copy nothing from a valid address
         cp_async16(at(k), ok ? src : s.rows, ok);
       }
     }
   } else if (s.copy_words == 4) {  // FBGEMM rows whose params and codes tile 16-byte chunks
-    copy_rows_in_units<4, kRowWords, Rows, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic, ps);
+    copy_rows_in_units<4, kRowWords, Rows, kStepTokens, kPaged>(codes, params, s, t0, n_lo, n, lane, units_magic, ps);
   } else if (kRowWords % 4 == 2 && s.copy_words == 2) {  // 5-bit rows at D = 64 (40 bytes): 8-byte copies
-    copy_rows_in_units<2, kRowWords, Rows, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic, ps);
+    copy_rows_in_units<2, kRowWords, Rows, kStepTokens, kPaged>(codes, params, s, t0, n_lo, n, lane, units_magic, ps);
   } else {  // other FBGEMM rows, unaligned rows
-    copy_rows_in_units<1, kRowWords, Rows, kStepTokens>(codes, params, s, t0, n_lo, n, lane, units_magic, ps);
+    copy_rows_in_units<1, kRowWords, Rows, kStepTokens, kPaged>(codes, params, s, t0, n_lo, n, lane, units_magic, ps);
   }
-  if (s.scale_lane && ps.paged) {  // a paged step: each half from its page
+  if (kPaged && s.scale_lane) {  // a paged step: each half from its page
     // (a half without keys copies nothing: its table entry may name no page)
     const int chunk_words = 4 * s.param_row_bytes, words = (n > 16 ? kStepTokens : 16) * s.param_row_bytes / 4;
     const int64_t advance = t0 * s.param_row_bytes;

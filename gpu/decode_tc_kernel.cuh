@@ -208,7 +208,6 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   auto page_shifts = [&](int64_t t0, PageIds ids) {
     StepPages r;
     if constexpr (paged) {
-      r.k.paged = r.v.paged = true;
       const int64_t first0 = t0 >> plan.page_shift << plan.page_shift, first1 = (t0 + 16) >> plan.page_shift << plan.page_shift;
       set_page_shift(r.k, 0, ks, plan.k, ids.first, first0), set_page_shift(r.k, 1, ks, plan.k, ids.second, first1);
       set_page_shift(r.v, 0, vs, plan.v, ids.first, first0), set_page_shift(r.v, 1, vs, plan.v, ids.second, first1);
@@ -219,20 +218,25 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   float first_v_scale = 0.0f;
   if (kVQuant && t_begin < t_end) {
     first_v_scale = vs.tensor_scale;
-    // t_begin's row and parameter index (paged: in its page)
-    int64_t row_t = t_begin, param_index = vs.first_param + t_begin * vs.groups;
-    const uint8_t* row_base = vs.rows;
-    if constexpr (paged) {
+    if constexpr (!paged) {
+      if (vs.mode == ParamMode::kInlineRow)
+        first_v_scale = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.rows + t_begin * vs.stride_t))));
+      else if (kVBlocks16)
+        first_v_scale = vs.scale_mult;
+      else if (vs.mode != ParamMode::kTensor && vs.mode != ParamMode::kNone)
+        first_v_scale = param_in_memory<FV == KvFormat::kLut4>(vs.scales, vs.first_param + t_begin * vs.groups,
+                                                               vs.scale_dtype, vs.scale_mult);
+    } else {  // t_begin's row and parameters in its page
       const int64_t id = __ldg(page_row + (t_begin >> plan.page_shift)), in_page = t_begin & ((1 << plan.page_shift) - 1);
-      row_t = in_page, row_base += id * plan.v.page_bytes;
-      param_index = vs.first_param + id * p.v.param_stride_page + in_page * vs.groups;
+      if (vs.mode == ParamMode::kInlineRow)
+        first_v_scale = __half2float(__ushort_as_half(
+            __ldg(reinterpret_cast<const uint16_t*>(vs.rows + id * plan.v.page_bytes + in_page * vs.stride_t))));
+      else if (kVBlocks16)
+        first_v_scale = vs.scale_mult;
+      else if (vs.mode != ParamMode::kTensor && vs.mode != ParamMode::kNone)
+        first_v_scale = param_in_memory<FV == KvFormat::kLut4>(
+            vs.scales, vs.first_param + id * p.v.param_stride_page + in_page * vs.groups, vs.scale_dtype, vs.scale_mult);
     }
-    if (vs.mode == ParamMode::kInlineRow)
-      first_v_scale = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(row_base + row_t * vs.stride_t))));
-    else if (kVBlocks16)
-      first_v_scale = vs.scale_mult;
-    else if (vs.mode != ParamMode::kTensor && vs.mode != ParamMode::kNone)
-      first_v_scale = param_in_memory<FV == KvFormat::kLut4>(vs.scales, param_index, vs.scale_dtype, vs.scale_mult);
     // mxfp4's zero block stores e = 0 (2^-127): folding by it would lift the next blocks' P' past fp16
     if (FV == KvFormat::kLut4 && vs.scale_dtype == ScaleDtype::kE8M0 && first_v_scale < 0x1p-120f) first_v_scale = 0.0f;
   }
@@ -268,25 +272,31 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   uint32_t* ring = stages + warp * kS * lay.stage_words;
   const uint32_t k_magic = plan.k.units_magic, v_magic = plan.v.units_magic;
   auto step_start = [&](int s) { return t_begin + (static_cast<int64_t>(s) * Tr::kWarps + warp) * kST; };
-  auto step_keys = [&](int64_t t0) { return static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST); };
-  auto step_page_ids = [&](int s) { return s < my_steps ? page_ids(step_start(s), step_keys(step_start(s))) : PageIds{}; };
   // n_lo > 0 only for step 0 (chan-tN), issued before the loop: the loop's copies carry no lower mask.
   auto issue = [&](int s, int n_lo, PageIds ids) {
     if (s < my_steps) {
       uint32_t* st = ring + (s % kS) * lay.stage_words;
       const int64_t t0 = step_start(s);
-      const int n = step_keys(t0);
-      const StepPages pages = page_shifts(t0, ids);  // contiguous: all 0, folded away
-      copy_step<Tr::kKRowWords, typename Tr::KRows, kST, kChanK>(st, st + lay.k_params, ks, t0, n_lo, n, lane, k_magic,
-                                                                 pages.k);
-      copy_step<Tr::kVRowWords, typename Tr::VRows, kST>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0, n_lo, n, lane,
-                                                   v_magic, pages.v);
+      const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
+      const StepPages pages = page_shifts(t0, ids);  // contiguous: no page arithmetic (copy_step<.., false>)
+      copy_step<Tr::kKRowWords, typename Tr::KRows, kST, kChanK, kPaged>(st, st + lay.k_params, ks, t0, n_lo, n, lane,
+                                                                         k_magic, pages.k);
+      copy_step<Tr::kVRowWords, typename Tr::VRows, kST, false, kPaged>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0,
+                                                                        n_lo, n, lane, v_magic, pages.v);
     }
     cp_async_commit();  // empty groups keep the count uniform
   };
+  auto step_page_ids = [&](int s) {
+    const int64_t t0 = step_start(s);
+    return s < my_steps ? page_ids(t0, static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST)) : PageIds{};
+  };
+  PageIds next_ids{};
 #pragma unroll
-  for (int s = 0; s < kS - 1; ++s) issue(s, s == 0 && warp == 0 ? first_masked : 0, paged ? step_page_ids(s) : PageIds{});
-  PageIds next_ids = paged ? step_page_ids(kS - 1) : PageIds{};
+  for (int s = 0; s < kS - 1; ++s) {
+    if constexpr (paged) next_ids = step_page_ids(s);
+    issue(s, s == 0 && warp == 0 ? first_masked : 0, next_ids);
+  }
+  if constexpr (paged) next_ids = step_page_ids(kS - 1);
 
   for (int s = 0; s < my_steps; ++s) {
     cp_async_wait<kS - 2>();

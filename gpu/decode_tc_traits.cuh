@@ -176,9 +176,9 @@ struct TcOperandPlan {
   int param_row_bytes = 0;  // parameter bytes per key (kChannel: 0)
   int64_t param_bytes = 0;  // the whole scale (or zero) array
   int64_t params_per_head = 0;  // parameters of one (b, KV head): its first is (b * Hkv + h) times this
+  uint32_t units_magic = 0;     // 2^24 / (copies per row) + 1: copy index -> row by a multiply
   // Paged caches: bytes from page 0's rows (parameters) to page id's are id times these.
   int64_t page_bytes = 0, param_page_bytes = 0;
-  uint32_t units_magic = 0;     // 2^24 / (copies per row) + 1: copy index -> row by a multiply
 };
 
 // A launch's uniform numbers, computed once on the host (tc_plan) instead of by every thread.
@@ -188,8 +188,8 @@ struct TcPlan {
   int group_size = 1;         // query heads per KV head
   int head_blocks = 1;        // blocks of 8 query heads per KV head
   int q_lanes_per_group = 1;  // lanes holding one K scale group of a Q row (the prologue's sums)
-  int page_shift = 0;         // paged caches: log2(tokens per page)
   FastDiv by_head_blocks, by_splits, by_kv_heads;
+  int page_shift = 0;         // paged caches: log2(tokens per page)
 };
 
 #if defined(__CUDACC__)
