@@ -487,6 +487,9 @@ std::string paged_unsupported_reason(const DecodeParams& p) {
     const bool per_row = op->mode == ParamMode::kToken || op->mode == ParamMode::kHead || op->mode == ParamMode::kGroup;
     if (op->stride_page % 4 != 0 || (per_row && ((op->param_stride_page * pb) % 4 != 0 || (op->param_stride_h * pb) % 4 != 0)))
       return fmt::format("{} pages or their parameters are not 4-byte aligned (tensor-core kernels copy words)", name);
+    constexpr int64_t kMax = int64_t{1} << 31;  // the kernels' page arithmetic is 32 x 32 -> 64 bits
+    if (op->stride_page >= kMax || P * op->stride_t >= kMax || op->param_stride_page * pb >= kMax)
+      return fmt::format("{}: pages of 2^31 bytes or more (stride {} bytes)", name, op->stride_page);
   }
   return "";
 }

@@ -155,11 +155,10 @@ __device__ __forceinline__ void copy_param_words(uint32_t* dst, const uint8_t* l
 struct PageShift {
   int64_t rows[2] = {0, 0}, params[2] = {0, 0};
 };
-// Page `id` holds tokens from `first`: bytes from their contiguous addresses to the page's.
-__device__ __forceinline__ void set_page_shift(PageShift& ps, int half, const TcSource& s, const TcOperandPlan& pl,
-                                               int64_t id, int64_t first) {
-  ps.rows[half] = id * pl.page_bytes - first * s.stride_t;
-  ps.params[half] = id * pl.param_page_bytes - first * s.param_row_bytes;
+// Page `id` holds the sequence's page `index`: bytes from its tokens' contiguous addresses to the page's.
+__device__ __forceinline__ void set_page_shift(PageShift& ps, int half, const TcOperandPlan& pl, int id, int index) {
+  ps.rows[half] = static_cast<int64_t>(id) * pl.page_bytes - static_cast<int64_t>(index) * pl.page_span;
+  ps.params[half] = static_cast<int64_t>(id) * pl.param_page_bytes - static_cast<int64_t>(index) * pl.param_span;
 }
 
 // A paged step's parameter span: its halves' words (chunk_words each) from their pages.

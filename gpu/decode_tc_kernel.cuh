@@ -208,9 +208,14 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   auto page_shifts = [&](int64_t t0, PageIds ids) {
     StepPages r;
     if constexpr (paged) {
-      const int64_t first0 = t0 >> plan.page_shift << plan.page_shift, first1 = (t0 + 16) >> plan.page_shift << plan.page_shift;
-      set_page_shift(r.k, 0, ks, plan.k, ids.first, first0), set_page_shift(r.k, 1, ks, plan.k, ids.second, first1);
-      set_page_shift(r.v, 0, vs, plan.v, ids.first, first0), set_page_shift(r.v, 1, vs, plan.v, ids.second, first1);
+      const int i0 = static_cast<int>(t0 >> plan.page_shift), i1 = static_cast<int>((t0 + 16) >> plan.page_shift);
+      set_page_shift(r.k, 0, plan.k, ids.first, i0), set_page_shift(r.v, 0, plan.v, ids.first, i0);
+      if (kST > 16 && i1 != i0) {  // pages of 16: the second half in a page of its own
+        set_page_shift(r.k, 1, plan.k, ids.second, i1), set_page_shift(r.v, 1, plan.v, ids.second, i1);
+      } else {
+        r.k.rows[1] = r.k.rows[0], r.k.params[1] = r.k.params[0];
+        r.v.rows[1] = r.v.rows[0], r.v.params[1] = r.v.params[0];
+      }
     }
     return r;
   };

@@ -75,7 +75,11 @@ TcOperandPlan tc_operand_plan(const KvOperand& op, const DecodeParams& p, int ro
     pl.param_words = tc_param_words(op, Tr::kStepTokens, D) / (op.asymmetric ? 2 : 1);
     pl.param_row_bytes = op.mode == ParamMode::kChannel ? 0 : pl.groups * pbytes;
   }
-  if (p.block_table) pl.page_bytes = op.stride_page, pl.param_page_bytes = op.param_stride_page * pbytes;
+  if (p.block_table) {
+    pl.page_bytes = static_cast<int>(op.stride_page), pl.page_span = static_cast<int>(p.page_tokens * op.stride_t);
+    pl.param_page_bytes = static_cast<int>(op.param_stride_page * pbytes);
+    pl.param_span = static_cast<int>(p.page_tokens * pl.param_row_bytes);
+  }
   // Operands read without scale groups (raw, chan-tN K) count as one group per row.
   const bool grouped = is_k ? Tr::K::kQuantized && op.mode != ParamMode::kChannel : Tr::V::kQuantized;
   const int groups = grouped ? pl.groups : 1;

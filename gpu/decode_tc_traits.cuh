@@ -177,8 +177,10 @@ struct TcOperandPlan {
   int64_t param_bytes = 0;  // the whole scale (or zero) array
   int64_t params_per_head = 0;  // parameters of one (b, KV head): its first is (b * Hkv + h) times this
   uint32_t units_magic = 0;     // 2^24 / (copies per row) + 1: copy index -> row by a multiply
-  // Paged caches: bytes from page 0's rows (parameters) to page id's are id times these.
-  int64_t page_bytes = 0, param_page_bytes = 0;
+  // Paged caches: bytes from page 0's rows (parameters) to page id's are id times page_bytes
+  // (param_page_bytes); a page's tokens span page_span (param_span) bytes in a contiguous cache. Each
+  // below 2^31 (paged_unsupported_reason): one 32 x 32 -> 64-bit multiply per term.
+  int page_bytes = 0, page_span = 0, param_page_bytes = 0, param_span = 0;
 };
 
 // A launch's uniform numbers, computed once on the host (tc_plan) instead of by every thread.
