@@ -28,7 +28,7 @@ import kvq.gpu  # noqa: E402
 
 PAIRS = (("bf16", "bf16"), ("int8-head", "int8-head"), ("int4-g32-asym", "int4-g32-asym"), ("fp8-e4m3", "fp8-e4m3"),
          ("q4_0", "q8_0"))
-COLUMNS = ("shape,B,HQ,HKV,T,D,k,v,page_tokens,contiguous_us,paged_us,paged_over_contiguous,contiguous_p10,"
+COLUMNS = ("layout,shape,B,HQ,HKV,T,D,k,v,page_tokens,contiguous_us,paged_us,paged_over_contiguous,contiguous_p10,"
            "contiguous_p90,paged_p10,paged_p90,splits,bitwise_equal,input_sets,calls_per_graph,gpu,driver,commit").split(",")
 
 
@@ -57,19 +57,21 @@ def to_pool(a, perm, P, head_major):
     return pool.contiguous()
 
 
-def paged_operand(c, perm, P):
-    """The contiguous Cache `c` as a paged one: its pages at perm's places in a pool."""
+def paged_operand(c, perm, P, hnd=False):
+    """The contiguous Cache `c` as a paged one: its pages at perm's places in a pool; hnd: the pool's
+    codes (values) [pages, Hkv, P, row] (each page a small BNSH cache), read as their transposed view."""
     B, H, T = c.data.shape[:3]
 
     def shaped(a):  # kvq.gpu.quantize's flat parameters: [B, H, T, groups], per token [B, T], per tensor as is
         if a is None or a.numel() < B * T:
             return a
         return a.view(B, T) if a.numel() == B * T and H > 1 else a.view(B, H, T, -1)
-    return kvq.gpu.Cache(c.storage, to_pool(c.data, perm, P, False), to_pool(shaped(c.scales), perm, P, True),
+    data = to_pool(c.data, perm, P, True).transpose(1, 2) if hnd else to_pool(c.data, perm, P, False)
+    return kvq.gpu.Cache(c.storage, data, to_pool(shaped(c.scales), perm, P, True),
                          to_pool(shaped(c.zero_points), perm, P, True), layout="paged", tensor_scale=c.tensor_scale)
 
 
-def one_set(shape, pair, P, gen):
+def one_set(shape, pair, P, gen, hnd=False):
     B, H, T, D = shape.B, shape.HKV, shape.T, shape.D
     q = torch.randn(B, shape.HQ, D, device="cuda", generator=gen).to(torch.bfloat16)
     caches, paged = [], []
@@ -78,7 +80,7 @@ def one_set(shape, pair, P, gen):
     for storage in pair:
         c = operand(torch.randn(B, H, T, D, device="cuda", generator=gen).to(torch.bfloat16), storage)
         caches.append(c)
-        paged.append(paged_operand(c, perm, P))
+        paged.append(paged_operand(c, perm, P, hnd))
     table = perm.reshape(B, T // P).to(torch.int32).contiguous()
     lens = torch.full((B,), T, dtype=torch.int32, device="cuda")
     return q, caches, paged, table, lens
@@ -95,6 +97,8 @@ def main():
     ap.add_argument("--pages", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--pairs", default="", help="regex over 'K/V' storage pairs (default: all of PAIRS)")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--layout", choices=("nhd", "hnd"), default="nhd",
+                    help="the pool's codes: [pages, P, Hkv, row] (vLLM's, FlashInfer's NHD) or [pages, Hkv, P, row]")
     args = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     gpu = props.name
@@ -108,10 +112,11 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     for n, (shape, pair, P) in enumerate(todo, 1):
         gen = torch.Generator(device="cuda").manual_seed(n)
-        first = one_set(shape, pair, P, gen)
+        hnd = args.layout == "hnd"
+        first = one_set(shape, pair, P, gen, hnd)
         set_bytes = bytes_of(first[1][0].data, first[1][0].scales, first[1][1].data, first[1][1].scales) * 2
         sets = input_sets(set_bytes, l2, props.total_memory)
-        data = [first] + [one_set(shape, pair, P, gen) for _ in range(sets - 1)]
+        data = [first] + [one_set(shape, pair, P, gen, hnd) for _ in range(sets - 1)]
         q, caches, paged, table, lens = first
         o_c, l_c, launch_c = kvq.gpu.decode(q, caches[0], caches[1], seq_lens=lens, variant="decode-tc", info=True)
         o_p, l_p, launch_p = kvq.gpu.decode(q, paged[0], paged[1], seq_lens=lens, variant="decode-tc", block_table=table,
@@ -139,7 +144,7 @@ def main():
         mc, mp = statistics.median(tc), statistics.median(tp)
         q10 = lambda us: statistics.quantiles(us, n=10)[0]  # noqa: E731
         q90 = lambda us: statistics.quantiles(us, n=10)[-1]  # noqa: E731
-        rows.append({"shape": shape.name, "B": shape.B, "HQ": shape.HQ, "HKV": shape.HKV, "T": shape.T, "D": shape.D,
+        rows.append({"layout": args.layout, "shape": shape.name, "B": shape.B, "HQ": shape.HQ, "HKV": shape.HKV, "T": shape.T, "D": shape.D,
                      "k": pair[0], "v": pair[1], "page_tokens": P, "contiguous_us": f"{mc:.2f}", "paged_us": f"{mp:.2f}",
                      "paged_over_contiguous": f"{mp / mc:.3f}", "contiguous_p10": f"{q10(tc):.2f}",
                      "contiguous_p90": f"{q90(tc):.2f}", "paged_p10": f"{q10(tp):.2f}", "paged_p90": f"{q90(tp):.2f}",
