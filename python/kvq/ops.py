@@ -20,7 +20,7 @@ import torch
 
 from . import gpu
 
-__all__ = ["quantize", "decode", "empty_cache", "append"]
+__all__ = ["quantize", "decode", "decode_args", "empty_cache", "empty_paged_cache", "append"]
 
 
 def _none_if_empty(t):
@@ -63,17 +63,17 @@ def _(x, scheme, layout, variant, tensor_scale):
 def _decode(q: torch.Tensor, k: torch.Tensor, k_scales: torch.Tensor, k_zeros: torch.Tensor, k_tensor_scale: torch.Tensor,
             v: torch.Tensor, v_scales: torch.Tensor, v_zeros: torch.Tensor, v_tensor_scale: torch.Tensor,
             seq_lens: Optional[torch.Tensor], k_storage: str, v_storage: str, layout: str, softmax_scale: float,
-            variant: str) -> Tuple[torch.Tensor, torch.Tensor]:
+            variant: str, block_table: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     def cache(storage, data, scales, zeros, tensor_scale):
         return gpu.Cache(storage, data, _none_if_empty(scales), _none_if_empty(zeros), layout, _none_if_empty(tensor_scale))
     return gpu.decode(q, cache(k_storage, k, k_scales, k_zeros, k_tensor_scale),
                       cache(v_storage, v, v_scales, v_zeros, v_tensor_scale), seq_lens=seq_lens,
-                      softmax_scale=softmax_scale or None, variant=variant or None)
+                      softmax_scale=softmax_scale or None, variant=variant or None, block_table=block_table)
 
 
 @_decode.register_fake
 def _(q, k, k_scales, k_zeros, k_tensor_scale, v, v_scales, v_zeros, v_tensor_scale, seq_lens, k_storage, v_storage,
-      layout, softmax_scale, variant):
+      layout, softmax_scale, variant, block_table):
     return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
 
 
@@ -82,13 +82,13 @@ def quantize(x, scheme, *, layout="planar", variant=None, tensor_scale=None):
     (tensor_scale: nvfp4's s_t as given; default amax / (6 * 448) of x)."""
     codes, scales, zeros, tensor_scale = torch.ops.kvq.quantize(x, scheme, layout, variant or "",
                                                                 float(tensor_scale or 0.0))
-    return gpu.Cache(scheme, codes, scales if scales.numel() else None, zeros if zeros.numel() else None,
-                     "fbgemm" if layout == "fbgemm" else "bnsh", tensor_scale if tensor_scale.dim() == 0 else None)
+    return gpu.Cache(scheme, codes, _none_if_empty(scales), _none_if_empty(zeros), "fbgemm" if layout == "fbgemm" else "bnsh",
+                     tensor_scale if tensor_scale.dim() == 0 else None)
 
 
-def decode(q, k, v, *, seq_lens=None, softmax_scale=None, variant=None):
-    """kvq.gpu.decode through the kvq::decode op: q bf16 [B, Hq, D] over k, v (kvq.gpu.Cache, or bf16 /
-    fp16 tensors [B, Hkv, T, D]); returns (O bf16 [B, Hq, D], LSE fp32 [B, Hq])."""
+def decode_args(q, k, v, *, seq_lens=None, softmax_scale=None, variant=None, block_table=None):
+    """The arguments of torch.ops.kvq.decode for kvq.ops.decode(q, k, v, ...): each Cache as its tensors
+    (absent ones empty) and storage name (for torch.library.opcheck, or a caller of the op itself)."""
     k, v = (c if isinstance(c, gpu.Cache) else gpu.raw(c) for c in (k, v))
     if k.layout != v.layout:
         raise gpu.InputError(f"kvq.ops.decode: K in layout {k.layout}, V in {v.layout}: one layout for both")
@@ -100,8 +100,16 @@ def decode(q, k, v, *, seq_lens=None, softmax_scale=None, variant=None):
                 absent(scale_dtype) if c.zero_points is None else c.zero_points,
                 absent(torch.float32) if c.tensor_scale is None else c.tensor_scale)
 
-    return torch.ops.kvq.decode(q, *parts(k), *parts(v), seq_lens, k.storage, v.storage, k.layout,
-                                float(softmax_scale or 0.0), variant or "")
+    return (q, *parts(k), *parts(v), seq_lens, k.storage, v.storage, k.layout, float(softmax_scale or 0.0), variant or "",
+            block_table)
+
+
+def decode(q, k, v, *, seq_lens=None, softmax_scale=None, variant=None, block_table=None):
+    """kvq.gpu.decode through the kvq::decode op: q bf16 [B, Hq, D] over k, v (kvq.gpu.Cache, or bf16 /
+    fp16 tensors [B, Hkv, T, D]); paged caches (empty_paged_cache's) with block_table int32 [B, pages per
+    sequence]. Returns (O bf16 [B, Hq, D], LSE fp32 [B, Hq])."""
+    return torch.ops.kvq.decode(*decode_args(q, k, v, seq_lens=seq_lens, softmax_scale=softmax_scale, variant=variant,
+                                             block_table=block_table))
 
 
 def _token_local(scheme, name):
@@ -118,6 +126,15 @@ def _token_local(scheme, name):
     return s
 
 
+def _check_tensor_scale(s, scheme, tensor_scale, name):
+    """nvfp4 appends with a calibrated tensor_scale (a whole cache's amax is unknown while appending);
+    the other schemes take none."""
+    if (s.format == "nvfp4") != (tensor_scale is not None):
+        from ._core import SchemeError
+        raise SchemeError(f"{name}: {scheme}: " + ("nvfp4 appends with a calibrated tensor_scale" if tensor_scale is None
+                                                   else "only nvfp4 takes a tensor_scale"))
+
+
 def _rows(t, scheme, B, H, T):
     """A cache tensor as [B, H', T, X], the token axis third: codes [B, H, T, row bytes]; scales and zero
     points in group order ([B, T] per token, [B, H, T, groups] otherwise)."""
@@ -131,37 +148,63 @@ def empty_cache(scheme, batch, heads, capacity, head_dim, *, device="cuda", tens
     tensors kvq.ops.quantize would give for [batch, heads, capacity, head_dim]. nvfp4 needs its
     calibrated tensor_scale (a whole cache's amax is not known while appending)."""
     s = _token_local(scheme, "kvq.ops.empty_cache")
-    if (s.format == "nvfp4") != (tensor_scale is not None):
-        from ._core import SchemeError
-        raise SchemeError(f"kvq.ops.empty_cache: {scheme}: " + ("nvfp4 appends with a calibrated tensor_scale"
-                                                                 if tensor_scale is None else "only nvfp4 takes a tensor_scale"))
+    _check_tensor_scale(s, scheme, tensor_scale, "kvq.ops.empty_cache")
     zeros = torch.zeros(batch, heads, capacity, head_dim, dtype=torch.bfloat16, device=device)
     return quantize(zeros, scheme, tensor_scale=tensor_scale)
 
 
-def append(cache, x, positions, *, tensor_scale=None):
+def empty_paged_cache(scheme, pages, page_tokens, heads, head_dim, *, device="cuda", tensor_scale=None):
+    """A paged K or V cache (token-local scheme, see append): a pool of `pages` pages of `page_tokens`
+    tokens (a power of two >= 16), every slot zero. Codes [pages, P, heads, row bytes] (NHD, as vLLM's
+    and FlashInfer's pools), scales and zero points head-major in their page ([pages, heads, P, groups];
+    per token [pages, P]): a kvq.gpu.Cache of layout "paged", which append and decode take with the
+    block table."""
+    s = _token_local(scheme, "kvq.ops.empty_paged_cache")
+    _check_tensor_scale(s, scheme, tensor_scale, "kvq.ops.empty_paged_cache")
+    # each page a planar cache of P tokens: its parameters are already head-major
+    flat = quantize(torch.zeros(pages, heads, page_tokens, head_dim, dtype=torch.bfloat16, device=device), scheme,
+                    tensor_scale=tensor_scale)
+    return gpu.Cache(scheme, flat.data.transpose(1, 2).contiguous(), flat.scales, flat.zero_points, "paged",
+                     flat.tensor_scale)
+
+
+def append(cache, x, positions, *, tensor_scale=None, block_table=None):
     """Quantizes new tokens x [B, H, t, D] into `cache` (kvq.ops.empty_cache's, or any planar Cache of a
-    token-local scheme) at slots positions[b] .. positions[b] + t - 1 of each sequence b (positions:
-    an int tensor [B] on the device), in place: the codes and parameters kvq.AppendQuantizer gives
+    token-local scheme; or empty_paged_cache's with its block_table [B, pages per sequence]) at slots
+    positions[b] .. positions[b] + t - 1 of each sequence b (positions: an int tensor [B] on the
+    device), in place: the codes and parameters kvq.AppendQuantizer gives
     for those tokens, bit for bit (a token-local scheme's codes depend on the token alone). Torch ops
     only (the kvq::quantize op and an indexed copy): it compiles with torch.compile; it is not
     captured in a CUDA graph yet (see the module's note). nvfp4: tensor_scale, the cache's
     calibrated s_t as given to empty_cache (a float, so that nothing waits on the device). Returns
     the cache."""
     s = _token_local(cache.storage, "kvq.ops.append")
-    if cache.layout != "bnsh":
-        raise gpu.InputError(f"kvq.ops.append: a {cache.layout} cache; append writes planar (bnsh) caches")
-    B, H, T, _ = cache.data.shape
+    if cache.layout not in ("bnsh", "paged"):
+        raise gpu.InputError(f"kvq.ops.append: a {cache.layout} cache; append writes planar (bnsh) and paged caches")
+    paged = cache.layout == "paged"
+    if paged != (block_table is not None):
+        raise gpu.InputError("kvq.ops.append: " + ("a paged cache needs its block_table" if paged
+                                                   else "a block_table goes with a paged cache (empty_paged_cache)"))
+    if paged:
+        pages, P, H, _ = cache.data.shape
+        B = block_table.shape[0]
+    else:
+        B, H, T, _ = cache.data.shape
     if x.dim() != 4 or x.shape[0] != B or x.shape[1] != H:
         raise gpu.InputError(f"kvq.ops.append: new tokens have shape {list(x.shape)}, expected [{B}, {H}, t, D]")
     t = x.shape[2]
-    if (s.format == "nvfp4") != (tensor_scale is not None):
-        from ._core import SchemeError
-        raise SchemeError(f"kvq.ops.append: {cache.storage}: " + ("nvfp4 appends with the cache's calibrated tensor_scale"
-                                                                   if tensor_scale is None else "only nvfp4 takes a tensor_scale"))
+    _check_tensor_scale(s, cache.storage, tensor_scale, "kvq.ops.append")
     new = quantize(x, cache.storage, tensor_scale=tensor_scale)
     slots = positions.to(torch.long)[:, None] + torch.arange(t, device=x.device)[None, :]  # [B, t]
     batch = torch.arange(B, device=x.device)[:, None].expand(B, t)
+    if paged:  # token slot of sequence b: page block_table[b, slot / P], row slot % P
+        page, row = block_table.to(torch.long)[batch, slots // P], slots % P
+        cache.data[page, row] = new.data.permute(0, 2, 1, 3)  # [B, t, H, row bytes]
+        for field in ("scales", "zero_points"):
+            dst, src = getattr(cache, field), getattr(new, field)
+            if dst is not None:  # [pages, H', P, X] at (page, :, row)
+                _rows(dst, s, pages, H, P)[page, :, row] = _rows(src, s, B, H, t).permute(0, 2, 1, 3)
+        return cache
     for field in ("data", "scales", "zero_points"):
         dst, src = getattr(cache, field), getattr(new, field)
         if dst is None or (field != "data" and s.granularity == "tensor"):

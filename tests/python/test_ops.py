@@ -34,17 +34,9 @@ def problem(B=3, Hq=8, Hkv=2, T=300, D=128, seed=0):
     return q, k, v, lens
 
 
-def op_args(q, k, v, lens):
+def op_args(q, k, v, lens, block_table=None):
     """torch.ops.kvq.decode's arguments for kvq.ops.decode(q, k, v, seq_lens=lens)."""
-    def parts(c):
-        c = c if isinstance(c, kvq.gpu.Cache) else kvq.gpu.raw(c)
-        empty = lambda d: c.data.new_empty((0,), dtype=d)  # noqa: E731
-        sd = c.scales.dtype if c.scales is not None else torch.float16
-        return (c.data, c.scales if c.scales is not None else empty(sd),
-                c.zero_points if c.zero_points is not None else empty(sd),
-                c.tensor_scale if c.tensor_scale is not None else empty(torch.float32)), c.storage
-    (kp, ks), (vp, vs) = parts(k), parts(v)
-    return (q, *kp, *vp, lens, ks, vs, "bnsh", 0.0, "")
+    return kvq.ops.decode_args(q, k, v, seq_lens=lens, block_table=block_table)
 
 
 @pytest.mark.parametrize("scheme", ["int8-head", "int4-g32-asym", "q4_0", "nvfp4", "fp8-e4m3-head", "int4-chan-t32-asym"])
@@ -203,3 +195,68 @@ def test_append_at_each_sequences_own_position_then_a_graphed_decode():
 def test_append_refuses_what_it_cannot_write_a_token_at_a_time(scheme, why):
     with pytest.raises(kvq.SchemeError, match=why):
         kvq.ops.empty_cache(scheme, 1, 1, 8, 64)
+
+
+def paged_stream(k_scheme, v_scheme, B=3, H=2, D=128, P=16, capacity=96, seed=50):
+    """Caches appended token by token (after a prefill chunk) both contiguous and paged (pages shuffled
+    through a pool with spare ones); yields (q, contiguous K, V, paged K, V, block table, seq_lens)."""
+    g = torch.Generator().manual_seed(seed)
+    per_seq = capacity // P
+    table = torch.randperm(B * per_seq + 3, generator=g)[:B * per_seq].view(B, per_seq).to(torch.int32).cuda()
+    k_all, v_all = random_kv((B, H, capacity, D), seed + 1), random_kv((B, H, capacity, D), seed + 2)
+    flat = [kvq.ops.empty_cache(s, B, H, capacity, D) for s in (k_scheme, v_scheme)]
+    pages = [kvq.ops.empty_paged_cache(s, B * per_seq + 3, P, H, D) for s in (k_scheme, v_scheme)]
+    q = random_kv((B, 8, D), seed + 3)
+    pos = torch.tensor([0, 5, 17][:B], dtype=torch.int32, device="cuda")
+    first = 20
+    for c, p, x in zip(flat, pages, (k_all, v_all)):  # a prefill chunk at each sequence's own start
+        rows = torch.arange(B, device="cuda")[:, None]
+        chunk = x[rows, :, (pos.long()[:, None] + torch.arange(first, device="cuda"))].permute(0, 2, 1, 3)
+        kvq.ops.append(c, chunk, pos)
+        kvq.ops.append(p, chunk, pos, block_table=table)
+    pos += first
+    for _ in range(40):  # then one token at a time, across page boundaries
+        for c, p, x in zip(flat, pages, (k_all, v_all)):
+            token = x[torch.arange(B, device="cuda"), :, pos.long()][:, :, None]
+            kvq.ops.append(c, token, pos)
+            kvq.ops.append(p, token, pos, block_table=table)
+        pos += 1
+        yield q, flat[0], flat[1], pages[0], pages[1], table, pos.clone()
+
+
+@pytest.mark.parametrize("k_scheme,v_scheme", [("int8-head", "q4_0"), ("int4-g32-asym", "int8-token"),
+                                               ("fp8-e4m3-head", "fp8-e5m2"), ("q8_0+had", "mxfp4"), ("q5_1", "iq4_nl")])
+def test_paged_append_and_decode_equal_the_contiguous_cache(k_scheme, v_scheme):
+    for step, (q, kc, vc, kp, vp, table, lens) in enumerate(paged_stream(k_scheme, v_scheme)):
+        if step % 9:
+            continue
+        o_c, lse_c = kvq.ops.decode(q, kc, vc, seq_lens=lens)
+        o_p, lse_p = kvq.ops.decode(q, kp, vp, seq_lens=lens, block_table=table)
+        assert torch.equal(o_c, o_p) and torch.equal(lse_c, lse_p), step
+    torch.library.opcheck(torch.ops.kvq.decode.default, op_args(q, kp, vp, lens, table))
+
+
+def test_paged_decode_replays_in_a_cuda_graph():
+    stream = paged_stream("int8-head", "int4-g32-asym")
+    q, kc, vc, kp, vp, table, lens = next(stream)
+    seq_lens = lens.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kvq.ops.decode(q, kp, vp, seq_lens=seq_lens, block_table=table)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_graph, lse_graph = kvq.ops.decode(q, kp, vp, seq_lens=seq_lens, block_table=table)
+    for q, kc, vc, kp2, vp2, table2, lens in stream:  # the same caches appended in place
+        seq_lens.copy_(lens)
+        graph.replay()
+        torch.cuda.synchronize()
+        o_ref, lse_ref = kvq.ops.decode(q, kc, vc, seq_lens=lens)
+        assert torch.equal(o_graph, o_ref) and torch.equal(lse_graph, lse_ref)
+
+
+def test_paged_append_refuses_a_missing_block_table():
+    kp = kvq.ops.empty_paged_cache("int8-head", 4, 16, 2, 64)
+    with pytest.raises(kvq.InputError, match="a paged cache needs its block_table"):
+        kvq.ops.append(kp, random_kv((1, 2, 1, 64), 1), torch.zeros(1, dtype=torch.int32, device="cuda"))
