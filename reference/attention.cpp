@@ -10,6 +10,15 @@
 
 namespace kvq {
 
+double round_to(double x, RoundTo to) {
+  switch (to) {
+    case RoundTo::kNone: return x;
+    case RoundTo::kFp16: return round_to_fp16(static_cast<float>(x));
+    case RoundTo::kBf16: return round_to_bf16(static_cast<float>(x));
+  }
+  return x;
+}
+
 double AttentionProblem::scale() const {
   return softmax_scale != 0.0 ? softmax_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
@@ -54,12 +63,7 @@ constexpr int64_t kKeyBlock = 256;  // keys converted to Acc at a time: stays in
 
 template <typename Acc>
 Acc round_as(Acc x, RoundTo to) {
-  switch (to) {
-    case RoundTo::kNone: return x;
-    case RoundTo::kFp16: return static_cast<Acc>(round_to_fp16(static_cast<float>(x)));
-    case RoundTo::kBf16: return static_cast<Acc>(round_to_bf16(static_cast<float>(x)));
-  }
-  return x;
+  return to == RoundTo::kNone ? x : static_cast<Acc>(round_to(static_cast<double>(x), to));
 }
 
 // All queries of one (batch, KV head): the Hq/Hkv query heads x Tq rows attend together, so each

@@ -40,6 +40,8 @@ struct KeyRange {
 };
 
 enum class RoundTo { kNone, kFp16, kBf16 };
+// x rounded (RNE) to `to`'s type through fp32, as a kernel stores it; kNone: x unchanged.
+double round_to(double x, RoundTo to);
 
 // How a kernel does the math; the reference is fp64 with no rounding.
 struct PrecisionProfile {

@@ -226,12 +226,6 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
   return out;
 }
 
-// The profile's output rounding, applied by hand where the kernel rounds O after rotating it back.
-double round_output(double o, RoundTo to) {
-  if (to == RoundTo::kNone) return o;
-  return to == RoundTo::kBf16 ? round_to_bf16(static_cast<float>(o)) : round_to_fp16(static_cast<float>(o));
-}
-
 double bf16_noise(double r) {  // FlashAttention's atol: rounding noise of the output dtype at r
   const double x = round_to_bf16(static_cast<float>(round_to_bf16(static_cast<float>(r + 0.3)) - 0.3));
   return std::fabs(x - r);
@@ -333,7 +327,7 @@ struct Gate {
           hadamard_rotate_back(ref.o.data() + row * s.head_dim, s.head_dim, block);
           hadamard_rotate_back(mimic.o.data() + row * s.head_dim, s.head_dim, block);
         }
-        for (double& o : mimic.o) o = round_output(o, output_rounding);
+        for (double& o : mimic.o) o = round_to(o, output_rounding);  // as the kernel: O rounded after its rotation
       }
       std::vector<float> judged_out = out, judged_lse = lse;
       if (!c.broken.empty()) {  // the broken sequences' rows are not judged
