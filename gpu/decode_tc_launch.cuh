@@ -159,7 +159,16 @@ const void* tc_kernel_for(TcGroupShape shape) {
 
 template <KvFormat FK, KvFormat FV, int D>
 const void* tc_kernel_for(TcGroupShape shape, bool paged) {
-  return paged ? tc_kernel_for<FK, FV, D, true>(shape) : tc_kernel_for<FK, FV, D, false>(shape);
+#if defined(KVQ_CUDA_COMPILE_CHECK) && KVQ_CUDA_COMPILE_CHECK
+  // CI's compile check (a build no GPU runs) instantiates the paged kernels of int8 K only, with every
+  // V format: the paged code of every storage compiles there, in an eighth of their compile time.
+  if constexpr (FK != KvFormat::kInt8) {
+    return paged ? nullptr : tc_kernel_for<FK, FV, D, false>(shape);
+  } else
+#endif
+  {
+    return paged ? tc_kernel_for<FK, FV, D, true>(shape) : tc_kernel_for<FK, FV, D, false>(shape);
+  }
 }
 
 template <KvFormat FK, KvFormat FV>
