@@ -150,8 +150,8 @@ __device__ __forceinline__ void copy_param_words(uint32_t* dst, const uint8_t* l
 
 // Paged caches: where a step's rows and parameter span lie, per half of 16 keys (a step of 32 keys
 // starts at a multiple of 32, so with pages of 16 its halves may lie in two pages; with larger pages
-// in one). Bytes added to the contiguous addresses rows + t * stride_t and the span's; all zero for a
-// contiguous cache.
+// in one). Bytes added to the contiguous addresses rows + t * stride_t and the span's (copy_step's
+// kPaged kernels only: the contiguous ones never read it).
 struct PageShift {
   int64_t rows[2] = {0, 0}, params[2] = {0, 0};
 };
