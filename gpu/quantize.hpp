@@ -10,6 +10,7 @@
 
 #include "gpu/device.hpp"
 #include "quant/codec.hpp"
+#include "quant/float_formats.hpp"
 #include "quant/groups.hpp"
 
 namespace kvq {
@@ -19,6 +20,10 @@ enum class CodeLayout { kPlanar, kFbgemm };
 const char* to_string(InputDtype d);
 const char* to_string(CodeLayout l);
 int element_bytes(InputDtype d);
+// x as an input tensor of dtype d holds it (RNE to fp16 / bf16; fp32 unchanged).
+inline float round_to_input(float x, InputDtype d) {
+  return d == InputDtype::kFp32 ? x : d == InputDtype::kFp16 ? round_to_fp16(x) : round_to_bf16(x);
+}
 
 // One quantize call (device pointers). Shapes and strides as in KvView: D contiguous.
 struct QuantizeParams {

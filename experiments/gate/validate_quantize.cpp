@@ -37,10 +37,6 @@ std::vector<const char*> gate_schemes() {
   return all;
 }
 
-float round_to(float x, InputDtype dt) {
-  return dt == InputDtype::kFp32 ? x : dt == InputDtype::kFp16 ? round_to_fp16(x) : round_to_bf16(x);
-}
-
 // Raw device bytes of `values` (already representable in dt).
 std::vector<uint8_t> storage_bytes(const std::vector<float>& values, InputDtype dt) {
   std::vector<uint8_t> out(values.size() * element_bytes(dt));
@@ -73,7 +69,7 @@ struct Checker {
                InputDtype dt, CodeLayout layout, bool bsnh = false, const std::vector<int32_t>& seq_lens = {},
                std::optional<float> tensor_scale = std::nullopt) {
     if (!v.accepts(scheme, shape.head_dim, layout, dt)) return;
-    for (float& x : values) x = round_to(x, dt);
+    for (float& x : values) x = round_to_input(x, dt);
     CaseResult r{v.name, name, to_string(scheme), to_string(dt), to_string(layout),
                  fmt::format("[{}, {}, {}, {}]{}{}", shape.batch, shape.heads, shape.tokens, shape.head_dim,
                              bsnh ? " BSNH" : "", seq_lens.empty() ? "" : fmt::format(" lens {}", fmt::join(seq_lens, ","))),
@@ -299,7 +295,7 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
     const KvShape shape{4, 8, opt.quick ? 16 : 512, D};
     if (!v.accepts(s, D, CodeLayout::kPlanar, InputDtype::kBf16)) continue;
     std::vector<float> values = random_values(shape.numel(), 8, D);
-    for (float& x : values) x = round_to(x, InputDtype::kBf16);
+    for (float& x : values) x = round_to_input(x, InputDtype::kBf16);
     const DeviceBuffer<uint8_t> input(storage_bytes(values, InputDtype::kBf16));
     const DeviceKv kv = DeviceKv::bnsh(input.data(), InputDtype::kBf16, shape);
     QuantizeWorkspace ws(kv, s, CodeLayout::kPlanar);

@@ -23,10 +23,6 @@ namespace {
 const char* kFormats[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4"};
 const InputDtype kDtypes[] = {InputDtype::kFp32, InputDtype::kFp16, InputDtype::kBf16};
 
-float round_to(float x, InputDtype dt) {
-  return dt == InputDtype::kFp32 ? x : dt == InputDtype::kFp16 ? round_to_fp16(x) : round_to_bf16(x);
-}
-
 // Normal values with outlier channels, exact zeros and quarter steps; representable in dt.
 std::vector<float> random_values(const KvShape& s, uint32_t seed, InputDtype dt) {
   std::mt19937 rng(seed);
@@ -36,7 +32,7 @@ std::vector<float> random_values(const KvShape& s, uint32_t seed, InputDtype dt)
     float x = normal(rng) * (static_cast<int64_t>(i) % s.head_dim % 29 == 3 ? 20.0f : 1.0f);
     if (i % 37 == 5) x = 0.0f;
     if (i % 41 == 7) x = std::round(x * 4.0f) / 4.0f;
-    v[i] = round_to(x, dt);
+    v[i] = round_to_input(x, dt);
   }
   return v;
 }
@@ -162,7 +158,7 @@ TEST_CASE("block formats: each rule's corners and the gate's special rows") {
   for (const KvShape& s : {KvShape{2, 3, 12, 128}, KvShape{1, 2, 13, 256}})
     for (InputDtype dt : kDtypes) {
       std::vector<float> x = block_special_values(s);
-      for (float& v : x) v = round_to(v, dt);
+      for (float& v : x) v = round_to_input(v, dt);
       for (const char* f : kFormats) check_same(x, s, f, dt, Layout::kBnsh);
     }
   // zeros, ±65504 (the largest fp16), constants, fp32 subnormals, a 1e-3..3e4 sweep, one row each

@@ -22,10 +22,6 @@ const QuantizeVariant& variant(const std::string& name) {
   throw Error("no quantize variant " + name);
 }
 
-float round_to(float x, InputDtype dt) {
-  return dt == InputDtype::kFp32 ? x : dt == InputDtype::kFp16 ? round_to_fp16(x) : round_to_bf16(x);
-}
-
 // Normal values with outlier channels, a few exact zeros and values on a coarse grid (ties for
 // small scales); representable in `dt`.
 std::vector<float> test_values(const KvShape& s, uint32_t seed, InputDtype dt) {
@@ -37,7 +33,7 @@ std::vector<float> test_values(const KvShape& s, uint32_t seed, InputDtype dt) {
     float x = normal(rng) * (d % 29 == 3 ? 20.0f : 1.0f);
     if (i % 37 == 5) x = 0.0f;
     if (i % 41 == 7) x = std::round(x * 4.0f) / 4.0f + 0.125f;
-    v[i] = round_to(x, dt);
+    v[i] = round_to_input(x, dt);
   }
   return v;
 }
@@ -208,7 +204,7 @@ TEST_CASE("wide-group variants report non-finite input and scale overflow with t
           CAPTURE(to_string(dt));
           CAPTURE(bad.front().first);
           std::vector<float> x = test_values(shape, 11, dt);
-          for (const auto& [index, value] : bad) x[index] = round_to(value, dt);  // what the device holds
+          for (const auto& [index, value] : bad) x[index] = round_to_input(value, dt);  // what the device holds
           const Outcome cpu = on_cpu(x, shape, scheme);
           REQUIRE(cpu.error.find("non-finite") != std::string::npos);
           check_same(cpu, on_gpu(variant(kVariants[i]), x, shape, scheme, dt, false));
