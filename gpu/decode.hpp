@@ -176,7 +176,8 @@ KvOperand raw_operand(const void* data, int64_t heads, int64_t tokens, int head_
 // scales and zeros point at page 0. The decode's DecodeParams carries the block table.
 KvOperand paged_operand(KvOperand op, int64_t heads, int page_tokens, int head_dim, int64_t row_bytes);
 // Why `p`'s paging cannot be read (P not a power of two >= 16, windows, chan-tN, parameter spans
-// not word-aligned), or "" (also for a contiguous cache).
+// not word-aligned, pages of 2^31 bytes), or "" (also for a contiguous cache). A table too short
+// for T is malformed input: check_decode_params throws for it.
 std::string paged_unsupported_reason(const DecodeParams& p);
 // D = 8 (small test models such as the bundled one), 64, 128, 256.
 bool decode_head_dim_supported(int head_dim);

@@ -476,9 +476,6 @@ std::string paged_unsupported_reason(const DecodeParams& p) {
   const int P = p.page_tokens;
   if (P < 16 || (P & (P - 1)) != 0)
     return fmt::format("pages of {} tokens: paged caches take a power of two >= 16 tokens per page", P);
-  if (p.table_stride < (p.tokens + P - 1) / P)
-    return fmt::format("a block table of {} pages per sequence holds fewer than T = {} tokens in pages of {}", p.table_stride,
-                       p.tokens, P);
   if (p.k_window.present() || p.v_window.present()) return "paged caches with +wW windows: not read (a window's raw tokens are contiguous)";
   if (p.k.mode == ParamMode::kChannel || p.v.mode == ParamMode::kChannel)
     return "paged caches with chan-tN: not read (a token group would span pages)";

@@ -300,8 +300,8 @@ DecodeParams decode_problem(const Tensor& q, const nb::dict& k, const nb::dict& 
   for (const Operand* o : {&ko, &vo}) {
     const char* which = o == &ko ? "k" : "v";
     if (o->paged != paged)
-      throw InputError(fmt::format("{}: layout {} {} a block_table", which, o->paged ? "paged needs" : "bnsh / bsnh / fbgemm takes no",
-                                   paged ? "(one was given)" : ""));
+      throw InputError(o->paged ? fmt::format("{}: a paged cache needs block_table [B, pages per sequence]", which)
+                                : fmt::format("{}: a block_table was given, but {}'s layout is not paged", which, which));
     if (!paged && o->batch != p.batch) throw InputError(fmt::format("{}: batch {}, but q has B = {}", which, o->batch, p.batch));
   }
   if (ko.heads != vo.heads || ko.tokens != vo.tokens)
