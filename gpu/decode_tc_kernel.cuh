@@ -223,25 +223,20 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   float first_v_scale = 0.0f;
   if (kVQuant && t_begin < t_end) {
     first_v_scale = vs.tensor_scale;
-    if constexpr (!paged) {
-      if (vs.mode == ParamMode::kInlineRow)
-        first_v_scale = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(vs.rows + t_begin * vs.stride_t))));
-      else if (kVBlocks16)
-        first_v_scale = vs.scale_mult;
-      else if (vs.mode != ParamMode::kTensor && vs.mode != ParamMode::kNone)
-        first_v_scale = param_in_memory<FV == KvFormat::kLut4>(vs.scales, vs.first_param + t_begin * vs.groups,
-                                                               vs.scale_dtype, vs.scale_mult);
-    } else {  // t_begin's row and parameters in its page
+    // t_begin's row and parameter index (paged: in t_begin's page)
+    const uint8_t* row = vs.rows + t_begin * vs.stride_t;
+    int64_t param_index = vs.first_param + t_begin * vs.groups;
+    if constexpr (paged) {
       const int64_t id = __ldg(page_row + (t_begin >> plan.page_shift)), in_page = t_begin & ((1 << plan.page_shift) - 1);
-      if (vs.mode == ParamMode::kInlineRow)
-        first_v_scale = __half2float(__ushort_as_half(
-            __ldg(reinterpret_cast<const uint16_t*>(vs.rows + id * plan.v.page_bytes + in_page * vs.stride_t))));
-      else if (kVBlocks16)
-        first_v_scale = vs.scale_mult;
-      else if (vs.mode != ParamMode::kTensor && vs.mode != ParamMode::kNone)
-        first_v_scale = param_in_memory<FV == KvFormat::kLut4>(
-            vs.scales, vs.first_param + id * p.v.param_stride_page + in_page * vs.groups, vs.scale_dtype, vs.scale_mult);
+      row = vs.rows + id * plan.v.page_bytes + in_page * vs.stride_t;
+      param_index = vs.first_param + id * p.v.param_stride_page + in_page * vs.groups;
     }
+    if (vs.mode == ParamMode::kInlineRow)
+      first_v_scale = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const uint16_t*>(row))));
+    else if (kVBlocks16)
+      first_v_scale = vs.scale_mult;
+    else if (vs.mode != ParamMode::kTensor && vs.mode != ParamMode::kNone)
+      first_v_scale = param_in_memory<FV == KvFormat::kLut4>(vs.scales, param_index, vs.scale_dtype, vs.scale_mult);
     // mxfp4's zero block stores e = 0 (2^-127): folding by it would lift the next blocks' P' past fp16
     if (FV == KvFormat::kLut4 && vs.scale_dtype == ScaleDtype::kE8M0 && first_v_scale < 0x1p-120f) first_v_scale = 0.0f;
   }
