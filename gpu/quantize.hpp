@@ -85,34 +85,50 @@ struct QuantizeOutputs {
   float* tensor_scale = nullptr;  // nvfp4
 };
 
+// The caller's device memory for a workspace's temporaries (Python: torch's allocator, so that a
+// quantize allocates nothing and syncs nothing and can be captured in a CUDA graph): `data` of
+// quantize_scratch_bytes bytes, the stream the launch runs on. `status`, when given: the two error
+// flags (first non-finite element, first overflowing group; ~0 for none) the caller keeps across
+// launches and reads when it chooses, in place of the workspace's own, which check_flags reads.
+struct QuantizeScratch {
+  void* data = nullptr;
+  cudaStream_t stream = nullptr;
+  unsigned long long* status = nullptr;
+};
+int64_t quantize_scratch_bytes(const Scheme& s, const KvShape& shape, CodeLayout layout);
+
 // Device outputs and workspaces for quantizing one input with one scheme; reusable across launches
 // (timing replays the same launch).
 class QuantizeWorkspace {
  public:
-  // seq_lens (+wW schemes): each sequence's length, checked as the CPU quantizer checks them.
-  // outputs: write there instead of buffers of its own (download() then has nothing to return).
-  // tensor_scale: nvfp4's s_t as given (a calibrated one); nullopt: amax / 2688 of the input.
+  // seq_lens (+wW schemes): each sequence's length, checked as the CPU quantizer checks them (they
+  // are uploaded: not capturable). outputs: write there instead of buffers of its own (download()
+  // then has nothing to return). tensor_scale: nvfp4's s_t as given (a calibrated one); nullopt:
+  // amax / 2688 of the input. scratch: the temporaries in the caller's memory (else its own).
   QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme, CodeLayout layout,
                     const std::vector<int32_t>& seq_lens = {}, const QuantizeOutputs* outputs = nullptr,
-                    std::optional<float> tensor_scale = std::nullopt);
+                    std::optional<float> tensor_scale = std::nullopt, const QuantizeScratch* scratch = nullptr);
   const QuantizeParams& params() const { return params_; }
   // Clears the error flags and poisons the outputs, so that an unwritten byte shows.
   void reset();
   // Throws InputError with the CPU quantizer's message when the last launch flagged non-finite
   // input or a scale overflow, or was given an nvfp4 tensor scale that is not finite and >= 0.
+  // (With the caller's status flags, only the tensor scale: the flags are the caller's to read.)
   void check_flags(const std::string& tensor_name, cudaStream_t stream);
   GpuQuantized download() const;
   int64_t bytes_moved() const;  // input read once + codes, scales and zero points written once
 
  private:
+  void check_tensor_scale(const std::string& tensor_name) const;
+
   DeviceKv input_;
-  bool external_outputs_ = false;
+  bool external_outputs_ = false, external_status_ = false;
+  cudaStream_t stream_ = nullptr;
   QuantizeParams params_;
-  DeviceBuffer<uint8_t> codes_, scales_, zeros_, scratch_, tensor_scale_;
+  DeviceBuffer<uint8_t> codes_, scales_, zeros_, tensor_scale_;  // the outputs, when not the caller's
+  DeviceBuffer<uint8_t> own_scratch_;  // the temporaries, when not in the caller's scratch
   DeviceBuffer<int32_t> seq_lens_;
-  DeviceBuffer<float> rotated_;
-  DeviceBuffer<GroupStats> stats_, partials_;
-  DeviceBuffer<unsigned long long> flags_;
+  unsigned long long* flags_ = nullptr;  // the workspace's two error flags (in the scratch)
 };
 
 // Runs `launch` (a registered variant's launch function) in a fresh workspace and checks its

@@ -41,6 +41,7 @@ constexpr auto kFp32 = make(nb::dlpack::dtype_code::Float, 32);
 constexpr auto kUint8 = make(nb::dlpack::dtype_code::UInt, 8);
 constexpr auto kInt8 = make(nb::dlpack::dtype_code::Int, 8);
 constexpr auto kInt32 = make(nb::dlpack::dtype_code::Int, 32);
+constexpr auto kInt64 = make(nb::dlpack::dtype_code::Int, 64);
 }  // namespace dt
 
 std::string shape_of(const Tensor& t) { return shape_string(AnyArray(t)); }
@@ -132,11 +133,14 @@ std::tuple<void*, void*, void*> param_buffers(const Scheme& s, const QuantizedSi
 }
 
 // x: [B, H, T, D] (any strides but D's); outputs sized by quantized_sizes (nvfp4: tensor_scale_out, one
-// float32, written by the launch: `tensor_scale` when given, else amax / 2688). Returns the variant used.
+// float32, written by the launch: `tensor_scale` when given, else amax / 2688); scratch: its "scratch"
+// bytes. status (int64 [2], ~0 where no error yet): the error flags the caller keeps and reads later
+// (nothing waits on the device: the call can be captured in a CUDA graph); without it, non-finite
+// input or an overflowing scale throws here. Returns the variant used.
 std::string quantize_py(const Tensor& x, const std::string& scheme_name, const Tensor& codes, nb::object scales,
                      nb::object zeros, nb::object tensor_scale_out, std::optional<float> tensor_scale,
                      const std::string& layout_name, const std::string& variant, const std::vector<int32_t>& seq_lens,
-                     uintptr_t stream) {
+                     uintptr_t stream, const Tensor& scratch, nb::object status) {
   require(x, "x", {dt::kFp32, dt::kFp16, dt::kBf16}, 4);
   const Scheme s = parse_scheme(scheme_name);
   if (layout_name != "planar" && layout_name != "fbgemm")
@@ -157,7 +161,15 @@ std::string quantize_py(const Tensor& x, const std::string& scheme_name, const T
   }
   const QuantizeVariant& v = quantize_variant_for(variant, s, shape.head_dim, layout, in);
   const DeviceKv input{x.data(), in, shape, x.stride(0), x.stride(1), x.stride(2)};
-  QuantizeWorkspace ws(input, s, layout, seq_lens, &out, tensor_scale);
+  QuantizeScratch temporaries{scratch.data(), to_stream(stream), nullptr};
+  require_buffer(scratch, "scratch", quantize_scratch_bytes(s, shape, layout));
+  if (!status.is_none()) {
+    const Tensor flags = nb::cast<Tensor>(status);
+    require(flags, "status", {dt::kInt64}, 1);
+    check_dim(flags, "status", 0, 2, "2 flags");
+    temporaries.status = static_cast<unsigned long long*>(flags.data());
+  }
+  QuantizeWorkspace ws(input, s, layout, seq_lens, &out, tensor_scale, &temporaries);
   v.launch(ws.params(), to_stream(stream));
   KVQ_CHECK_LAUNCH();
   ws.check_flags("x", to_stream(stream));
@@ -172,6 +184,7 @@ nb::dict sizes_of(const std::string& scheme_name, int64_t b, int64_t h, int64_t 
   nb::dict r;
   r["codes"] = q.codes, r["scales"] = layout == "fbgemm" ? 0 : q.scales, r["zeros"] = layout == "fbgemm" ? 0 : q.zeros;
   r["tensor_scale"] = q.tensor_scale;
+  r["scratch"] = quantize_scratch_bytes(s, {b, h, t, d}, layout == "fbgemm" ? CodeLayout::kFbgemm : CodeLayout::kPlanar);
   r["row_bytes"] = layout == "fbgemm" ? fbgemm_row_bytes(s, d) : code_bytes_per_row(s, d);
   return r;
 }
@@ -450,7 +463,8 @@ NB_MODULE(_gpu, m) {
   m.def("decode_support", &kvq::decode_support, "variant"_a, "k"_a, "v"_a, "layout"_a, "head_dim"_a);
   m.def("quantized_sizes", &kvq::sizes_of, "scheme"_a, "batch"_a, "heads"_a, "tokens"_a, "head_dim"_a, "layout"_a);
   m.def("quantize", &kvq::quantize_py, "x"_a, "scheme"_a, "codes"_a, "scales"_a.none(), "zeros"_a.none(),
-        "tensor_scale_out"_a.none(), "tensor_scale"_a.none(), "layout"_a, "variant"_a, "seq_lens"_a, "stream"_a);
+        "tensor_scale_out"_a.none(), "tensor_scale"_a.none(), "layout"_a, "variant"_a, "seq_lens"_a, "stream"_a, "scratch"_a,
+        "status"_a.none() = nb::none());
   m.def("dequantize", &kvq::dequantize_py, "codes"_a, "scheme"_a, "head_dim"_a, "scales"_a.none(), "zeros"_a.none(),
         "tensor_scale"_a.none(), "out"_a, "stream"_a);
   m.def("decode", &kvq::decode_py, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "seq_lens"_a.none(), "alibi_slopes"_a.none(),

@@ -60,9 +60,9 @@ step "GPU and CPU test suites (ctest, C++)" tests.log \
   ctest --test-dir "$build" --output-on-failure -j 4 -E "^python_|^fuzz_"  # those run in CI
 step "Hugging Face capture test (torch, transformers)" capture_hf.log python3 tests/python/run_hf_tests.py
 # The suites that need kvq._gpu and a CUDA device (CI skips them): kvq.gpu, the GPU eval engine, kvq.ops.
-step "GPU Python suites (kvq.gpu, GPU eval engine, torch ops)" gpu_python.log \
+step "GPU Python suites (kvq.gpu, GPU eval engine, torch ops, serving loop)" gpu_python.log \
   env PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" KVQ_BIN="$kvq" python3 -m pytest -q -p no:cacheprovider \
-  tests/python/test_gpu_python.py tests/python/test_gpu_engine.py tests/python/test_ops.py
+  tests/python/test_gpu_python.py tests/python/test_gpu_engine.py tests/python/test_ops.py tests/python/test_serve_paged.py
 
 sanitize() {  # every tool on the quick gate; any finding fails
   local tool

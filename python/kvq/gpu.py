@@ -21,7 +21,8 @@ try:
 except ImportError as e:  # a CPU-only build
     _gpu, _IMPORT_ERROR = None, e
 
-__all__ = ["Cache", "available", "why_unavailable", "device", "variants", "quantize", "dequantize", "decode", "raw"]
+__all__ = ["Cache", "available", "why_unavailable", "device", "variants", "quantize", "dequantize", "decode", "raw",
+           "new_status", "check_status"]
 
 
 def why_unavailable():
@@ -106,13 +107,15 @@ def _on_cuda(x, what):
         raise InputError(f"{what}: expected a CUDA tensor, got one on {where} (move it with .cuda())")
 
 
-def quantize(x, scheme, *, layout="planar", variant=None, seq_lens=None, tensor_scale=None):
+def quantize(x, scheme, *, layout="planar", variant=None, seq_lens=None, tensor_scale=None, status=None):
     """x [B, H, T, D] (fp32 / fp16 / bf16, any strides but D's) quantized with `scheme` by a GPU
     variant (None: the first specialised one that takes it, else quantize-generic; all are bit-exact
     with the CPU codec). layout "planar" or "fbgemm" (the block formats q8_0 ... nvfp4: planar).
     seq_lens (+wW schemes): per-sequence lengths. tensor_scale: nvfp4's per-tensor scale s_t as given
     (default: amax / (6 * 448) of x, computed on the device). Returns a Cache; raises kvq.InputError /
-    SchemeError with the CLI's messages."""
+    SchemeError with the CLI's messages. status (new_status()'s): the call waits on nothing and can be
+    captured in a CUDA graph; non-finite input or an overflowing scale is recorded there for
+    check_status instead of raising here (memory comes from torch's allocator either way)."""
     torch = _require()
     _on_cuda(x, "x")
     if x.dim() != 4:
@@ -126,14 +129,38 @@ def quantize(x, scheme, *, layout="planar", variant=None, seq_lens=None, tensor_
         zeros = new(sizes["zeros"]) if sizes["zeros"] else None
         ts = torch.empty((), dtype=torch.float32, device=x.device) if sizes["tensor_scale"] else None
         lens = [] if seq_lens is None else [int(n) for n in seq_lens]
+        if lens and status is not None:
+            raise InputError("kvq.gpu.quantize: seq_lens are uploaded to the device, which a call with status "
+                             "(a capturable one) does not do")
         _gpu.quantize(x, scheme, codes, scales, zeros, ts, None if tensor_scale is None else float(tensor_scale), layout,
-                      variant or "", lens, _stream(torch, x))
+                      variant or "", lens, _stream(torch, x), new(sizes["scratch"]), status)
     if layout == "fbgemm":
         return Cache(scheme, codes.view(B, T, H, sizes["row_bytes"]), layout="fbgemm")
     scale_dtype = _scale_dtype(torch, scheme)
     return Cache(scheme, codes.view(B, H, T, sizes["row_bytes"]),
                  None if scales is None else scales.view(scale_dtype),
                  None if zeros is None else zeros.view(scale_dtype), tensor_scale=ts)
+
+
+def new_status(device="cuda"):
+    """Error flags for quantize calls that must not wait on the device (quantize(..., status=),
+    kvq.ops.append under a CUDA graph): int64 [2] on `device`, -1 (no error) until a call records the
+    first non-finite input element or overflowing scale group. Read with check_status."""
+    torch = _require()
+    return torch.full((2,), -1, dtype=torch.int64, device=device)
+
+
+def check_status(status, name="quantize"):
+    """Raises kvq.InputError if a call that recorded into `status` met non-finite input or a scale that
+    overflows its dtype (waits for the device); clears nothing (status.fill_(-1) does)."""
+    bad, overflow = (int(f) for f in status.tolist())
+    if bad != -1:
+        raise InputError(f"{name}: a non-finite value in the tokens given (flat element {bad} of its call's input "
+                         "[B, H, t, D] in C order; the smallest such index of the calls that met one); the codes "
+                         "written for it are not the codec's")
+    if overflow != -1:
+        raise InputError(f"{name}: a scale overflows its dtype (group {overflow} in group order of its call's input; "
+                         "the smallest of the calls that met one): values too large for the scheme")
 
 
 def dequantize(cache, head_dim=None):

@@ -1,8 +1,9 @@
 """kvq's GPU kernels as torch custom ops (torch.library): `torch.ops.kvq.quantize` and
 `torch.ops.kvq.decode`, with fake (meta) implementations, so that a serving loop can call them under
-torch.compile without graph breaks, and decode inside a CUDA graph. They run on the current stream.
-(quantize, and so append, is not capturable yet: it checks its input for Inf / NaN on the host and
-allocates scratch memory.)
+torch.compile without graph breaks, and decode inside a CUDA graph. They run on the current stream,
+and take their memory from torch's allocator. quantize and append check their input for Inf / NaN
+and wait for the answer, unless given a status (kvq.gpu.new_status()): then they wait on nothing,
+record errors there for kvq.gpu.check_status, and can be captured in a CUDA graph.
 
     import torch, kvq.ops
     k = kvq.ops.quantize(k_bf16, "int8-head")               # a kvq.gpu.Cache of the op's tensors
@@ -14,7 +15,7 @@ absent ones as empty tensors) and its storage name; kvq.ops.quantize / decode wr
 kvq.gpu.Cache terms. Results are those of kvq.gpu.quantize / decode bit for bit (the same launches).
 Importing this module needs torch; the ops have CUDA implementations only.
 """
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -42,10 +43,11 @@ def _quantized_shapes(x, scheme, layout):
     return codes, sizes["scales"] // item, dtype, sizes["zeros"] // item, bool(sizes["tensor_scale"])
 
 
-@torch.library.custom_op("kvq::quantize", mutates_args=(), device_types="cuda")
-def _quantize(x: torch.Tensor, scheme: str, layout: str, variant: str, tensor_scale: float) -> Tuple[
-        torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    c = gpu.quantize(x, scheme, layout=layout, variant=variant or None, tensor_scale=tensor_scale if tensor_scale > 0 else None)
+@torch.library.custom_op("kvq::quantize", mutates_args=("status",), device_types="cuda")
+def _quantize(x: torch.Tensor, scheme: str, layout: str, variant: str, tensor_scale: float,
+              status: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    c = gpu.quantize(x, scheme, layout=layout, variant=variant or None, tensor_scale=tensor_scale if tensor_scale > 0 else None,
+                     status=status)
     dtype = gpu._scale_dtype(torch, scheme)
     absent = lambda d: _empty_like_absent(x, d)  # noqa: E731
     return (c.data, absent(dtype) if c.scales is None else c.scales, absent(dtype) if c.zero_points is None else c.zero_points,
@@ -53,7 +55,7 @@ def _quantize(x: torch.Tensor, scheme: str, layout: str, variant: str, tensor_sc
 
 
 @_quantize.register_fake
-def _(x, scheme, layout, variant, tensor_scale):
+def _(x, scheme, layout, variant, tensor_scale, status):
     codes, n_scales, dtype, n_zeros, has_tensor_scale = _quantized_shapes(x, scheme, layout)
     return (x.new_empty(codes, dtype=torch.uint8), x.new_empty((n_scales,), dtype=dtype),
             x.new_empty((n_zeros,), dtype=dtype), x.new_empty(() if has_tensor_scale else (0,), dtype=torch.float32))
@@ -77,11 +79,11 @@ def _(q, k, k_scales, k_zeros, k_tensor_scale, v, v_scales, v_zeros, v_tensor_sc
     return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
 
 
-def quantize(x, scheme, *, layout="planar", variant=None, tensor_scale=None):
+def quantize(x, scheme, *, layout="planar", variant=None, tensor_scale=None, status=None):
     """kvq.gpu.quantize through the kvq::quantize op: a kvq.gpu.Cache whose tensors the op made
-    (tensor_scale: nvfp4's s_t as given; default amax / (6 * 448) of x)."""
+    (tensor_scale: nvfp4's s_t as given; default amax / (6 * 448) of x; status: see the module's note)."""
     codes, scales, zeros, tensor_scale = torch.ops.kvq.quantize(x, scheme, layout, variant or "",
-                                                                float(tensor_scale or 0.0))
+                                                                float(tensor_scale or 0.0), status)
     return gpu.Cache(scheme, codes, _none_if_empty(scales), _none_if_empty(zeros), "fbgemm" if layout == "fbgemm" else "bnsh",
                      tensor_scale if tensor_scale.dim() == 0 else None)
 
@@ -112,55 +114,74 @@ def decode(q, k, v, *, seq_lens=None, softmax_scale=None, variant=None, block_ta
                                              block_table=block_table))
 
 
-def _token_local(scheme, name):
-    """The parsed scheme, if each token's codes and parameters depend on that token alone (what
-    append writes a token at a time); else kvq.SchemeError naming why not."""
+RAW_STORAGES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class _Facts(NamedTuple):
+    """What append needs of a storage, as plain values (torch.compile folds them to constants)."""
+    raw: bool
+    per_token: bool           # one parameter set per token (all heads): scales [.., T]
+    per_tensor: bool          # the codes carry no per-row parameters (scale-free FP8)
+    nvfp4: bool
+
+
+@torch.compiler.assume_constant_result
+def _facts(storage: str, name: str) -> _Facts:
+    """The storage's facts if append can write it a token at a time (a raw bf16 / fp16 storage, or a
+    scheme whose codes and parameters of a token depend on that token alone); else kvq.SchemeError
+    naming why not."""
+    if storage in RAW_STORAGES:
+        return _Facts(True, False, False, False)
     from ._core import SchemeError, parse_scheme
-    s = parse_scheme(scheme)
+    s = parse_scheme(storage)
     if s.window is not None or s.granularity == "channel":
-        raise SchemeError(f"{name}: {scheme}: kvq.ops.append writes token-local schemes (per-token, per-head, g<G>, the "
-                          "block formats, scale-free FP8); chan-t<N> groups and +w<W> windows need a raw buffer "
-                          "for their pending tokens, not yet (kvq.AppendQuantizer has them on the CPU)")
+        raise SchemeError(f"{name}: {storage}: kvq.ops.append writes token-local schemes (per-token, per-head, g<G>, "
+                          "the block formats, scale-free FP8) and bf16 / fp16; chan-t<N> groups and +w<W> windows "
+                          "need a raw buffer for their pending tokens, not yet (kvq.AppendQuantizer has them on the CPU)")
     if s.granularity == "tensor" and not s.scale_free:
-        raise SchemeError(f"{name}: {scheme}: a per-tensor scale needs the whole cache, which appending does not have")
-    return s
+        raise SchemeError(f"{name}: {storage}: a per-tensor scale needs the whole cache, which appending does not have")
+    return _Facts(False, s.granularity == "token", s.granularity == "tensor", s.format == "nvfp4")
 
 
-def _check_tensor_scale(s, scheme, tensor_scale, name):
+def _check_tensor_scale(f, storage, tensor_scale, name):
     """nvfp4 appends with a calibrated tensor_scale (a whole cache's amax is unknown while appending);
     the other schemes take none."""
-    if (s.format == "nvfp4") != (tensor_scale is not None):
+    if f.nvfp4 != (tensor_scale is not None):
         from ._core import SchemeError
-        raise SchemeError(f"{name}: {scheme}: " + ("nvfp4 appends with a calibrated tensor_scale" if tensor_scale is None
-                                                   else "only nvfp4 takes a tensor_scale"))
+        raise SchemeError(f"{name}: {storage}: " + ("nvfp4 appends with a calibrated tensor_scale" if tensor_scale is None
+                                                    else "only nvfp4 takes a tensor_scale"))
 
 
-def _rows(t, scheme, B, H, T):
+def _rows(t, f, B, H, T):
     """A cache tensor as [B, H', T, X], the token axis third: codes [B, H, T, row bytes]; scales and zero
     points in group order ([B, T] per token, [B, H, T, groups] otherwise)."""
-    if scheme.granularity == "token":
+    if f.per_token:
         return t.view(B, 1, T, -1)
     return t.view(B, H, T, -1)
 
 
 def empty_cache(scheme, batch, heads, capacity, head_dim, *, device="cuda", tensor_scale=None):
-    """A K or V cache of `capacity` tokens in `scheme` (token-local: see append), every slot zero: the
-    tensors kvq.ops.quantize would give for [batch, heads, capacity, head_dim]. nvfp4 needs its
-    calibrated tensor_scale (a whole cache's amax is not known while appending)."""
-    s = _token_local(scheme, "kvq.ops.empty_cache")
-    _check_tensor_scale(s, scheme, tensor_scale, "kvq.ops.empty_cache")
-    zeros = torch.zeros(batch, heads, capacity, head_dim, dtype=torch.bfloat16, device=device)
-    return quantize(zeros, scheme, tensor_scale=tensor_scale)
+    """A K or V cache of `capacity` tokens in `scheme` (a token-local scheme, or raw "bf16" / "fp16":
+    see append), every slot zero: the tensors kvq.ops.quantize would give for [batch, heads, capacity,
+    head_dim]. nvfp4 needs its calibrated tensor_scale (a whole cache's amax is not known while
+    appending)."""
+    f = _facts(scheme, "kvq.ops.empty_cache")
+    _check_tensor_scale(f, scheme, tensor_scale, "kvq.ops.empty_cache")
+    zeros = torch.zeros(batch, heads, capacity, head_dim, dtype=RAW_STORAGES.get(scheme, torch.bfloat16), device=device)
+    return gpu.Cache(scheme, zeros) if f.raw else quantize(zeros, scheme, tensor_scale=tensor_scale)
 
 
 def empty_paged_cache(scheme, pages, page_tokens, heads, head_dim, *, device="cuda", tensor_scale=None):
-    """A paged K or V cache (token-local scheme, see append): a pool of `pages` pages of `page_tokens`
-    tokens (a power of two >= 16), every slot zero. Codes [pages, P, heads, row bytes] (NHD, as vLLM's
-    and FlashInfer's pools), scales and zero points head-major in their page ([pages, heads, P, groups];
-    per token [pages, P]): a kvq.gpu.Cache of layout "paged", which append and decode take with the
-    block table."""
-    s = _token_local(scheme, "kvq.ops.empty_paged_cache")
-    _check_tensor_scale(s, scheme, tensor_scale, "kvq.ops.empty_paged_cache")
+    """A paged K or V cache (a token-local scheme or raw "bf16" / "fp16", see append): a pool of `pages`
+    pages of `page_tokens` tokens (a power of two >= 16), every slot zero. Codes (values) [pages, P,
+    heads, row bytes (D)] (NHD, as vLLM's and FlashInfer's pools), scales and zero points head-major in
+    their page ([pages, heads, P, groups]; per token [pages, P]): a kvq.gpu.Cache of layout "paged",
+    which append and decode take with the block table."""
+    f = _facts(scheme, "kvq.ops.empty_paged_cache")
+    _check_tensor_scale(f, scheme, tensor_scale, "kvq.ops.empty_paged_cache")
+    if f.raw:
+        return gpu.Cache(scheme, torch.zeros(pages, page_tokens, heads, head_dim, dtype=RAW_STORAGES[scheme],
+                                             device=device), layout="paged")
     # each page a planar cache of P tokens: its parameters are already head-major
     flat = quantize(torch.zeros(pages, heads, page_tokens, head_dim, dtype=torch.bfloat16, device=device), scheme,
                     tensor_scale=tensor_scale)
@@ -168,17 +189,18 @@ def empty_paged_cache(scheme, pages, page_tokens, heads, head_dim, *, device="cu
                      flat.tensor_scale)
 
 
-def append(cache, x, positions, *, tensor_scale=None, block_table=None):
-    """Quantizes new tokens x [B, H, t, D] into `cache` (kvq.ops.empty_cache's, or any planar Cache of a
-    token-local scheme; or empty_paged_cache's with its block_table [B, pages per sequence]) at slots
-    positions[b] .. positions[b] + t - 1 of each sequence b (positions: an int tensor [B] on the
-    device), in place: the codes and parameters kvq.AppendQuantizer gives
-    for those tokens, bit for bit (a token-local scheme's codes depend on the token alone). Torch ops
-    only (the kvq::quantize op and an indexed copy): it compiles with torch.compile; it is not
-    captured in a CUDA graph yet (see the module's note). nvfp4: tensor_scale, the cache's
-    calibrated s_t as given to empty_cache (a float, so that nothing waits on the device). Returns
-    the cache."""
-    s = _token_local(cache.storage, "kvq.ops.append")
+def append(cache, x, positions, *, tensor_scale=None, block_table=None, status=None):
+    """Writes new tokens x [B, H, t, D] into `cache` (kvq.ops.empty_cache's, or any planar Cache of a
+    token-local scheme or raw bf16 / fp16; or empty_paged_cache's with its block_table [B, pages per
+    sequence]) at slots positions[b] .. positions[b] + t - 1 of each sequence b (positions: an int
+    tensor [B] on the device), in place: the codes and parameters kvq.AppendQuantizer gives for those
+    tokens, bit for bit (a token-local scheme's codes depend on the token alone); raw storages the
+    values rounded to their dtype. Torch ops only (the kvq::quantize op and an indexed copy): it
+    compiles with torch.compile (fullgraph); with a status (kvq.gpu.new_status()) nothing waits on the
+    device and it can be captured in a CUDA graph (errors are recorded there: kvq.gpu.check_status).
+    nvfp4: tensor_scale, the cache's calibrated s_t as given to empty_cache (a float, so that nothing
+    waits on the device). Returns the cache."""
+    f = _facts(cache.storage, "kvq.ops.append")
     if cache.layout not in ("bnsh", "paged"):
         raise gpu.InputError(f"kvq.ops.append: a {cache.layout} cache; append writes planar (bnsh) and paged caches")
     paged = cache.layout == "paged"
@@ -193,8 +215,14 @@ def append(cache, x, positions, *, tensor_scale=None, block_table=None):
     if x.dim() != 4 or x.shape[0] != B or x.shape[1] != H:
         raise gpu.InputError(f"kvq.ops.append: new tokens have shape {list(x.shape)}, expected [{B}, {H}, t, D]")
     t = x.shape[2]
-    _check_tensor_scale(s, cache.storage, tensor_scale, "kvq.ops.append")
-    new = quantize(x, cache.storage, tensor_scale=tensor_scale)
+    _check_tensor_scale(f, cache.storage, tensor_scale, "kvq.ops.append")
+    if f.raw:
+        new = gpu.Cache(cache.storage, x.to(RAW_STORAGES[cache.storage]))
+    else:
+        if status is None and not torch.compiler.is_compiling() and torch.cuda.is_current_stream_capturing():
+            raise gpu.InputError("kvq.ops.append: under CUDA graph capture it needs status= (kvq.gpu.new_status()): "
+                                 "without one it waits for its Inf / NaN check, which a capture cannot")
+        new = quantize(x, cache.storage, tensor_scale=tensor_scale, status=status)
     slots = positions.to(torch.long)[:, None] + torch.arange(t, device=x.device)[None, :]  # [B, t]
     batch = torch.arange(B, device=x.device)[:, None].expand(B, t)
     if paged:  # token slot of sequence b: page block_table[b, slot / P], row slot % P
@@ -203,13 +231,13 @@ def append(cache, x, positions, *, tensor_scale=None, block_table=None):
         for field in ("scales", "zero_points"):
             dst, src = getattr(cache, field), getattr(new, field)
             if dst is not None:  # [pages, H', P, X] at (page, :, row)
-                _rows(dst, s, pages, H, P)[page, :, row] = _rows(src, s, B, H, t).permute(0, 2, 1, 3)
+                _rows(dst, f, pages, H, P)[page, :, row] = _rows(src, f, B, H, t).permute(0, 2, 1, 3)
         return cache
     for field in ("data", "scales", "zero_points"):
         dst, src = getattr(cache, field), getattr(new, field)
-        if dst is None or (field != "data" and s.granularity == "tensor"):
+        if dst is None or (field != "data" and f.per_tensor):
             continue
-        dst_rows = dst if field == "data" else _rows(dst, s, B, H, T)
-        src_rows = src if field == "data" else _rows(src, s, B, H, t)
+        dst_rows = dst if field == "data" else _rows(dst, f, B, H, T)
+        src_rows = src if field == "data" else _rows(src, f, B, H, t)
         dst_rows[batch, :, slots] = src_rows.permute(0, 2, 1, 3)  # [B, t, H', X] at (b, slot)
     return cache

@@ -47,7 +47,8 @@ def test_quantize_op_is_kvq_gpu_quantize(scheme):
     for name in ("scales", "zero_points", "tensor_scale"):
         ta, tb = getattr(a, name), getattr(b, name)
         assert (ta is None) == (tb is None) and (ta is None or (ta.dtype == tb.dtype and torch.equal(ta, tb)))
-    torch.library.opcheck(torch.ops.kvq.quantize.default, (x, scheme, "planar", "", 0.0))
+    torch.library.opcheck(torch.ops.kvq.quantize.default, (x, scheme, "planar", "", 0.0, None))
+    torch.library.opcheck(torch.ops.kvq.quantize.default, (x, scheme, "planar", "", 0.0, kvq.gpu.new_status()))
 
 
 @pytest.mark.parametrize("k_storage", STORAGES)
@@ -97,7 +98,7 @@ def test_quantize_and_decode_compile_without_graph_breaks():
 def test_ops_refuse_cpu_tensors_and_mixed_layouts():
     x = torch.zeros(1, 1, 4, 64, dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError):
-        torch.ops.kvq.quantize(x, "int8-head", "planar", "", 0.0)
+        torch.ops.kvq.quantize(x, "int8-head", "planar", "", 0.0, None)
     q, k, v, lens = problem(B=1, T=40)
     with pytest.raises(kvq.InputError, match="one layout for both"):
         kvq.ops.decode(q, kvq.gpu.Cache("bf16", k, layout="bsnh"), v)
@@ -144,8 +145,8 @@ def test_append_streams_bit_identical_to_append_quantizer(scheme):
 
 
 def test_append_at_each_sequences_own_position_then_a_graphed_decode():
-    # The quantize op (so append) checks its input for Inf / NaN on the host and allocates scratch:
-    # it runs eagerly; the decode that reads the appended cache replays from a CUDA graph.
+    # append without a status checks its input for Inf / NaN and waits: eager here; the decode that
+    # reads the appended cache replays from a CUDA graph.
     B, H, D, capacity = 3, 2, 128, 64
     k_all, v_all = random_kv((B, H, capacity, D), 41), random_kv((B, H, capacity, D), 42)
     lens = torch.tensor([10, 0, 33], dtype=torch.int32, device="cuda")
@@ -260,3 +261,87 @@ def test_paged_append_refuses_a_missing_block_table():
     kp = kvq.ops.empty_paged_cache("int8-head", 4, 16, 2, 64)
     with pytest.raises(kvq.InputError, match="a paged cache needs its block_table"):
         kvq.ops.append(kp, random_kv((1, 2, 1, 64), 1), torch.zeros(1, dtype=torch.int32, device="cuda"))
+
+
+def test_status_records_bad_input_where_a_plain_call_raises():
+    x = random_kv((1, 2, 5, 64), 60)
+    x[0, 1, 3, 7] = float("nan")
+    with pytest.raises(kvq.InputError, match="non-finite"):
+        kvq.ops.quantize(x, "int8-head")
+    status = kvq.gpu.new_status()
+    kvq.ops.quantize(x[:, :, :3], "int8-head", status=status)  # finite: nothing recorded
+    kvq.gpu.check_status(status, "K")
+    kvq.ops.quantize(x, "int8-head", status=status)  # returns without waiting; recorded
+    with pytest.raises(kvq.InputError, match=f"K: a non-finite value .*flat element {(1 * 5 + 3) * 64 + 7} "):
+        kvq.gpu.check_status(status, "K")
+    status.fill_(-1)
+    big = torch.full((1, 1, 1, 64), 6e4, dtype=torch.float32, device="cuda")  # an fp16 scale of 6e4 / 127 fits;
+    kvq.ops.quantize(big * 1e3, "int8-head", status=status)  # ... of 6e7 / 127 overflows
+    with pytest.raises(kvq.InputError, match="a scale overflows its dtype \\(group 0"):
+        kvq.gpu.check_status(status, "V")
+
+
+def test_capture_refuses_an_append_that_would_wait():
+    kc = kvq.ops.empty_cache("int8-head", 1, 2, 16, 64)
+    x, pos = random_kv((1, 2, 1, 64), 61), torch.zeros(1, dtype=torch.int32, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(kvq.InputError, match="needs status="):
+        with torch.cuda.graph(graph):
+            kvq.ops.append(kc, x, pos)
+
+
+@pytest.mark.parametrize("k_scheme,v_scheme", [("int8-head", "q4_0"), ("int4-g32-asym+had", "nvfp4")])
+def test_paged_append_and_decode_captured_in_one_graph(k_scheme, v_scheme):
+    """One decode step as a serving engine captures it: append each sequence's new K/V token into its
+    page, then decode; replayed token after token, it equals eager contiguous appends and decodes,
+    and the pages hold kvq.AppendQuantizer's codes."""
+    B, H, Hq, D, P, capacity, prefill = 3, 2, 8, 128, 16, 80, 7
+    ts = {s: (0.02 if s == "nvfp4" else None) for s in (k_scheme, v_scheme)}
+    g = torch.Generator().manual_seed(70)
+    per_seq = capacity // P
+    table = torch.randperm(B * per_seq + 2, generator=g)[:B * per_seq].view(B, per_seq).to(torch.int32).cuda()
+    k_all, v_all = random_kv((B, H, capacity, D), 71), random_kv((B, H, capacity, D), 72)
+    pages = [kvq.ops.empty_paged_cache(s, B * per_seq + 2, P, H, D, tensor_scale=ts[s]) for s in (k_scheme, v_scheme)]
+    flat = [kvq.ops.empty_cache(s, B, H, capacity, D, tensor_scale=ts[s]) for s in (k_scheme, v_scheme)]
+    zero = torch.zeros(B, dtype=torch.int32, device="cuda")
+    for c, p, x, s in zip(flat, pages, (k_all, v_all), (k_scheme, v_scheme)):
+        kvq.ops.append(c, x[:, :, :prefill], zero, tensor_scale=ts[s])
+        kvq.ops.append(p, x[:, :, :prefill], zero, tensor_scale=ts[s], block_table=table)
+    status = kvq.gpu.new_status()
+    pos = torch.full((B,), prefill, dtype=torch.int32, device="cuda")
+    new_k, new_v, q = (torch.zeros(B, H, 1, D, dtype=torch.bfloat16, device="cuda"),
+                       torch.zeros(B, H, 1, D, dtype=torch.bfloat16, device="cuda"), random_kv((B, Hq, D), 73))
+    seq_lens = pos + 1
+
+    def step():
+        kvq.ops.append(pages[0], new_k, pos, tensor_scale=ts[k_scheme], block_table=table, status=status)
+        kvq.ops.append(pages[1], new_v, pos, tensor_scale=ts[v_scheme], block_table=table, status=status)
+        return kvq.ops.decode(q, pages[0], pages[1], seq_lens=seq_lens, block_table=table)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (writes slot `prefill` again below)
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_graph, lse_graph = step()
+    rows = torch.arange(B, device="cuda")
+    for t in range(prefill, prefill + 40):
+        pos.fill_(t)
+        seq_lens.fill_(t + 1)
+        new_k.copy_(k_all[:, :, t:t + 1])
+        new_v.copy_(v_all[:, :, t:t + 1])
+        graph.replay()
+        for c, x, s in zip(flat, (k_all, v_all), (k_scheme, v_scheme)):
+            kvq.ops.append(c, x[rows, :, pos.long()][:, :, None], pos, tensor_scale=ts[s])
+        o_ref, lse_ref = kvq.ops.decode(q, flat[0], flat[1], seq_lens=seq_lens)
+        torch.cuda.synchronize()
+        assert torch.equal(o_graph, o_ref) and torch.equal(lse_graph, lse_ref), t
+    kvq.gpu.check_status(status)
+    T = prefill + 40
+    for p, x, s in zip(pages, (k_all, v_all), (k_scheme, v_scheme)):  # each sequence's pages, in order
+        host = kvq.AppendQuantizer(s, tensor_scale=ts[s])
+        host.append(x[:, :, :T].float().cpu().numpy())
+        codes = p.data[table.long()].flatten(1, 2)[:, :T].permute(0, 2, 1, 3)  # [B, H, T, row bytes]
+        assert np.array_equal(host_bytes(codes), np.asarray(host.result().codes).view(np.uint8).reshape(-1)), s
