@@ -12,8 +12,12 @@ append, decode and MLP, and the logits) runs three ways over the same tokens:
 It checks that the graph's logits equal eager's bit for bit, and compares the loop's next-token
 distribution at every position with the eval's quantize-on-append reference over the same tokens
 (experiments/eval/gpu_engine.py: the model's float32 forward with every layer's cache stored by the
-pair, kvq eval's GPU engine), beside the same comparison for a bf16 cache (what the loop's own
-arithmetic costs: bf16 Q, O and probabilities in the kernel). Time per token is reported for each way.
+pair, kvq eval's GPU engine) and with the unquantized model. Over a bf16 cache the loop is its
+reference to the kernel's rounding. Over a quantized cache the two runs part: a code whose rounding
+the loop's arithmetic tips changes the next layers' K and V, which tips more codes (on SmolLM2 no
+code of layer 0 differs, 0.2-0.7 % of layer 1's, 10-30 % from layer 5 on), so the loop and the
+reference draw different quantization noise; what must agree is what the storage costs each
+(loop vs unquantized beside reference vs unquantized). Time per token is reported for each way.
 
     python3 experiments/eval/serve_paged.py --model SmolLM2.gguf --pairs bf16/bf16,int8-head/q4_0 --out DIR
     python3 experiments/eval/serve_paged.py --random llama3.2-1b --pairs int8-head/q4_0   # timing only
@@ -335,9 +339,10 @@ def main(argv=None):
             row["modes"][mode] = r
         row.update(time_cache_ops(loop, total - 1))
         if model is not None:
-            ref = reference_logits(model, eager[0], k_name, v_name)
+            ref, none = (reference_logits(model, eager[0], k, v) for k, v in ((k_name, v_name), ("none", "none")))
             row["vs_reference"] = compare(eager[1], ref)
-            row["reference_vs_none"] = compare(ref, reference_logits(model, eager[0], "none", "none"))
+            row["loop_vs_none"] = compare(eager[1], none)       # what the storage costs the loop
+            row["reference_vs_none"] = compare(ref, none)       # ... and the eval's reference
         rows.append(row)
         print(json.dumps(row), flush=True)
     result = {"model": label, "device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "dtype": args.dtype,
@@ -355,14 +360,15 @@ def print_table(result):
     print(f"\n{result['model']} on {result['device']}: batch {result['batch']}, {result['prompt_tokens']} prompt + "
           f"{result['new_tokens']} new tokens, pages of {result['page_tokens']}, {result['dtype']}")
     modes = list(result["rows"][0]["modes"])
-    head = "| K / V | " + " | ".join(f"{m} ms/step" for m in modes) + " | append us | decode us | KL vs ref | top-1 |"
+    head = ("| K / V | " + " | ".join(f"{m} ms/step" for m in modes) +
+            " | append us | decode us | KL loop vs ref | KL loop vs none | KL ref vs none |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
+    nan = float("nan")
     for r in result["rows"]:
-        ref = r.get("vs_reference", {})
+        kl = [r.get(key, {}).get("kl_mean", nan) for key in ("vs_reference", "loop_vs_none", "reference_vs_none")]
         print(f"| {r['k']} / {r['v']} | " + " | ".join(f"{r['modes'][m]['ms_per_step']:.2f}" for m in modes) +
-              f" | {r['append_us']:.1f} | {r['decode_us']:.1f} | {ref.get('kl_mean', float('nan')):.2e} | "
-              f"{ref.get('top1', float('nan')):.4f} |")
+              f" | {r['append_us']:.1f} | {r['decode_us']:.1f} | " + " | ".join(f"{x:.2e}" for x in kl) + " |")
 
 
 if __name__ == "__main__":
