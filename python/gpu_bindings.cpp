@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/append.hpp"
 #include "gpu/decode.hpp"
 #include "gpu/quantize.hpp"
 #include "gpu/registry.hpp"
@@ -166,7 +167,7 @@ std::string quantize_py(const Tensor& x, const std::string& scheme_name, const T
   if (!status.is_none()) {
     const Tensor flags = nb::cast<Tensor>(status);
     require(flags, "status", {dt::kInt64}, 1);
-    check_dim(flags, "status", 0, 2, "2 flags");
+    check_dim(flags, "status", 0, 3, "3 flags");
     temporaries.status = static_cast<unsigned long long*>(flags.data());
   }
   QuantizeWorkspace ws(input, s, layout, seq_lens, &out, tensor_scale, &temporaries);
@@ -174,6 +175,86 @@ std::string quantize_py(const Tensor& x, const std::string& scheme_name, const T
   KVQ_CHECK_LAUNCH();
   ws.check_flags("x", to_stream(stream));
   return v.name;
+}
+
+// ---- append ----
+
+// Writes the rows of a quantized chunk (src: codes [B, H, t, row], scales / zero points [B, H', t, X] in
+// group order, H' = param_heads) into a cache (dst) at slots positions[b] + i: a planar cache (codes
+// [B, H, T, row], parameters [B, H', T, X]) or, with block_table, a paged one (codes [pages, P, H, row]
+// through its strides, parameters [pages, H', P, X]). status (int64 [3]): rows whose slot or page lies
+// outside the cache are not written; the first is recorded in status[2]. check: wait for the launch
+// and throw if it recorded one (else the caller reads status when it chooses).
+void append_rows_py(const Tensor& src_codes, const Tensor& dst_codes, nb::object src_scales, nb::object dst_scales,
+                    nb::object src_zeros, nb::object dst_zeros, const Tensor& positions, nb::object block_table,
+                    int page_tokens, int param_heads, const Tensor& status, bool check, uintptr_t stream) {
+  require(src_codes, "new codes", {dt::kUint8, dt::kBf16, dt::kFp16}, 4);
+  require(dst_codes, "cache codes", {dt::kUint8, dt::kBf16, dt::kFp16}, 4);
+  if (src_codes.dtype() != dst_codes.dtype() || !contiguous(src_codes))
+    throw InputError("append: the new codes must be contiguous and of the cache's dtype");
+  const bool paged = !block_table.is_none();
+  const int64_t B = src_codes.shape(0), H = src_codes.shape(1), t = src_codes.shape(2), row = src_codes.shape(3);
+  const int64_t item = src_codes.itemsize();
+  // the cache's axes: planar (b, h, slot), paged (page, slot in page, h)
+  const int ax_h = paged ? 2 : 1, ax_t = paged ? 1 : 2;
+  check_dim(dst_codes, "cache codes", ax_h, H, "H");
+  check_dim(dst_codes, "cache codes", 3, row, "the new rows' width");
+  AppendParams p;
+  p.batch = static_cast<int>(B), p.tokens = static_cast<int>(t);
+  require(positions, "positions", {dt::kInt32}, 1);
+  check_dim(positions, "positions", 0, B, "B");
+  p.positions = static_cast<const int32_t*>(positions.data());
+  if (paged) {
+    const Tensor table = nb::cast<Tensor>(block_table);
+    require(table, "block_table", {dt::kInt32}, 2);
+    check_dim(table, "block_table", 0, B, "B");
+    check_dim(dst_codes, "cache codes", 1, page_tokens, "P");
+    if (!contiguous(table)) throw InputError("block_table: must be contiguous");
+    p.block_table = static_cast<const int32_t*>(table.data());
+    p.table_stride = table.shape(1), p.pages = dst_codes.shape(0), p.page_tokens = page_tokens;
+    p.capacity = p.table_stride * page_tokens;
+  } else {
+    check_dim(dst_codes, "cache codes", 0, B, "B");
+    p.capacity = dst_codes.shape(2);
+  }
+  const int64_t slots = paged ? page_tokens : p.capacity, n0 = dst_codes.shape(0);
+  AppendArray& codes = p.arrays[0];
+  codes.src = static_cast<const uint8_t*>(src_codes.data()), codes.dst = static_cast<uint8_t*>(dst_codes.data());
+  codes.heads = static_cast<int>(H), codes.row_bytes = static_cast<int>(row * item);
+  (paged ? codes.stride_page : codes.stride_b) = dst_codes.stride(0) * item;
+  codes.stride_h = dst_codes.stride(ax_h) * item, codes.stride_t = dst_codes.stride(ax_t) * item;
+  int k = 1;
+  for (auto [src_obj, dst_obj, what] : {std::tuple{src_scales, dst_scales, "scales"}, std::tuple{src_zeros, dst_zeros, "zero_points"}}) {
+    AppendArray& a = p.arrays[k++];
+    if (src_obj.is_none() != dst_obj.is_none())
+      throw InputError(fmt::format("append: the new tokens and the cache disagree on having {}", what));
+    if (src_obj.is_none()) continue;
+    const Tensor src = nb::cast<Tensor>(src_obj), dst = nb::cast<Tensor>(dst_obj);
+    if (src.dtype() != dst.dtype() || !contiguous(src) || !contiguous(dst))
+      throw InputError(fmt::format("append: {}: the new and the cache's must be contiguous, of one dtype", what));
+    const int64_t per_row = static_cast<int64_t>(src.size()) / (B * param_heads * t);  // parameters per (b, h', token)
+    if (per_row * B * param_heads * t != static_cast<int64_t>(src.size()) ||
+        static_cast<int64_t>(dst.size()) != n0 * param_heads * slots * per_row)
+      throw InputError(fmt::format("append: {}: {} new and {} cached values do not fit [{}, {}, {} / {}, X]", what,
+                                   src.size(), dst.size(), B, param_heads, t, slots));
+    const int64_t bytes = per_row * src.itemsize();
+    a.src = static_cast<const uint8_t*>(src.data()), a.dst = static_cast<uint8_t*>(dst.data());
+    a.heads = param_heads, a.row_bytes = static_cast<int>(bytes);
+    (paged ? a.stride_page : a.stride_b) = param_heads * slots * bytes;
+    a.stride_h = slots * bytes, a.stride_t = bytes;
+  }
+  require(status, "status", {dt::kInt64}, 1);
+  check_dim(status, "status", 0, 3, "3 flags");
+  p.out_of_range = static_cast<unsigned long long*>(status.data()) + 2;
+  launch_append_rows(p, to_stream(stream));
+  if (!check) return;
+  unsigned long long first = 0;
+  KVQ_CUDA_CHECK(cudaMemcpyAsync(&first, p.out_of_range, sizeof first, cudaMemcpyDeviceToHost, to_stream(stream)));
+  KVQ_CUDA_CHECK(cudaStreamSynchronize(to_stream(stream)));
+  if (first != ~0ull)  // kvq.gpu.check_status's message
+    throw InputError(fmt::format("kvq.ops.append: an appended token's slot lies outside its cache (token {} of its call, "
+                                 "counted b * t + i): a position past the capacity ({} slots), or a block table entry "
+                                 "past the pool's pages; that token was not written", first, p.capacity));
 }
 
 nb::dict sizes_of(const std::string& scheme_name, int64_t b, int64_t h, int64_t t, int64_t d, const std::string& layout) {
@@ -465,6 +546,9 @@ NB_MODULE(_gpu, m) {
   m.def("quantize", &kvq::quantize_py, "x"_a, "scheme"_a, "codes"_a, "scales"_a.none(), "zeros"_a.none(),
         "tensor_scale_out"_a.none(), "tensor_scale"_a.none(), "layout"_a, "variant"_a, "seq_lens"_a, "stream"_a, "scratch"_a,
         "status"_a.none() = nb::none());
+  m.def("append_rows", &kvq::append_rows_py, "src_codes"_a, "dst_codes"_a, "src_scales"_a.none(), "dst_scales"_a.none(),
+        "src_zeros"_a.none(), "dst_zeros"_a.none(), "positions"_a, "block_table"_a.none(), "page_tokens"_a,
+        "param_heads"_a, "status"_a, "check"_a, "stream"_a);
   m.def("dequantize", &kvq::dequantize_py, "codes"_a, "scheme"_a, "head_dim"_a, "scales"_a.none(), "zeros"_a.none(),
         "tensor_scale"_a.none(), "out"_a, "stream"_a);
   m.def("decode", &kvq::decode_py, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "seq_lens"_a.none(), "alibi_slopes"_a.none(),

@@ -143,17 +143,18 @@ def quantize(x, scheme, *, layout="planar", variant=None, seq_lens=None, tensor_
 
 
 def new_status(device="cuda"):
-    """Error flags for quantize calls that must not wait on the device (quantize(..., status=),
-    kvq.ops.append under a CUDA graph): int64 [2] on `device`, -1 (no error) until a call records the
-    first non-finite input element or overflowing scale group. Read with check_status."""
+    """Error flags for quantize and append calls that must not wait on the device (quantize(...,
+    status=), kvq.ops.append under a CUDA graph): int64 [3] on `device`, -1 (no error) until a call
+    records the first non-finite input element, overflowing scale group, or appended token whose slot
+    lies outside its cache. Read with check_status."""
     torch = _require()
-    return torch.full((2,), -1, dtype=torch.int64, device=device)
+    return torch.full((3,), -1, dtype=torch.int64, device=device)
 
 
 def check_status(status, name="quantize"):
     """Raises kvq.InputError if a call that recorded into `status` met non-finite input or a scale that
     overflows its dtype (waits for the device); clears nothing (status.fill_(-1) does)."""
-    bad, overflow = (int(f) for f in status.tolist())
+    bad, overflow, outside = (int(f) for f in status.tolist())
     if bad != -1:
         raise InputError(f"{name}: a non-finite value in the tokens given (flat element {bad} of its call's input "
                          "[B, H, t, D] in C order; the smallest such index of the calls that met one); the codes "
@@ -161,6 +162,10 @@ def check_status(status, name="quantize"):
     if overflow != -1:
         raise InputError(f"{name}: a scale overflows its dtype (group {overflow} in group order of its call's input; "
                          "the smallest of the calls that met one): values too large for the scheme")
+    if outside != -1:
+        raise InputError(f"{name}: an appended token's slot lies outside its cache (token {outside} of its call, counted "
+                         "b * t + i; the smallest of the calls that met one): a position past the capacity, or a block "
+                         "table entry past the pool's pages; that token was not written")
 
 
 def dequantize(cache, head_dim=None):

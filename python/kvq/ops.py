@@ -152,12 +152,21 @@ def _check_tensor_scale(f, storage, tensor_scale, name):
                                                     else "only nvfp4 takes a tensor_scale"))
 
 
-def _rows(t, f, B, H, T):
-    """A cache tensor as [B, H', T, X], the token axis third: codes [B, H, T, row bytes]; scales and zero
-    points in group order ([B, T] per token, [B, H, T, groups] otherwise)."""
-    if f.per_token:
-        return t.view(B, 1, T, -1)
-    return t.view(B, H, T, -1)
+@torch.library.custom_op("kvq::append_rows", mutates_args=("dst_codes", "dst_scales", "dst_zeros", "status"),
+                         device_types="cuda")
+def _append_rows(src_codes: torch.Tensor, dst_codes: torch.Tensor, src_scales: Optional[torch.Tensor],
+                 dst_scales: Optional[torch.Tensor], src_zeros: Optional[torch.Tensor], dst_zeros: Optional[torch.Tensor],
+                 positions: torch.Tensor, block_table: Optional[torch.Tensor], page_tokens: int, param_heads: int,
+                 status: torch.Tensor, check: bool) -> None:
+    from ._gpu import append_rows
+    append_rows(src_codes, dst_codes, src_scales, dst_scales, src_zeros, dst_zeros, positions, block_table, page_tokens,
+                param_heads, status, check, gpu._stream(torch, src_codes))
+
+
+@_append_rows.register_fake
+def _(src_codes, dst_codes, src_scales, dst_scales, src_zeros, dst_zeros, positions, block_table, page_tokens, param_heads,
+      status, check):
+    return None
 
 
 def empty_cache(scheme, batch, heads, capacity, head_dim, *, device="cuda", tensor_scale=None):
@@ -195,8 +204,8 @@ def append(cache, x, positions, *, tensor_scale=None, block_table=None, status=N
     sequence]) at slots positions[b] .. positions[b] + t - 1 of each sequence b (positions: an int
     tensor [B] on the device), in place: the codes and parameters kvq.AppendQuantizer gives for those
     tokens, bit for bit (a token-local scheme's codes depend on the token alone); raw storages the
-    values rounded to their dtype. Torch ops only (the kvq::quantize op and an indexed copy): it
-    compiles with torch.compile (fullgraph); with a status (kvq.gpu.new_status()) nothing waits on the
+    values rounded to their dtype. Two launches per call (kvq::quantize, then kvq::append_rows
+    writing the rows at their slots or pages): it compiles with torch.compile (fullgraph); with a status (kvq.gpu.new_status()) nothing waits on the
     device and it can be captured in a CUDA graph (errors are recorded there: kvq.gpu.check_status).
     nvfp4: tensor_scale, the cache's calibrated s_t as given to empty_cache (a float, so that nothing
     waits on the device). Returns the cache."""
@@ -216,28 +225,17 @@ def append(cache, x, positions, *, tensor_scale=None, block_table=None, status=N
         raise gpu.InputError(f"kvq.ops.append: new tokens have shape {list(x.shape)}, expected [{B}, {H}, t, D]")
     t = x.shape[2]
     _check_tensor_scale(f, cache.storage, tensor_scale, "kvq.ops.append")
+    if status is None and not torch.compiler.is_compiling() and torch.cuda.is_current_stream_capturing():
+        raise gpu.InputError("kvq.ops.append: under CUDA graph capture it needs status= (kvq.gpu.new_status()): "
+                             "without one it waits for its checks, which a capture cannot")
     if f.raw:
-        new = gpu.Cache(cache.storage, x.to(RAW_STORAGES[cache.storage]))
-    else:
-        if status is None and not torch.compiler.is_compiling() and torch.cuda.is_current_stream_capturing():
-            raise gpu.InputError("kvq.ops.append: under CUDA graph capture it needs status= (kvq.gpu.new_status()): "
-                                 "without one it waits for its Inf / NaN check, which a capture cannot")
+        new = gpu.Cache(cache.storage, x.to(RAW_STORAGES[cache.storage]).contiguous())
+    else:  # without a status, quantize raises for bad input itself (naming the element and its value)
         new = quantize(x, cache.storage, tensor_scale=tensor_scale, status=status)
-    slots = positions.to(torch.long)[:, None] + torch.arange(t, device=x.device)[None, :]  # [B, t]
-    batch = torch.arange(B, device=x.device)[:, None].expand(B, t)
-    if paged:  # token slot of sequence b: page block_table[b, slot / P], row slot % P
-        page, row = block_table.to(torch.long)[batch, slots // P], slots % P
-        cache.data[page, row] = new.data.permute(0, 2, 1, 3)  # [B, t, H, row bytes]
-        for field in ("scales", "zero_points"):
-            dst, src = getattr(cache, field), getattr(new, field)
-            if dst is not None:  # [pages, H', P, X] at (page, :, row)
-                _rows(dst, f, pages, H, P)[page, :, row] = _rows(src, f, B, H, t).permute(0, 2, 1, 3)
-        return cache
-    for field in ("data", "scales", "zero_points"):
-        dst, src = getattr(cache, field), getattr(new, field)
-        if dst is None or (field != "data" and f.per_tensor):
-            continue
-        dst_rows = dst if field == "data" else _rows(dst, f, B, H, T)
-        src_rows = src if field == "data" else _rows(src, f, B, H, t)
-        dst_rows[batch, :, slots] = src_rows.permute(0, 2, 1, 3)  # [B, t, H', X] at (b, slot)
+    flags = status if status is not None else gpu.new_status(x.device)
+    params = not f.raw and not f.per_tensor
+    torch.ops.kvq.append_rows(new.data, cache.data, new.scales if params else None, cache.scales if params else None,
+                              new.zero_points if params else None, cache.zero_points if params else None,
+                              positions.to(torch.int32), block_table, P if paged else 0, 1 if f.per_token else H, flags,
+                              status is None)
     return cache

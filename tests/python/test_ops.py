@@ -226,7 +226,8 @@ def paged_stream(k_scheme, v_scheme, B=3, H=2, D=128, P=16, capacity=96, seed=50
 
 
 @pytest.mark.parametrize("k_scheme,v_scheme", [("int8-head", "q4_0"), ("int4-g32-asym", "int8-token"),
-                                               ("fp8-e4m3-head", "fp8-e5m2"), ("q8_0+had", "mxfp4"), ("q5_1", "iq4_nl")])
+                                               ("fp8-e4m3-head", "fp8-e5m2"), ("q8_0+had", "mxfp4"), ("q5_1", "iq4_nl"),
+                                               ("bf16", "int8-head")])
 def test_paged_append_and_decode_equal_the_contiguous_cache(k_scheme, v_scheme):
     for step, (q, kc, vc, kp, vp, table, lens) in enumerate(paged_stream(k_scheme, v_scheme)):
         if step % 9:
@@ -345,3 +346,23 @@ def test_paged_append_and_decode_captured_in_one_graph(k_scheme, v_scheme):
         host.append(x[:, :, :T].float().cpu().numpy())
         codes = p.data[table.long()].flatten(1, 2)[:, :T].permute(0, 2, 1, 3)  # [B, H, T, row bytes]
         assert np.array_equal(host_bytes(codes), np.asarray(host.result().codes).view(np.uint8).reshape(-1)), s
+
+
+def test_append_outside_the_cache_writes_nothing_there_and_says_so():
+    x = random_kv((2, 2, 2, 64), 62)
+    kc = kvq.ops.empty_cache("int8-head", 2, 2, 16, 64)
+    pos = torch.tensor([3, 15], dtype=torch.int32, device="cuda")  # sequence 1's second token: slot 16 of 16
+    with pytest.raises(kvq.InputError, match="slot lies outside its cache \\(token 3 of its call"):
+        kvq.ops.append(kc, x, pos)
+    want = kvq.ops.quantize(x, "int8-head")
+    assert torch.equal(kc.data[0, :, 3:5], want.data[0]) and torch.equal(kc.data[1, :, 15], want.data[1, :, 0])
+    assert not kc.data[0, :, :3].any() and not kc.data[0, :, 5:].any() and not kc.data[1, :, :15].any()
+    kp = kvq.ops.empty_paged_cache("q4_0", 4, 16, 2, 64)
+    table = torch.tensor([[0, 1], [2, 7]], dtype=torch.int32, device="cuda")  # page 7: past the pool of 4
+    status, before = kvq.gpu.new_status(), kp.data.clone()  # q4_0's empty slots hold code 8, not 0
+    kvq.ops.append(kp, x, torch.tensor([5, 15], dtype=torch.int32, device="cuda"), block_table=table, status=status)
+    with pytest.raises(kvq.InputError, match="token 3 of its call"):
+        kvq.gpu.check_status(status, "V")
+    want = kvq.ops.quantize(x, "q4_0").data
+    assert torch.equal(kp.data[0, 5:7], want[0].transpose(0, 1)) and torch.equal(kp.data[2, 15], want[1, :, 0])
+    assert torch.equal(kp.data[1], before[1]) and torch.equal(kp.data[3], before[3])
