@@ -43,10 +43,6 @@ float element_on_device(const DeviceKv& in, int64_t b, int64_t h, int64_t t, int
   return in.dtype == InputDtype::kFp16 ? fp16_bits_to_fp32(bits) : bf16_bits_to_fp32(bits);
 }
 
-}  // namespace
-
-namespace {
-
 // The temporaries of one quantize call, carved from one block: byte offsets, each 256-aligned.
 struct ScratchLayout {
   int64_t flags = 0, stats = 0, partials = 0, rotated = 0, planar_codes = 0, planar_scales = 0, planar_zeros = 0;
