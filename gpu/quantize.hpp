@@ -89,7 +89,8 @@ struct QuantizeOutputs {
 // quantize allocates nothing and syncs nothing and can be captured in a CUDA graph): `data` of
 // quantize_scratch_bytes bytes, the stream the launch runs on. `status`, when given: the two error
 // flags (first non-finite element, first overflowing group; ~0 for none) the caller keeps across
-// launches and reads when it chooses, in place of the workspace's own, which check_flags reads.
+// launches and reads when it chooses (the first two entries of kvq.gpu.new_status's three), in place
+// of the workspace's own, which check_flags reads.
 struct QuantizeScratch {
   void* data = nullptr;
   cudaStream_t stream = nullptr;

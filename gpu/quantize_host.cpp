@@ -133,8 +133,9 @@ void QuantizeWorkspace::reset() {
   scales_.fill_bytes(0xa5);
   zeros_.fill_bytes(0xa5);
   tensor_scale_.fill_bytes(0xa5);
-  // in the caller's scratch, on the launch's stream: a capture records it (the caller's status flags
-  // are theirs to clear)
+  // The caller's status flags are theirs to clear (and the workspace's own go unread then). In the
+  // caller's scratch the clear goes on the launch's stream, where a capture records it.
+  if (external_status_) return;
   const size_t bytes = 2 * sizeof(unsigned long long);
   if (own_scratch_.size()) KVQ_CUDA_CHECK(cudaMemset(flags_, 0xff, bytes));
   else KVQ_CUDA_CHECK(cudaMemsetAsync(flags_, 0xff, bytes, stream_));

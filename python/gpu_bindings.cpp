@@ -135,9 +135,10 @@ std::tuple<void*, void*, void*> param_buffers(const Scheme& s, const QuantizedSi
 
 // x: [B, H, T, D] (any strides but D's); outputs sized by quantized_sizes (nvfp4: tensor_scale_out, one
 // float32, written by the launch: `tensor_scale` when given, else amax / 2688); scratch: its "scratch"
-// bytes. status (int64 [2], ~0 where no error yet): the error flags the caller keeps and reads later
-// (nothing waits on the device: the call can be captured in a CUDA graph); without it, non-finite
-// input or an overflowing scale throws here. Returns the variant used.
+// bytes. status (int64 [3], ~0 where no error yet; quantize records into entries 0 and 1): the error
+// flags the caller keeps and reads later (nothing waits on the device: the call can be captured in a
+// CUDA graph); without it, non-finite input or an overflowing scale throws here. Returns the variant
+// used.
 std::string quantize_py(const Tensor& x, const std::string& scheme_name, const Tensor& codes, nb::object scales,
                      nb::object zeros, nb::object tensor_scale_out, std::optional<float> tensor_scale,
                      const std::string& layout_name, const std::string& variant, const std::vector<int32_t>& seq_lens,

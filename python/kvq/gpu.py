@@ -152,8 +152,9 @@ def new_status(device="cuda"):
 
 
 def check_status(status, name="quantize"):
-    """Raises kvq.InputError if a call that recorded into `status` met non-finite input or a scale that
-    overflows its dtype (waits for the device); clears nothing (status.fill_(-1) does)."""
+    """Raises kvq.InputError if a call that recorded into `status` met non-finite input, a scale that
+    overflows its dtype, or an appended token whose slot lies outside its cache (waits for the device);
+    clears nothing (status.fill_(-1) does)."""
     bad, overflow, outside = (int(f) for f in status.tolist())
     if bad != -1:
         raise InputError(f"{name}: a non-finite value in the tokens given (flat element {bad} of its call's input "
