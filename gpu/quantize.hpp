@@ -46,6 +46,8 @@ struct QuantizeParams {
   // nvfp4: the fp32 per-tensor scale s_t [1], written by the launch: the given one, or amax / 2688
   // over the quantized elements (computed on the device).
   float* tensor_scale = nullptr;
+  // A given tensor scale: nvfp4's s_t, or a symmetric per-tensor scheme's one scale (kernels then
+  // use given_scale_params instead of the statistics, which still find non-finite input).
   bool tensor_scale_given = false;
   float given_tensor_scale = 0.0f;
 };
@@ -104,8 +106,9 @@ class QuantizeWorkspace {
  public:
   // seq_lens (+wW schemes): each sequence's length, checked as the CPU quantizer checks them (they
   // are uploaded: not capturable). outputs: write there instead of buffers of its own (download()
-  // then has nothing to return). tensor_scale: nvfp4's s_t as given (a calibrated one); nullopt:
-  // amax / 2688 of the input. scratch: the temporaries in the caller's memory (else its own).
+  // then has nothing to return). tensor_scale: a calibrated tensor-wide scale (quantize()'s, in
+  // quant/quantize.hpp: nvfp4's s_t or a symmetric per-tensor scheme's scale); nullopt: computed
+  // from the input. scratch: the temporaries in the caller's memory (else its own).
   QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme, CodeLayout layout,
                     const std::vector<int32_t>& seq_lens = {}, const QuantizeOutputs* outputs = nullptr,
                     std::optional<float> tensor_scale = std::nullopt, const QuantizeScratch* scratch = nullptr);
@@ -113,7 +116,7 @@ class QuantizeWorkspace {
   // Clears the error flags and poisons the outputs, so that an unwritten byte shows.
   void reset();
   // Throws InputError with the CPU quantizer's message when the last launch flagged non-finite
-  // input or a scale overflow, or was given an nvfp4 tensor scale that is not finite and >= 0.
+  // input or a scale overflow, or was given a tensor scale it cannot use (check_given_tensor_scale).
   // (With the caller's status flags, only the tensor scale: the flags are the caller's to read.)
   void check_flags(const std::string& tensor_name, cudaStream_t stream);
   GpuQuantized download() const;

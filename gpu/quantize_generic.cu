@@ -103,7 +103,8 @@ __global__ void tensor_finish_kernel(QuantizeParams p, int partials) {
 
 __global__ void params_kernel(QuantizeParams p, int64_t groups) {
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
-    const GroupParams gp = group_params(p.stats[g], p.scheme);
+    const GroupParams gp = p.tensor_scale_given ? given_scale_params(p.given_tensor_scale, p.scheme)  // per-tensor
+                                                : group_params(p.stats[g], p.scheme);
     if (gp.overflow) atomicMin(p.first_overflow, static_cast<unsigned long long>(g));
     detail::store_param(p.scales, g, gp.scale, p.scheme.scale_dtype);
     if (p.scheme.asymmetric) detail::store_param(p.zeros, g, gp.zero, p.scheme.scale_dtype);

@@ -78,8 +78,7 @@ QuantizeWorkspace::QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme
       stream_(scratch ? scratch->stream : nullptr) {
   require_device();
   const bool nvfp4 = scheme.format == CodeFormat::kNvfp4;
-  if (tensor_scale && !nvfp4)  // the CPU quantizer's check and message (quant/quantize.cpp)
-    throw InputError(fmt::format("{}: a tensor scale is given, but only nvfp4 takes one", to_string(scheme)));
+  if (tensor_scale) check_tensor_scale_taken(scheme);  // the CPU quantizer's check and message
   check_scheme_fits(scheme, static_cast<int>(input.shape.head_dim));
   if (scheme.block_format() && layout != CodeLayout::kPlanar)
     throw SchemeError(fmt::format("{}: the block formats are quantized into kvq's planar layout (ggml's inline blocks: "
@@ -120,11 +119,9 @@ QuantizeWorkspace::QuantizeWorkspace(const DeviceKv& input, const Scheme& scheme
   unsigned long long* flags = external_status_ ? scratch->status : flags_;
   params_.first_bad = flags;
   params_.first_overflow = flags + 1;
-  if (nvfp4) {
-    params_.tensor_scale = outputs ? outputs->tensor_scale : reinterpret_cast<float*>(tensor_scale_.data());
-    params_.tensor_scale_given = tensor_scale.has_value();
-    params_.given_tensor_scale = tensor_scale.value_or(0.0f);
-  }
+  if (nvfp4) params_.tensor_scale = outputs ? outputs->tensor_scale : reinterpret_cast<float*>(tensor_scale_.data());
+  params_.tensor_scale_given = tensor_scale.has_value();
+  params_.given_tensor_scale = tensor_scale.value_or(0.0f);
   reset();
 }
 
@@ -142,9 +139,7 @@ void QuantizeWorkspace::reset() {
 }
 
 void QuantizeWorkspace::check_tensor_scale(const std::string& tensor_name) const {
-  const float ts = params_.given_tensor_scale;
-  if (params_.tensor_scale_given && !(is_finite_float(ts) && ts >= 0.0f))
-    throw InputError(fmt::format("{}: nvfp4 tensor scale {} must be finite and >= 0", tensor_name, ts));
+  if (params_.tensor_scale_given) check_given_tensor_scale(params_.scheme, params_.given_tensor_scale, tensor_name);
 }
 
 void QuantizeWorkspace::check_flags(const std::string& tensor_name, cudaStream_t stream) {

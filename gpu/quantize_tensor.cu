@@ -5,6 +5,7 @@
 //      (kUnroll 16-byte loads in flight per thread) and writes one GroupStats per block to
 //      p.partials. min, max and max |x| are exact in any order, so the result does not depend on
 //      the grid or the schedule.
+//   (With a given scale pass 1 still runs: it is what finds non-finite input.)
 //   2. encode: every block first merges the partials itself (a few KiB from L2: no third kernel and
 //      no counter to reset between graph replays), derives the parameters with the codec's
 //      group_params(), and block 0 stores them; then the grid encodes the chunks in reverse order,
@@ -67,7 +68,7 @@ __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams 
   GroupStats st;
   for (int i = threadIdx.x; i < plan.partials; i += kThreads) st.merge(p.partials[i]);
   st = detail::block_merge<kThreads>(st, lo, hi, amax);
-  const GroupParams gp = group_params(st, scheme);
+  const GroupParams gp = p.tensor_scale_given ? given_scale_params(p.given_tensor_scale, scheme) : group_params(st, scheme);
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (gp.overflow) atomicMin(p.first_overflow, 0ull);
     detail::store_param(p.scales, 0, gp.scale, scheme.scale_dtype);

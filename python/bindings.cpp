@@ -337,7 +337,9 @@ void bind_codec(nb::module_& m) {
       "Quantizes x [B, H, T, D] (layout 'bnsh'; 'bsnh' for [B, T, H, D]) with a scheme. float32 input is read in "
       "place; float16, bfloat16 (torch) are converted exactly, float64 is rounded to float32 (the codec's input). "
       "Raises InputError for non-finite values or a scale beyond the scale dtype, naming `name` and the index. "
-      "tensor_scale: nvfp4's per-tensor scale s_t (default: amax / (6 * 448) of x).");
+      "tensor_scale: a calibrated tensor-wide scale instead of the one computed from x: nvfp4's s_t (default: amax / "
+      "(6 * 448) of x) or a symmetric per-tensor scheme's scale (e.g. fp8-e4m3-tensor; stored in the scale dtype, "
+      "codes saturate).");
   m.def(
       "to_ggml_blocks",
       [](const QuantizeResult& r) {

@@ -68,8 +68,6 @@ void quantize_blocks(const KvView& x, QuantizedKv& q, const std::string& tensor_
   const int n = s.group;
   const int64_t per_row = shape.head_dim / n, row_bytes = code_bytes_per_row(s, shape.head_dim);
   if (s.format == CodeFormat::kNvfp4) {
-    if (tensor_scale && !(is_finite_float(*tensor_scale) && *tensor_scale >= 0.0f))
-      throw InputError(fmt::format("{}: nvfp4 tensor scale {} must be finite and >= 0", tensor_name, *tensor_scale));
     q.tensor_scale = tensor_scale ? *tensor_scale : nvfp4_tensor_scale(quantized_amax(x, q));
   }
   // A block with no quantized token (+wW) stores zero bytes: scale 0 (mxfp4: e = 0, i.e. 2^-127).

@@ -200,6 +200,16 @@ KVQ_HD GroupParams unit_params() {
   return p;
 }
 
+// A per-tensor scale given by the caller (a calibrated one, as engines keep for an FP8 cache that
+// grows token by token): stored rounded to the scale dtype like a computed one, codes saturate.
+// check_given_tensor_scale (quant/quantize.hpp) has refused a scale that cannot be stored.
+KVQ_HD GroupParams given_scale_params(float scale, const Scheme& s) {
+  GroupParams p;
+  p.scale = round_to_scale_dtype(scale, s.scale_dtype);
+  p.inv_scale = ieee_div(1.0f, p.scale);
+  return p;
+}
+
 // ---- scheme-level dispatch -------------------------------------------------------------------
 // Parameters as stored (e.g. read back from a scale array), ready for encode().
 KVQ_HD GroupParams stored_params(float scale, float zero) {

@@ -131,12 +131,36 @@ std::vector<int32_t> window_boundaries(const Scheme& scheme, const KvShape& shap
   return qlen;
 }
 
+bool takes_tensor_scale(const Scheme& s) {
+  return s.format == CodeFormat::kNvfp4 || (s.granularity == Granularity::kTensor && !s.asymmetric && !s.scale_free);
+}
+
+void check_tensor_scale_taken(const Scheme& s) {
+  if (!takes_tensor_scale(s))
+    throw InputError(fmt::format("{}: a tensor scale is given, but only nvfp4 and the symmetric per-tensor schemes "
+                                 "(int8-tensor, fp8-e4m3-tensor, ...) take one",
+                                 to_string(s)));
+}
+
+void check_given_tensor_scale(const Scheme& s, float scale, const std::string& tensor_name) {
+  check_tensor_scale_taken(s);
+  if (s.format == CodeFormat::kNvfp4) {
+    if (!(is_finite_float(scale) && scale >= 0.0f))
+      throw InputError(fmt::format("{}: nvfp4 tensor scale {} must be finite and >= 0", tensor_name, scale));
+    return;
+  }
+  const float stored = round_to_scale_dtype(scale, s.scale_dtype);
+  if (!(is_finite_float(scale) && scale > 0.0f && is_finite_float(stored) && stored > 0.0f))
+    throw InputError(fmt::format("{}: {}: the given tensor scale {} must be finite and > 0, also as its {} ({})",
+                                 tensor_name, to_string(s), scale, scale_dtype_name(s.scale_dtype), stored));
+}
+
 QuantizedKv quantize(const KvView& input, const Scheme& scheme, const std::string& tensor_name, const int32_t* seq_lens,
                      std::optional<float> tensor_scale) {
-  if (tensor_scale && scheme.format != CodeFormat::kNvfp4)
-    throw InputError(fmt::format("{}: a tensor scale is given, but only nvfp4 takes one", to_string(scheme)));
+  if (tensor_scale) check_tensor_scale_taken(scheme);
   check_scheme_fits(scheme, static_cast<int>(input.shape.head_dim));
   check_finite(input, tensor_name);
+  if (tensor_scale) check_given_tensor_scale(scheme, *tensor_scale, tensor_name);  // after the input, as on the GPU
   const KvShape& s = input.shape;
   std::vector<float> rotated;
   if (scheme.hadamard) rotated = rotated_copy(input, scheme.rotation_block(s.head_dim));
@@ -156,7 +180,8 @@ QuantizedKv quantize(const KvView& input, const Scheme& scheme, const std::strin
   if (scheme.asymmetric) q.zeros.resize(n);
   std::vector<GroupParams> params(static_cast<size_t>(std::max<int64_t>(n, 1)), unit_params());  // [0]: scale-free
   for (int64_t g = 0; g < n; ++g) {
-    const GroupParams p = params[g] = group_params(stats[g], scheme);
+    const GroupParams p = params[g] = tensor_scale ? given_scale_params(*tensor_scale, scheme)  // per-tensor: n = 1
+                                                   : group_params(stats[g], scheme);
     if (p.overflow) throw InputError(overflow_message(tensor_name, scheme, g, group_box(scheme, s, g), stats[g]));
     q.scales[g] = p.scale;
     if (scheme.asymmetric) q.zeros[g] = p.zero;

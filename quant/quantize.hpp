@@ -12,12 +12,21 @@ namespace kvq {
 // scale dtype, and SchemeError when the scheme does not fit the head_dim.
 // +had rotates x along D first (what is stored, and dequantized, is the rotated tensor); +wW keeps
 // the last W tokens of each sequence (lengths `seq_lens` [B], nullptr: all T) in full precision.
-// Block formats (q8_0 ... nvfp4) follow their reference rules (quant/block_formats.hpp); nvfp4's
-// per-tensor scale is `tensor_scale` when given (a calibrated s_t, e.g. for a cache quantized as it
-// grows), else amax / (6 * 448) over the quantized elements of x. InputError when another scheme
-// is given a tensor scale.
+// Block formats (q8_0 ... nvfp4) follow their reference rules (quant/block_formats.hpp).
+// `tensor_scale`, a calibrated per-tensor scale (e.g. for a cache quantized as it grows), replaces
+// the one computed from the whole tensor: nvfp4's s_t (else amax / (6 * 448) over the quantized
+// elements), or a symmetric per-tensor scheme's one scale (e.g. fp8-e4m3-tensor; stored rounded to
+// the scale dtype, codes saturate). InputError when another scheme is given one.
 QuantizedKv quantize(const KvView& x, const Scheme& scheme, const std::string& tensor_name,
                      const int32_t* seq_lens = nullptr, std::optional<float> tensor_scale = std::nullopt);
+
+// Schemes whose one tensor-wide scale may be given: nvfp4 (s_t) and the symmetric per-tensor
+// schemes with a scale (int8-tensor, fp8-e4m3-tensor, ...).
+bool takes_tensor_scale(const Scheme& s);
+// InputError unless `s` takes a tensor scale; then unless `scale` can be used: nvfp4's finite and >= 0,
+// a per-tensor scheme's finite, > 0 and still so once rounded to the scale dtype.
+void check_tensor_scale_taken(const Scheme& s);
+void check_given_tensor_scale(const Scheme& s, float scale, const std::string& tensor_name);
 
 // Dequantized values, BNSH [B, H, T, D]; in the rotated basis for +had schemes (H is its own
 // inverse: hadamard_rotate each row to return to the input basis).

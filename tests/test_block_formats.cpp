@@ -350,7 +350,8 @@ TEST_CASE("quantize() with block formats: windows, rotation, overflow, given ten
     using test::message_of;
     CHECK(message_of<InputError>([&] {
             quantize(KvView::bnsh(x.data(), shape), parse_scheme("q8_0"), "K", nullptr, 0.25f);
-          }) == "q8_0: a tensor scale is given, but only nvfp4 takes one");
+          }) == "q8_0: a tensor scale is given, but only nvfp4 and the symmetric per-tensor schemes (int8-tensor, "
+               "fp8-e4m3-tensor, ...) take one");
   }
   SUBCASE("an fp16 scale beyond 65504 is an input error naming the block") {
     std::vector<float> big = x;

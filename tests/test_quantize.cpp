@@ -129,6 +129,41 @@ TEST_CASE("per-tensor quantization of a large tensor is deterministic and uses t
   CHECK(q1.codes == q2.codes);
 }
 
+TEST_CASE("a symmetric per-tensor scheme quantizes with a given scale, stored in its dtype, codes saturating") {
+  const KvShape shape{2, 3, 7, 16};
+  std::vector<float> x = test::random_normal(shape.numel(), 8);
+  x[5] = 900.0f, x[6] = -900.0f;  // far beyond 127 and FMAX times the scale: saturate
+  const KvView view = KvView::bnsh(x.data(), shape);
+  for (const char* name : {"int8-tensor", "int4-tensor", "fp8-e4m3-tensor", "fp8-e5m2-tensor-fp32"}) {
+    CAPTURE(name);
+    const Scheme s = parse_scheme(name);
+    const float given = 0.0123f;
+    const QuantizedKv q = quantize(view, s, "K", nullptr, given);
+    REQUIRE(q.scales.size() == 1);
+    CHECK(q.scales[0] == round_to_scale_dtype(given, s.scale_dtype));
+    const GroupParams p = stored_params(q.scales[0], 0.0f);
+    for (int64_t i = 0; i < shape.numel(); ++i) {
+      const int64_t d = i % 16, r = i / 16;
+      REQUIRE(q.code(r / (3 * 7), (r / 7) % 3, r % 7, d) == encode(x[i], p, s));
+    }
+    // the outliers come back as the largest magnitude the codes hold
+    const float largest = s.fp8() ? fp8_format(s.format).max_value : static_cast<float>(s.qmax());
+    CHECK(dequantize(q)[5] == largest * q.scales[0]);
+    CHECK(dequantize(q)[6] == -largest * q.scales[0]);
+    // A given scale differs from the computed one, which the whole tensor's amax sets.
+    CHECK(quantize(view, s, "K").scales[0] != q.scales[0]);
+  }
+  using test::message_of;
+  const Scheme s = parse_scheme("fp8-e4m3-tensor");
+  for (float bad : {0.0f, -1.0f, NAN, INFINITY, 1e6f, 1e-30f})
+    CHECK(message_of<InputError>([&] { quantize(view, s, "K", nullptr, bad); }).find("must be finite and > 0, also as "
+                                                                                     "its float16") != std::string::npos);
+  CHECK(message_of<InputError>([&] { quantize(view, parse_scheme("int8-tensor-asym"), "K", nullptr, 1.0f); })
+            .find("int8-tensor-asym: a tensor scale is given, but only nvfp4 and the symmetric") == 0);
+  CHECK(message_of<InputError>([&] { quantize(view, parse_scheme("int8-head"), "K", nullptr, 1.0f); })
+            .find("but only nvfp4") != std::string::npos);
+}
+
 TEST_CASE("non-finite input is rejected naming the tensor and the first bad index") {
   const KvShape shape{2, 2, 5, 8};
   std::vector<float> x = test::random_normal(shape.numel(), 6);

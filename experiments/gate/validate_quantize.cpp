@@ -64,7 +64,7 @@ struct Checker {
   std::vector<CaseResult> results;
 
   // One case: GPU vs CPU on `values` (rounded to dt first), BNSH unless `bsnh`; `seq_lens` place
-  // a +wW window (empty: every sequence T tokens); `tensor_scale`: nvfp4's given s_t.
+  // a +wW window (empty: every sequence T tokens); `tensor_scale`: a given tensor scale (quantize()).
   void compare(const std::string& name, std::vector<float> values, const KvShape& shape, const Scheme& scheme,
                InputDtype dt, CodeLayout layout, bool bsnh = false, const std::vector<int32_t>& seq_lens = {},
                std::optional<float> tensor_scale = std::nullopt) {
@@ -228,12 +228,14 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
       const KvShape shape{2, 3, 8, D};
       c.compare("block specials", block_special_values(shape), shape, parse_scheme(name), dt, CodeLayout::kPlanar);
     }
-  // nvfp4 with a calibrated tensor scale (values beyond 6 * 448 * s_t saturate), zero, and invalid ones.
-  for (float ts : {0.01f, 0.0f, 1e-30f, -1.0f, NAN, INFINITY}) {
-    const KvShape shape{2, 3, 9, 64};
-    c.compare(fmt::format("given tensor scale {}", ts), random_values(shape.numel(), 11, 64), shape,
-              parse_scheme("nvfp4"), InputDtype::kBf16, CodeLayout::kPlanar, false, {}, ts);
-  }
+  // A calibrated tensor scale (values beyond it saturate): nvfp4's s_t and a symmetric per-tensor
+  // scheme's one scale; zero, ones the scale dtype cannot hold (1e-30, 1e6 in fp16) and invalid ones.
+  for (const char* name : {"nvfp4", "fp8-e4m3-tensor", "int8-tensor", "int4-tensor-fp32", "fp8-e5m2-tensor+w20"})
+    for (float ts : {0.01f, 0.0f, 1e-30f, 1e6f, -1.0f, NAN, INFINITY}) {
+      const KvShape shape{2, 3, 33, 64};
+      c.compare(fmt::format("given tensor scale {}", ts), random_values(shape.numel(), 11, 64), shape,
+                parse_scheme(name), InputDtype::kBf16, CodeLayout::kPlanar, false, {33, 25}, ts);
+    }
   // Hostile shapes: no tokens, no batch, one token, around the 8-rows-per-block tile.
   for (const KvShape& shape : {KvShape{2, 2, 0, D}, KvShape{0, 2, 5, D}, KvShape{1, 1, 1, D}, KvShape{1, 1, 7, D},
                                KvShape{1, 1, 8, D}, KvShape{1, 1, 9, D}, KvShape{3, 1, 33, D}})

@@ -111,8 +111,9 @@ def quantize(x, scheme, *, layout="planar", variant=None, seq_lens=None, tensor_
     """x [B, H, T, D] (fp32 / fp16 / bf16, any strides but D's) quantized with `scheme` by a GPU
     variant (None: the first specialised one that takes it, else quantize-generic; all are bit-exact
     with the CPU codec). layout "planar" or "fbgemm" (the block formats q8_0 ... nvfp4: planar).
-    seq_lens (+wW schemes): per-sequence lengths. tensor_scale: nvfp4's per-tensor scale s_t as given
-    (default: amax / (6 * 448) of x, computed on the device). Returns a Cache; raises kvq.InputError /
+    seq_lens (+wW schemes): per-sequence lengths. tensor_scale: a calibrated tensor-wide scale (a float):
+    nvfp4's s_t (default: amax / (6 * 448) of x, computed on the device) or a symmetric per-tensor
+    scheme's one scale (fp8-e4m3-tensor, int8-tensor, ...; default: amax / FMAX or qmax). Returns a Cache; raises kvq.InputError /
     SchemeError with the CLI's messages. status (new_status()'s): the call waits on nothing and can be
     captured in a CUDA graph; non-finite input or an overflowing scale is recorded there for
     check_status instead of raising here (memory comes from torch's allocator either way)."""

@@ -44,10 +44,9 @@ def _quantized_shapes(x, scheme, layout):
 
 
 @torch.library.custom_op("kvq::quantize", mutates_args=("status",), device_types="cuda")
-def _quantize(x: torch.Tensor, scheme: str, layout: str, variant: str, tensor_scale: float,
+def _quantize(x: torch.Tensor, scheme: str, layout: str, variant: str, tensor_scale: Optional[float],
               status: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    c = gpu.quantize(x, scheme, layout=layout, variant=variant or None, tensor_scale=tensor_scale if tensor_scale > 0 else None,
-                     status=status)
+    c = gpu.quantize(x, scheme, layout=layout, variant=variant or None, tensor_scale=tensor_scale, status=status)
     dtype = gpu._scale_dtype(torch, scheme)
     absent = lambda d: _empty_like_absent(x, d)  # noqa: E731
     return (c.data, absent(dtype) if c.scales is None else c.scales, absent(dtype) if c.zero_points is None else c.zero_points,
@@ -81,9 +80,10 @@ def _(q, k, k_scales, k_zeros, k_tensor_scale, v, v_scales, v_zeros, v_tensor_sc
 
 def quantize(x, scheme, *, layout="planar", variant=None, tensor_scale=None, status=None):
     """kvq.gpu.quantize through the kvq::quantize op: a kvq.gpu.Cache whose tensors the op made
-    (tensor_scale: nvfp4's s_t as given; default amax / (6 * 448) of x; status: see the module's note)."""
+    (tensor_scale: a calibrated tensor-wide scale, see kvq.gpu.quantize; status: see the module's note)."""
     codes, scales, zeros, tensor_scale = torch.ops.kvq.quantize(x, scheme, layout, variant or "",
-                                                                float(tensor_scale or 0.0), status)
+                                                                None if tensor_scale is None else float(tensor_scale),
+                                                                status)
     return gpu.Cache(scheme, codes, _none_if_empty(scales), _none_if_empty(zeros), "fbgemm" if layout == "fbgemm" else "bnsh",
                      tensor_scale if tensor_scale.dim() == 0 else None)
 
@@ -121,8 +121,8 @@ class _Facts(NamedTuple):
     """What append needs of a storage, as plain values (torch.compile folds them to constants)."""
     raw: bool
     per_token: bool           # one parameter set per token (all heads): scales [.., T]
-    per_tensor: bool          # the codes carry no per-row parameters (scale-free FP8)
-    nvfp4: bool
+    per_tensor: bool          # no per-row parameters (scale-free FP8, a per-tensor scale)
+    tensor_scale: bool        # takes a calibrated tensor_scale (nvfp4's s_t, a per-tensor scheme's scale)
 
 
 @torch.compiler.assume_constant_result
@@ -136,20 +136,23 @@ def _facts(storage: str, name: str) -> _Facts:
     s = parse_scheme(storage)
     if s.window is not None or s.granularity == "channel":
         raise SchemeError(f"{name}: {storage}: kvq.ops.append writes token-local schemes (per-token, per-head, g<G>, "
-                          "the block formats, scale-free FP8) and bf16 / fp16; chan-t<N> groups and +w<W> windows "
-                          "need a raw buffer for their pending tokens, not yet (kvq.AppendQuantizer has them on the CPU)")
-    if s.granularity == "tensor" and not s.scale_free:
-        raise SchemeError(f"{name}: {storage}: a per-tensor scale needs the whole cache, which appending does not have")
-    return _Facts(False, s.granularity == "token", s.granularity == "tensor", s.format == "nvfp4")
+                          "the block formats, per-tensor FP8 / int8 with a given scale) and bf16 / fp16; chan-t<N> groups "
+                          "and +w<W> windows need a raw buffer for their pending tokens, not yet (kvq.AppendQuantizer "
+                          "has them on the CPU)")
+    if s.granularity == "tensor" and s.asymmetric:
+        raise SchemeError(f"{name}: {storage}: a per-tensor zero point needs the whole cache, which appending does not have")
+    per_tensor = s.granularity == "tensor"
+    return _Facts(False, s.granularity == "token", per_tensor, s.format == "nvfp4" or (per_tensor and not s.scale_free))
 
 
 def _check_tensor_scale(f, storage, tensor_scale, name):
-    """nvfp4 appends with a calibrated tensor_scale (a whole cache's amax is unknown while appending);
-    the other schemes take none."""
-    if f.nvfp4 != (tensor_scale is not None):
+    """nvfp4 and the per-tensor schemes with a scale append with a calibrated tensor_scale (a whole
+    cache's amax is unknown while appending); the other storages take none."""
+    if f.tensor_scale != (tensor_scale is not None):
         from ._core import SchemeError
-        raise SchemeError(f"{name}: {storage}: " + ("nvfp4 appends with a calibrated tensor_scale" if tensor_scale is None
-                                                    else "only nvfp4 takes a tensor_scale"))
+        raise SchemeError(f"{name}: {storage}: " + (
+            "appends with a calibrated tensor_scale (a float: nvfp4's s_t, a per-tensor scheme's scale)"
+            if tensor_scale is None else "takes no tensor_scale (only nvfp4 and the per-tensor schemes with a scale do)"))
 
 
 @torch.library.custom_op("kvq::append_rows", mutates_args=("dst_codes", "dst_scales", "dst_zeros", "status"),
@@ -172,8 +175,8 @@ def _(src_codes, dst_codes, src_scales, dst_scales, src_zeros, dst_zeros, positi
 def empty_cache(scheme, batch, heads, capacity, head_dim, *, device="cuda", tensor_scale=None):
     """A K or V cache of `capacity` tokens in `scheme` (a token-local scheme, or raw "bf16" / "fp16":
     see append), every slot zero: the tensors kvq.ops.quantize would give for [batch, heads, capacity,
-    head_dim]. nvfp4 needs its calibrated tensor_scale (a whole cache's amax is not known while
-    appending)."""
+    head_dim]. nvfp4 and the per-tensor schemes with a scale (fp8-e4m3-tensor, int8-tensor, ...) need
+    a calibrated tensor_scale (a whole cache's amax is not known while appending)."""
     f = _facts(scheme, "kvq.ops.empty_cache")
     _check_tensor_scale(f, scheme, tensor_scale, "kvq.ops.empty_cache")
     zeros = torch.zeros(batch, heads, capacity, head_dim, dtype=RAW_STORAGES.get(scheme, torch.bfloat16), device=device)
@@ -207,8 +210,9 @@ def append(cache, x, positions, *, tensor_scale=None, block_table=None, status=N
     values rounded to their dtype. Two launches per call (kvq::quantize, then kvq::append_rows
     writing the rows at their slots or pages): it compiles with torch.compile (fullgraph); with a status (kvq.gpu.new_status()) nothing waits on the
     device and it can be captured in a CUDA graph (errors are recorded there: kvq.gpu.check_status).
-    nvfp4: tensor_scale, the cache's calibrated s_t as given to empty_cache (a float, so that nothing
-    waits on the device). Returns the cache."""
+    nvfp4 and the per-tensor schemes: tensor_scale, the cache's calibrated scale as given to
+    empty_cache (a float, so that nothing waits on the device; the cache keeps the one it was made
+    with, so another one here would give codes its scale does not decode). Returns the cache."""
     f = _facts(cache.storage, "kvq.ops.append")
     if cache.layout not in ("bnsh", "paged"):
         raise gpu.InputError(f"kvq.ops.append: a {cache.layout} cache; append writes planar (bnsh) and paged caches")

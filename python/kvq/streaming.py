@@ -16,23 +16,27 @@ class AppendQuantizer:
     +had stores the rotated tokens; append() returns them rotated back to the input basis (in
     float64, H being its own inverse), which gives attention the same Q.K and P.V as rotating the
     query and the output would, so the model needs no change. A per-tensor scale needs the finished
-    cache, so per-tensor schemes are refused. The block formats (q8_0 ... nvfp4) quantize each token
-    at once; nvfp4's per-tensor scale s_t is a calibrated one given as `tensor_scale` (engines
-    calibrate it offline), without which nvfp4 is refused for the same reason.
+    cache, so per-tensor schemes and nvfp4 (its s_t) take a calibrated one as `tensor_scale` (as
+    engines keep a calibrated k_scale / v_scale for an FP8 cache) and are refused without it; then
+    each token quantizes at once with that scale. The block formats (q8_0 ... nvfp4) quantize each
+    token at once.
     """
 
     def __init__(self, scheme, name="cache", tensor_scale=None):
         self.scheme = scheme if isinstance(scheme, _core.Scheme) else _core.parse_scheme(scheme)
         # The scheme each quantized run of tokens is quantized with: the window only decides when.
         self._base = _core.parse_scheme(self.scheme.name.split("+w")[0]) if self.scheme.window is not None else self.scheme
-        if self.scheme.granularity == "tensor" and not self.scheme.scale_free:
-            raise _core.SchemeError(f"{self.scheme.name}: a per-tensor scale needs the whole cache, which quantize-on-"
-                                    "append does not have; use token, head, g<G> or chan-t<N> granularity")
-        if self.scheme.format == "nvfp4" and tensor_scale is None:
+        if self.scheme.granularity == "tensor" and self.scheme.asymmetric:
+            raise _core.SchemeError(f"{self.scheme.name}: a per-tensor zero point needs the whole cache, which "
+                                    "quantize-on-append does not have; use a symmetric or a finer-grained scheme")
+        needs_scale = self.scheme.format == "nvfp4" or (self.scheme.granularity == "tensor" and not self.scheme.scale_free)
+        if needs_scale and tensor_scale is None:
             raise _core.SchemeError(f"{self.scheme.name}: its per-tensor scale needs the whole cache, which quantize-on-"
-                                    "append does not have; give a calibrated tensor_scale (amax / (6 * 448))")
-        if self.scheme.format != "nvfp4" and tensor_scale is not None:
-            raise _core.SchemeError(f"{self.scheme.name}: tensor_scale is given, but only nvfp4 has one")
+                                    "append does not have; give a calibrated tensor_scale ("
+                                    + ("amax / (6 * 448))" if self.scheme.format == "nvfp4" else "e.g. amax / FMAX or qmax)"))
+        if not needs_scale and tensor_scale is not None:
+            raise _core.SchemeError(f"{self.scheme.name}: tensor_scale is given, but only nvfp4 and per-tensor schemes "
+                                    "have one")
         self.tensor_scale = tensor_scale
         self.name = name
         self.tokens = 0       # tokens appended so far
@@ -84,14 +88,15 @@ class AppendQuantizer:
             return None
         scale_axis = 1 if self.scheme.granularity == "token" else 2  # token scales are [B, T]
         codes = np.concatenate([c.codes for c in self._chunks], axis=2)
-        if self.scheme.scale_free:
-            scales = self._chunks[0].scales  # empty
+        if self.scheme.scale_free or self.scheme.granularity == "tensor":
+            scales = self._chunks[0].scales  # empty, or the one given scale
         else:
             scales = np.concatenate([c.scales for c in self._chunks], axis=scale_axis)
         zeros = None
         if self.scheme.asymmetric:
             zeros = np.concatenate([c.zero_points for c in self._chunks], axis=scale_axis)
-        return _core.QuantizeResult(codes, scales, zeros, scheme=self._base, tensor_scale=self.tensor_scale)
+        return _core.QuantizeResult(codes, scales, zeros, scheme=self._base,
+                                    tensor_scale=self.tensor_scale if self.scheme.format == "nvfp4" else None)
 
 
 class FloatStorage:

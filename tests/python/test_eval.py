@@ -181,6 +181,21 @@ def test_append_quantizer_chunks_and_pending_tokens():
     assert a.result().codes.tobytes() == whole.codes.tobytes()
     with pytest.raises(kvq.SchemeError, match="per-tensor scale needs the whole cache"):
         kvq.AppendQuantizer("int8-tensor")
+    with pytest.raises(kvq.SchemeError, match="per-tensor zero point needs the whole cache"):
+        kvq.AppendQuantizer("int8-tensor-asym", tensor_scale=0.1)
+    # A calibrated per-tensor scale: every token quantizes at once, with the codes of the whole cache
+    # quantized with that scale (outliers saturate), and the scale stored once.
+    for scheme, ts in (("fp8-e4m3-tensor", 0.004), ("int8-tensor+w5", 0.02), ("int4-tensor-fp32", 0.1)):
+        c = kvq.AppendQuantizer(scheme, "test V", tensor_scale=ts)
+        seen = 0
+        for size in (4, 1, 1, 7, 3):
+            start, values = c.append(x[:, :, seen:seen + size])
+            seen += size
+        base = scheme.split("+")[0]
+        whole = kvq.quantize(x[:, :, :c.quantized_tokens], base, tensor_scale=ts)
+        assert c.result().codes.tobytes() == whole.codes.tobytes(), scheme
+        assert np.asarray(c.result().scales).tobytes() == np.asarray(whole.scales).tobytes(), scheme
+        assert np.abs(whole.dequantized).max() < np.abs(x[:, :, :c.quantized_tokens]).max(), scheme  # saturated
     # +had: the codes of quantizing the whole cache, the values rotated back to the input basis.
     xh = rng.standard_normal((2, 3, 9, 8)) * 4  # +had needs a power-of-two D
     h = kvq.AppendQuantizer("int4-g4-asym+had", "H")

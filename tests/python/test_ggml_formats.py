@@ -288,7 +288,7 @@ def test_nvfp4_takes_a_calibrated_tensor_scale():
     x = random_tensor(5, (1, 2, 4, 64))
     r = kvq.quantize(x, "nvfp4", tensor_scale=0.5)
     assert r.tensor_scale == 0.5 and kvq.quantize(x, "q4_0").tensor_scale is None
-    with pytest.raises(kvq.InputError, match="only nvfp4 takes one"):
+    with pytest.raises(kvq.InputError, match="only nvfp4 and the symmetric per-tensor schemes"):
         kvq.quantize(x, "q4_0", tensor_scale=0.5)
     with pytest.raises(kvq.InputError, match="nvfp4: tensor_scale .* must be given"):
         kvq.from_ggml_blocks(kvq.to_ggml_blocks(r), "nvfp4", x.shape)
@@ -360,7 +360,7 @@ def test_append_quantizer_equals_quantizing_at_once(name):
 def test_append_quantizer_needs_nvfp4s_tensor_scale():
     with pytest.raises(kvq.SchemeError, match="give a calibrated tensor_scale"):
         kvq.AppendQuantizer("nvfp4")
-    with pytest.raises(kvq.SchemeError, match="only nvfp4 has one"):
+    with pytest.raises(kvq.SchemeError, match="only nvfp4 and per-tensor schemes have one"):
         kvq.AppendQuantizer("q8_0", tensor_scale=1.0)
 
 

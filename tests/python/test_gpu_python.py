@@ -77,7 +77,7 @@ def test_nvfp4_takes_a_given_tensor_scale_as_kvq_quantize_does():
         assert np.array_equal(c.scales.cpu().numpy().reshape(-1), np.asarray(r.scales).reshape(-1))
     with pytest.raises(kvq.InputError, match="x: nvfp4 tensor scale -1 must be finite and >= 0"):
         kvq.gpu.quantize(x, "nvfp4", tensor_scale=-1.0)
-    with pytest.raises(kvq.InputError, match="q4_0: a tensor scale is given, but only nvfp4 takes one"):
+    with pytest.raises(kvq.InputError, match="q4_0: a tensor scale is given, but only nvfp4 and the symmetric per-tensor"):
         kvq.gpu.quantize(x, "q4_0", tensor_scale=1.0)
     with pytest.raises(kvq.SchemeError, match="planar layout"):
         kvq.gpu.quantize(x, "q4_1", layout="fbgemm")

@@ -39,16 +39,18 @@ def op_args(q, k, v, lens, block_table=None):
     return kvq.ops.decode_args(q, k, v, seq_lens=lens, block_table=block_table)
 
 
-@pytest.mark.parametrize("scheme", ["int8-head", "int4-g32-asym", "q4_0", "nvfp4", "fp8-e4m3-head", "int4-chan-t32-asym"])
-def test_quantize_op_is_kvq_gpu_quantize(scheme):
+@pytest.mark.parametrize("scheme,ts", [("int8-head", None), ("int4-g32-asym", None), ("q4_0", None), ("nvfp4", None),
+                                       ("nvfp4", 0.01), ("fp8-e4m3-head", None), ("int4-chan-t32-asym", None),
+                                       ("fp8-e4m3-tensor", None), ("fp8-e4m3-tensor", 0.02)])
+def test_quantize_op_is_kvq_gpu_quantize(scheme, ts):
     x = random_kv((2, 3, 70, 64), 4)
-    a, b = kvq.ops.quantize(x, scheme), kvq.gpu.quantize(x, scheme)
+    a, b = kvq.ops.quantize(x, scheme, tensor_scale=ts), kvq.gpu.quantize(x, scheme, tensor_scale=ts)
     assert torch.equal(a.data, b.data)
     for name in ("scales", "zero_points", "tensor_scale"):
         ta, tb = getattr(a, name), getattr(b, name)
         assert (ta is None) == (tb is None) and (ta is None or (ta.dtype == tb.dtype and torch.equal(ta, tb)))
-    torch.library.opcheck(torch.ops.kvq.quantize.default, (x, scheme, "planar", "", 0.0, None))
-    torch.library.opcheck(torch.ops.kvq.quantize.default, (x, scheme, "planar", "", 0.0, kvq.gpu.new_status()))
+    torch.library.opcheck(torch.ops.kvq.quantize.default, (x, scheme, "planar", "", ts, None))
+    torch.library.opcheck(torch.ops.kvq.quantize.default, (x, scheme, "planar", "", ts, kvq.gpu.new_status()))
 
 
 @pytest.mark.parametrize("k_storage", STORAGES)
@@ -98,7 +100,7 @@ def test_quantize_and_decode_compile_without_graph_breaks():
 def test_ops_refuse_cpu_tensors_and_mixed_layouts():
     x = torch.zeros(1, 1, 4, 64, dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError):
-        torch.ops.kvq.quantize(x, "int8-head", "planar", "", 0.0, None)
+        torch.ops.kvq.quantize(x, "int8-head", "planar", "", None, None)
     q, k, v, lens = problem(B=1, T=40)
     with pytest.raises(kvq.InputError, match="one layout for both"):
         kvq.ops.decode(q, kvq.gpu.Cache("bf16", k, layout="bsnh"), v)
@@ -108,7 +110,9 @@ def test_ops_refuse_cpu_tensors_and_mixed_layouts():
 import numpy as np  # noqa: E402
 
 TOKEN_LOCAL = ["int8-token", "int8-head-asym", "int4-g32-asym", "int4-g32-asym+had", "int4-head", "q4_1", "q8_0+had64",
-               "iq4_nl", "mxfp4", "nvfp4", "fp8-e4m3", "fp8-e4m3-head"]
+               "iq4_nl", "mxfp4", "nvfp4", "fp8-e4m3", "fp8-e4m3-head", "fp8-e4m3-tensor", "int8-tensor"]
+# Calibrated tensor-wide scales, small enough that random_kv's outlier channels saturate.
+TENSOR_SCALES = {"nvfp4": 0.01, "fp8-e4m3-tensor": 0.02, "int8-tensor": 0.1}
 
 
 def host_bytes(t):
@@ -129,7 +133,7 @@ def params_of(cache, name, scheme, tokens):
 def test_append_streams_bit_identical_to_append_quantizer(scheme):
     B, H, T, D, capacity = 2, 3, 40, 128, 48
     x = random_kv((B, H, T, D), 31)
-    ts = 0.01 if scheme == "nvfp4" else None
+    ts = TENSOR_SCALES.get(scheme)
     cache = kvq.ops.empty_cache(scheme, B, H, capacity, D, tensor_scale=ts)
     host = kvq.AppendQuantizer(scheme, tensor_scale=ts)
     pos = torch.zeros(B, dtype=torch.int32, device="cuda")
@@ -139,8 +143,10 @@ def test_append_streams_bit_identical_to_append_quantizer(scheme):
     r = host.result()
     assert np.array_equal(host_bytes(cache.data[:, :, :T]), np.asarray(r.codes).view(np.uint8).reshape(-1))
     for name, ref in (("scales", r.scales), ("zero_points", r.zero_points)):
-        if ref is not None and kvq.parse_scheme(scheme).granularity != "tensor":
-            assert np.array_equal(params_of(cache, name, scheme, T), np.asarray(ref).view(np.uint8).reshape(-1)), name
+        if ref is None:
+            continue
+        got = host_bytes(cache.scales) if kvq.parse_scheme(scheme).granularity == "tensor" else params_of(cache, name, scheme, T)
+        assert np.array_equal(got, np.asarray(ref).view(np.uint8).reshape(-1)), name
     assert not cache.data[:, :, T:].any()  # slots past the stream untouched
 
 
@@ -191,8 +197,9 @@ def test_append_at_each_sequences_own_position_then_a_graphed_decode():
 
 @pytest.mark.parametrize("scheme, why", [("int4-chan-t32-asym", "chan-t<N> groups and \\+w<W> windows"),
                                          ("int4-g32-asym+w128", "chan-t<N> groups and \\+w<W> windows"),
-                                         ("int8-tensor", "a per-tensor scale needs the whole cache"),
-                                         ("nvfp4", "nvfp4 appends with a calibrated tensor_scale")])
+                                         ("int8-tensor-asym", "a per-tensor zero point needs the whole cache"),
+                                         ("nvfp4", "appends with a calibrated tensor_scale"),
+                                         ("fp8-e4m3-tensor", "appends with a calibrated tensor_scale")])
 def test_append_refuses_what_it_cannot_write_a_token_at_a_time(scheme, why):
     with pytest.raises(kvq.SchemeError, match=why):
         kvq.ops.empty_cache(scheme, 1, 1, 8, 64)
@@ -205,29 +212,31 @@ def paged_stream(k_scheme, v_scheme, B=3, H=2, D=128, P=16, capacity=96, seed=50
     per_seq = capacity // P
     table = torch.randperm(B * per_seq + 3, generator=g)[:B * per_seq].view(B, per_seq).to(torch.int32).cuda()
     k_all, v_all = random_kv((B, H, capacity, D), seed + 1), random_kv((B, H, capacity, D), seed + 2)
-    flat = [kvq.ops.empty_cache(s, B, H, capacity, D) for s in (k_scheme, v_scheme)]
-    pages = [kvq.ops.empty_paged_cache(s, B * per_seq + 3, P, H, D) for s in (k_scheme, v_scheme)]
+    flat = [kvq.ops.empty_cache(s, B, H, capacity, D, tensor_scale=TENSOR_SCALES.get(s)) for s in (k_scheme, v_scheme)]
+    pages = [kvq.ops.empty_paged_cache(s, B * per_seq + 3, P, H, D, tensor_scale=TENSOR_SCALES.get(s))
+             for s in (k_scheme, v_scheme)]
     q = random_kv((B, 8, D), seed + 3)
     pos = torch.tensor([0, 5, 17][:B], dtype=torch.int32, device="cuda")
     first = 20
-    for c, p, x in zip(flat, pages, (k_all, v_all)):  # a prefill chunk at each sequence's own start
+    operands = list(zip(flat, pages, (k_all, v_all), (TENSOR_SCALES.get(k_scheme), TENSOR_SCALES.get(v_scheme))))
+    for c, p, x, ts in operands:  # a prefill chunk at each sequence's own start
         rows = torch.arange(B, device="cuda")[:, None]
         chunk = x[rows, :, (pos.long()[:, None] + torch.arange(first, device="cuda"))].permute(0, 2, 1, 3)
-        kvq.ops.append(c, chunk, pos)
-        kvq.ops.append(p, chunk, pos, block_table=table)
+        kvq.ops.append(c, chunk, pos, tensor_scale=ts)
+        kvq.ops.append(p, chunk, pos, tensor_scale=ts, block_table=table)
     pos += first
     for _ in range(40):  # then one token at a time, across page boundaries
-        for c, p, x in zip(flat, pages, (k_all, v_all)):
+        for c, p, x, ts in operands:
             token = x[torch.arange(B, device="cuda"), :, pos.long()][:, :, None]
-            kvq.ops.append(c, token, pos)
-            kvq.ops.append(p, token, pos, block_table=table)
+            kvq.ops.append(c, token, pos, tensor_scale=ts)
+            kvq.ops.append(p, token, pos, tensor_scale=ts, block_table=table)
         pos += 1
         yield q, flat[0], flat[1], pages[0], pages[1], table, pos.clone()
 
 
 @pytest.mark.parametrize("k_scheme,v_scheme", [("int8-head", "q4_0"), ("int4-g32-asym", "int8-token"),
                                                ("fp8-e4m3-head", "fp8-e5m2"), ("q8_0+had", "mxfp4"), ("q5_1", "iq4_nl"),
-                                               ("bf16", "int8-head")])
+                                               ("bf16", "int8-head"), ("fp8-e4m3-tensor", "int8-tensor")])
 def test_paged_append_and_decode_equal_the_contiguous_cache(k_scheme, v_scheme):
     for step, (q, kc, vc, kp, vp, table, lens) in enumerate(paged_stream(k_scheme, v_scheme)):
         if step % 9:
@@ -291,13 +300,14 @@ def test_capture_refuses_an_append_that_would_wait():
             kvq.ops.append(kc, x, pos)
 
 
-@pytest.mark.parametrize("k_scheme,v_scheme", [("int8-head", "q4_0"), ("int4-g32-asym+had", "nvfp4")])
+@pytest.mark.parametrize("k_scheme,v_scheme", [("int8-head", "q4_0"), ("int4-g32-asym+had", "nvfp4"),
+                                               ("fp8-e4m3-tensor", "int8-head")])
 def test_paged_append_and_decode_captured_in_one_graph(k_scheme, v_scheme):
     """One decode step as a serving engine captures it: append each sequence's new K/V token into its
     page, then decode; replayed token after token, it equals eager contiguous appends and decodes,
     and the pages hold kvq.AppendQuantizer's codes."""
     B, H, Hq, D, P, capacity, prefill = 3, 2, 8, 128, 16, 80, 7
-    ts = {s: (0.02 if s == "nvfp4" else None) for s in (k_scheme, v_scheme)}
+    ts = {s: TENSOR_SCALES.get(s) for s in (k_scheme, v_scheme)}
     g = torch.Generator().manual_seed(70)
     per_seq = capacity // P
     table = torch.randperm(B * per_seq + 2, generator=g)[:B * per_seq].view(B, per_seq).to(torch.int32).cuda()
