@@ -156,6 +156,13 @@ struct DecodeParams {
   const int32_t* block_table = nullptr;
   int64_t table_stride = 0;
   int page_tokens = 0;
+  // Paged +wW windows: the windows' raw tokens (k_window.raw, v_window.raw: paged_operand's layout)
+  // lie in pages of this table (the same stride), so that only the window's pages need be held in
+  // full precision; entries of pages with no window token are not read.
+  const int32_t* window_block_table = nullptr;
+  // Set per launch by decode_regions: V's table where it is not block_table (a region that reads one
+  // operand from its window's pages and the other from the cache's).
+  const int32_t* v_block_table = nullptr;
 };
 
 // The operand of a quantized tensor in the layouts gpu/quantize.hpp writes: planar codes BNSH

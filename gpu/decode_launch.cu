@@ -476,10 +476,21 @@ std::string paged_unsupported_reason(const DecodeParams& p) {
   const int P = p.page_tokens;
   if (P < 16 || (P & (P - 1)) != 0)
     return fmt::format("pages of {} tokens: paged caches take a power of two >= 16 tokens per page", P);
-  if (p.k_window.present() || p.v_window.present()) return "paged caches with +wW windows: not read (a window's raw tokens are contiguous)";
+  const bool windows = p.k_window.present() || p.v_window.present();
+  if (windows && !p.window_block_table)
+    return "paged caches with +wW windows: the windows' raw tokens need pages and a table of their own (window_block_table)";
+  // A region reading one operand from its window's pages and the other from the cache's: the kernels
+  // that carry two tables pair a raw operand with a quantized one.
+  if ((p.k_window.present() && !p.v_window.present() && !is_quantized(p.v_format)) ||
+      (p.v_window.present() && !p.k_window.present() && !is_quantized(p.k_format)))
+    return "paged caches: a raw (bf16 / fp16) K or V beside a +wW window on the other operand is not read (give both "
+           "windows or neither)";
   if (p.k.mode == ParamMode::kChannel || p.v.mode == ParamMode::kChannel)
     return "paged caches with chan-tN: not read (a token group would span pages)";
-  for (const auto& [name, op] : {std::pair{"K", &p.k}, std::pair{"V", &p.v}}) {
+  std::vector<std::pair<const char*, const KvOperand*>> operands = {{"K", &p.k}, {"V", &p.v}};
+  if (p.k_window.present()) operands.push_back({"K window", &p.k_window.raw});
+  if (p.v_window.present()) operands.push_back({"V window", &p.v_window.raw});
+  for (const auto& [name, op] : operands) {
     const int64_t pb = op->param_bytes();
     const bool per_row = op->mode == ParamMode::kToken || op->mode == ParamMode::kHead || op->mode == ParamMode::kGroup;
     if (op->stride_page % 4 != 0 || (per_row && ((op->param_stride_page * pb) % 4 != 0 || (op->param_stride_h * pb) % 4 != 0)))
@@ -592,8 +603,14 @@ std::vector<DecodeParams> decode_regions(const DecodeParams& p) {
     if (!p.seq_lens && hi <= lo && !(r == regions.back() && out.empty())) continue;
     DecodeParams q = p;
     q.region = r, q.split_base = base;
-    if (r == KeyRegion::kKRaw || r == KeyRegion::kBothRaw) q.k = p.k_window.raw, q.k_format = p.k_window.format;
-    if (r == KeyRegion::kVRaw || r == KeyRegion::kBothRaw) q.v = p.v_window.raw, q.v_format = p.v_window.format;
+    const bool k_raw = r == KeyRegion::kKRaw || r == KeyRegion::kBothRaw, v_raw = r == KeyRegion::kVRaw || r == KeyRegion::kBothRaw;
+    if (k_raw) q.k = p.k_window.raw, q.k_format = p.k_window.format;
+    if (v_raw) q.v = p.v_window.raw, q.v_format = p.v_window.format;
+    if (p.block_table) {  // each operand through its pages' table
+      const int32_t* k_table = k_raw ? p.window_block_table : p.block_table;
+      const int32_t* v_table = v_raw ? p.window_block_table : p.block_table;
+      q.block_table = k_table, q.v_block_table = v_table != k_table ? v_table : nullptr;
+    }
     const double share = p.tokens > 0 ? static_cast<double>(std::max<int64_t>(hi - lo, 0)) / static_cast<double>(p.tokens) : 0;
     q.splits = std::max(1, static_cast<int>(std::lround(share * p.splits)));
     base += q.splits;

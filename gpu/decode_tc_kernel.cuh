@@ -140,6 +140,8 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, const TcP
 // (exact in fp16) and P' carries the uniform s_t / 2, built once per step.
 // kPaged: K and V in pages (DecodeParams::block_table), a kernel of its own so that the contiguous
 // kernels carry none of the page arithmetic (at B = 1 every instruction of a CTA is on the latency chain).
+// A raw operand beside a quantized one (a +wW window's region) may lie in pages of a table of its own
+// (DecodeParams::v_block_table); only those mixed pairs carry the second table's ids.
 template <KvFormat FK, KvFormat FV, int D, int kKSlicesPerGroup, int kVPairsPerGroup, bool kPaged = false>
 __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV, D>::kMinCtas)
     decode_tc_kernel(const DecodeParams p, const TcPlan plan) {
@@ -163,20 +165,22 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   const uint32_t b32 = plan.by_kv_heads.div(bh);
   const int64_t b = b32, hk = bh - b32 * static_cast<uint32_t>(p.kv_heads);
   const int64_t len = p.seq_lens ? p.seq_lens[b] : p.tokens;
-  // The region's keys [lo, hi). Steps start at lo, except for chan-tN K, whose steps must each lie
-  // in one token group: they start at a multiple of 32 below lo, the keys below lo masked (in the
-  // split's first step only). Whole rounds of steps per split, so every warp of a CTA gets the
-  // same number of steps.
+  // The region's keys [lo, hi). Steps start at lo, except where a step must lie in one token group
+  // (chan-tN K: at a multiple of 32 below lo) or in whole 16-key halves of a page (paged kernels with a
+  // raw operand, whose +wW regions start mid-page: at a multiple of the step), the keys below lo
+  // masked (in the split's first step only). Whole rounds of steps per split, so every warp of a CTA
+  // gets the same number of steps.
   int64_t lo = 0, hi = len;
   key_region_bounds(p.region, p.k_window, p.v_window, len, lo, hi);
-  const int64_t base = kChanK ? lo / 32 * 32 : lo, span = hi > base ? hi - base : 0;
+  constexpr bool kAlignedSteps = kChanK || (kPaged && !Tr::kQuantized);  // paged both-quantized regions start at 0
+  const int64_t base = kChanK ? lo / 32 * 32 : kAlignedSteps ? lo / kST * kST : lo, span = hi > base ? hi - base : 0;
   constexpr int kRound = Tr::kWarps * kST;
   // span < 2^31 (plan_decode checks T): the split's keys by the plan's divider
   const int64_t per_split =
       (static_cast<int64_t>(plan.by_splits.div(static_cast<uint32_t>(span + p.splits - 1))) + kRound - 1) / kRound * kRound;
   const int64_t t_begin = base + split * per_split;
   const int64_t t_end = t_begin + per_split < hi ? t_begin + per_split : hi;
-  const int first_masked = kChanK && split == 0 ? static_cast<int>(lo - base) : 0;  // constant 0 unless chan-tN
+  const int first_masked = kAlignedSteps && split == 0 ? static_cast<int>(lo - base) : 0;  // constant 0 unless aligned
 
   const TcStageLayout lay{plan.k_params, plan.v_params, plan.stage_words};
   const TcSource ks = tc_source<D, FK, kPaged, !kChanK && (FK == KvFormat::kInt4 || FK == KvFormat::kInt5)>(p.k, plan.k, p, b, hk,
@@ -189,8 +193,11 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   // before the step is issued (a dependent load in front of the copies would stall the warp).
   constexpr bool paged = kPaged;
   const int32_t* page_row = p.block_table + b * p.table_stride;
+  constexpr bool kTwoTables = paged && (Tr::K::kQuantized != Tr::V::kQuantized);
+  const bool two_tables = kTwoTables && p.v_block_table != nullptr;
+  const int32_t* v_page_row = two_tables ? p.v_block_table + b * p.table_stride : page_row;
   struct PageIds {
-    int first = 0, second = 0;
+    int first = 0, second = 0, v_first = 0, v_second = 0;  // v_*: V's pages (kTwoTables kernels only)
   };
   struct StepPages {
     PageShift k, v;
@@ -202,6 +209,10 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
       const int64_t i0 = t0 >> plan.page_shift, i1 = (t0 + 16) >> plan.page_shift;
       r.first = __ldg(page_row + i0);
       r.second = kST > 16 && n > 16 && i1 != i0 ? __ldg(page_row + i1) : r.first;
+      if constexpr (kTwoTables) {
+        r.v_first = two_tables ? __ldg(v_page_row + i0) : r.first;
+        r.v_second = !two_tables ? r.second : kST > 16 && n > 16 && i1 != i0 ? __ldg(v_page_row + i1) : r.v_first;
+      }
     }
     return r;
   };
@@ -209,9 +220,10 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     StepPages r;
     if constexpr (paged) {
       const int i0 = static_cast<int>(t0 >> plan.page_shift), i1 = static_cast<int>((t0 + 16) >> plan.page_shift);
-      set_page_shift(r.k, 0, plan.k, ids.first, i0), set_page_shift(r.v, 0, plan.v, ids.first, i0);
+      const int v_first = kTwoTables ? ids.v_first : ids.first, v_second = kTwoTables ? ids.v_second : ids.second;
+      set_page_shift(r.k, 0, plan.k, ids.first, i0), set_page_shift(r.v, 0, plan.v, v_first, i0);
       if (kST > 16 && i1 != i0) {  // pages of 16: the second half in a page of its own
-        set_page_shift(r.k, 1, plan.k, ids.second, i1), set_page_shift(r.v, 1, plan.v, ids.second, i1);
+        set_page_shift(r.k, 1, plan.k, ids.second, i1), set_page_shift(r.v, 1, plan.v, v_second, i1);
       } else {
         r.k.rows[1] = r.k.rows[0], r.k.params[1] = r.k.params[0];
         r.v.rows[1] = r.v.rows[0], r.v.params[1] = r.v.params[0];
@@ -227,7 +239,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     const uint8_t* row = vs.rows + t_begin * vs.stride_t;
     int64_t param_index = vs.first_param + t_begin * vs.groups;
     if constexpr (paged) {
-      const int64_t id = __ldg(page_row + (t_begin >> plan.page_shift)), in_page = t_begin & ((1 << plan.page_shift) - 1);
+      const int64_t id = __ldg(v_page_row + (t_begin >> plan.page_shift)), in_page = t_begin & ((1 << plan.page_shift) - 1);
       row = vs.rows + id * plan.v.page_bytes + in_page * vs.stride_t;
       param_index = vs.first_param + id * p.v.param_stride_page + in_page * vs.groups;
     }
@@ -272,7 +284,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   uint32_t* ring = stages + warp * kS * lay.stage_words;
   const uint32_t k_magic = plan.k.units_magic, v_magic = plan.v.units_magic;
   auto step_start = [&](int s) { return t_begin + (static_cast<int64_t>(s) * Tr::kWarps + warp) * kST; };
-  // n_lo > 0 only for step 0 (chan-tN), issued before the loop: the loop's copies carry no lower mask.
+  // n_lo > 0 only for step 0 (kAlignedSteps), issued before the loop: the loop's copies carry no lower mask.
   auto issue = [&](int s, int n_lo, PageIds ids) {
     if (s < my_steps) {
       uint32_t* st = ring + (s % kS) * lay.stage_words;
@@ -308,8 +320,8 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     const uint32_t* vc = st + kST * Tr::kKStride;
     const int64_t t0 = step_start(s);
     const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
-    // Rows [n_lo, n) are keys; n_lo > 0 only in the first step of a chan-tN region that starts
-    // mid-group, masked under a branch of its own.
+    // Rows [n_lo, n) are keys; n_lo > 0 only in the first step of a region that starts mid-group
+    // or mid-page (kAlignedSteps), masked under a branch of its own.
     const int n_lo = s == 0 && warp == 0 ? first_masked : 0;
 
     // ---- QK: scores of keys (16 mt + g, + 8) x heads (2c, 2c + 1), log2 domain. The m-tiles and

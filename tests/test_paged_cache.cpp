@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "quant/errors.hpp"
@@ -28,6 +29,22 @@ TEST_CASE("make_paging: ceil(len / P) pages per sequence, each page once, spare 
       CHECK(owned.count(id) == 0);
     }
   CHECK_THROWS_AS(make_paging(lens, 100, 0, 7), InputError);
+}
+
+TEST_CASE("make_paging from a first token: the pages before its page name a spare one and hold nothing") {
+  const std::vector<int64_t> lens = {100, 40, 0}, from = {70, 0, 0};  // a window from token 70: pages 2 and 3
+  const Paging pg = make_paging(lens, 100, 32, 9, from);
+  CHECK(pg.firsts == std::vector<int64_t>{2, 0, 0});
+  CHECK(pg.pages == 2 + 2 + kSparePages);
+  std::set<int32_t> owned;
+  for (size_t b = 0; b < lens.size(); ++b)
+    for (int64_t i = pg.firsts[b]; i < pg.counts[b]; ++i) CHECK(owned.insert(pg.table[b * pg.table_stride + i]).second);
+  CHECK(owned.size() == 4);
+  for (int64_t i = 0; i < 2; ++i) CHECK(owned.count(pg.table[i]) == 0);  // pages 0 and 1 of sequence 0: spare
+  const std::vector<uint8_t> src(3 * 1 * 100, 7);
+  const std::vector<uint8_t> out = to_pages(src, {3, 1, 100, 1, false, false}, pg, 0xFF);
+  CHECK(std::count(out.begin(), out.end(), uint8_t{7}) == 36 + 64);  // tokens 64..99 of sequence 0, its 2 pages of 1
+  CHECK_THROWS_AS(make_paging(lens, 100, 32, 9, {1, 2}), InputError);
 }
 
 TEST_CASE("to_pages: unit (b, h, t) lands at its page's (t % P, h) (NHD) or (h, t % P) (head-major)") {

@@ -38,6 +38,8 @@ void DecodeRun::set_pages(const int32_t* block_table, int64_t table_stride, int 
   base_.block_table = block_table, base_.table_stride = table_stride, base_.page_tokens = page_tokens;
 }
 
+void DecodeRun::set_window_pages(const int32_t* window_block_table) { base_.window_block_table = window_block_table; }
+
 DecodeParams DecodeRun::plan(const DecodeVariant& variant, int sm_count, int forced_splits) {
   DecodeParams p = variant.plan(base_, sm_count, forced_splits);
   if (static_cast<int64_t>(partial_o_.size()) < partial_o_floats(p)) partial_o_ = DeviceBuffer<float>(partial_o_floats(p));

@@ -23,6 +23,8 @@ class DecodeRun {
   void set_windows(const KvWindow& k, const KvWindow& v);
   // A paged cache: the block table [B, table_stride] on the device (owned by the caller), P tokens a page.
   void set_pages(const int32_t* block_table, int64_t table_stride, int page_tokens);
+  // Paged +wW windows: their raw tokens' table (DecodeParams::window_block_table), same stride.
+  void set_window_pages(const int32_t* window_block_table);
   // The launch shape `variant` picks here (forced_splits > 0: that many, split-K variants only);
   // allocates the partials it needs.
   DecodeParams plan(const DecodeVariant& variant, int sm_count, int forced_splits = 0);

@@ -9,13 +9,18 @@
 
 namespace kvq {
 
-Paging make_paging(const std::vector<int64_t>& lens, int64_t tokens, int page_tokens, uint32_t seed) {
+Paging make_paging(const std::vector<int64_t>& lens, int64_t tokens, int page_tokens, uint32_t seed,
+                   const std::vector<int64_t>& from) {
   if (page_tokens <= 0) throw InputError("paged cache: page_tokens must be positive");
+  if (!from.empty() && from.size() != lens.size())
+    throw InputError("paged cache: " + std::to_string(from.size()) + " first tokens for " + std::to_string(lens.size()) +
+                     " sequences");
   Paging pg;
   pg.page_tokens = page_tokens;
   pg.table_stride = std::max<int64_t>((tokens + page_tokens - 1) / page_tokens, 1);
+  for (size_t b = 0; b < lens.size(); ++b) pg.firsts.push_back(from.empty() ? 0 : from[b] / page_tokens);
   int64_t used = 0;
-  for (int64_t len : lens) used += (len + page_tokens - 1) / page_tokens;
+  for (size_t b = 0; b < lens.size(); ++b) used += std::max<int64_t>((lens[b] + page_tokens - 1) / page_tokens - pg.firsts[b], 0);
   pg.pages = used + kSparePages;
   std::vector<int32_t> order(static_cast<size_t>(pg.pages));
   std::iota(order.begin(), order.end(), 0);
@@ -24,7 +29,7 @@ Paging make_paging(const std::vector<int64_t>& lens, int64_t tokens, int page_to
   size_t next = 0;
   for (size_t b = 0; b < lens.size(); ++b) {
     pg.counts.push_back((lens[b] + page_tokens - 1) / page_tokens);
-    for (int64_t i = 0; i < pg.counts.back(); ++i)
+    for (int64_t i = pg.firsts[b]; i < pg.counts.back(); ++i)
       pg.table[b * pg.table_stride + i] = order[next++];
   }
   return pg;
@@ -40,7 +45,7 @@ std::vector<uint8_t> to_pages(const std::vector<uint8_t>& src, const PagedUnits&
     throw InputError("paged cache: a page table of " + std::to_string(pg.counts.size()) + " sequences for a batch of " +
                      std::to_string(u.batch));
   for (int64_t b = 0; b < u.batch; ++b)
-    for (int64_t i = 0; i < pg.counts[b]; ++i) {  // the sequence's own pages (the others name spare ones)
+    for (int64_t i = pg.firsts[b]; i < pg.counts[b]; ++i) {  // the sequence's own pages (the others name spare ones)
       const int64_t page = pg.table[b * pg.table_stride + i];
       for (int64_t j = 0; j < P && i * P + j < u.tokens; ++j)
         for (int64_t h = 0; h < u.heads; ++h) {

@@ -16,6 +16,7 @@
 #include "experiments/gate/large_logits.hpp"
 #include "experiments/gate/paged_cache.hpp"
 #include "quant/fbgemm_layout.hpp"
+#include "quant/groups.hpp"
 #include "quant/hadamard.hpp"
 #include "quant/quantize.hpp"
 #include "reference/attention.hpp"
@@ -99,6 +100,22 @@ std::vector<int64_t> lengths(const Case& c) {
   return lens;
 }
 
+bool has_window(const Storage& st) {
+  return (st.k && st.k->has_window()) || (st.v && st.v->has_window());
+}
+
+// Each sequence's first token that K's or V's +wW window keeps raw: where its window pages begin.
+std::vector<int64_t> first_window_tokens(const Case& c) {
+  std::vector<int64_t> out;
+  for (int64_t b = 0; b < c.shape.batch; ++b) {
+    int64_t first = seq_len(c, b);
+    for (const auto& s : {c.storage.k, c.storage.v})
+      if (s && s->has_window()) first = std::min(first, quantized_length(*s, seq_len(c, b), c.shape.tokens));
+    out.push_back(first);
+  }
+  return out;
+}
+
 // One of K or V on the device, and the values the reference sees (dequantized, padding zeroed).
 struct DeviceOperand {
   DeviceBuffer<uint8_t> codes, scales, zeros, window_values, tensor_scale;
@@ -111,7 +128,7 @@ struct DeviceOperand {
 // values): the kernel must never read them into the output. So do a +wW scheme's window rows in
 // the codes, and every row outside the window in its raw values.
 DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optional<Scheme>& scheme, KvFormat format,
-                           const Paging* paging = nullptr) {
+                           const Paging* paging = nullptr, const Paging* window_paging = nullptr) {
   const DecodeShape& s = c.shape;
   const KvShape kv{s.batch, s.kv_heads, s.tokens, s.head_dim};
   auto padding = [&](int64_t b, int64_t t) { return t >= seq_len(c, b); };
@@ -188,9 +205,13 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
           }
     std::vector<uint8_t> bytes(2 * raw.size());
     std::memcpy(bytes.data(), raw.data(), bytes.size());
+    if (window_paging)  // the window's pages only (from the page of its first token), 0xFF (NaN) elsewhere
+      bytes = to_pages(bytes, {kv.batch, kv.heads, kv.tokens, 2 * s.head_dim, false, false}, *window_paging, 0xFF);
     out.window_values = DeviceBuffer<uint8_t>(bytes);
-    out.window = scheme_window(*scheme, raw_operand(out.window_values.data(), kv.heads, kv.tokens, s.head_dim, false),
-                               KvFormat::kBf16);
+    KvOperand raw_op = raw_operand(out.window_values.data(), kv.heads, kv.tokens, s.head_dim, false);
+    if (window_paging)
+      raw_op = paged_operand(raw_op, kv.heads, window_paging->page_tokens, static_cast<int>(s.head_dim), 2 * s.head_dim);
+    out.window = scheme_window(*scheme, raw_op, KvFormat::kBf16);
   }
   if (paging) {  // codes rows into their pages, per-row parameters (token, head, group) with them
     bytes.codes = to_pages(bytes.codes, {kv.batch, kv.heads, kv.tokens, row, fbgemm, false}, *paging, 0xFF);
@@ -283,21 +304,27 @@ struct Gate {
     CaseResult r{v.name, c.name, c.storage.name(), c.storage.formats(), layout, "",
                  "", s.batch * s.q_heads * s.head_dim, false};
     try {
-      std::optional<Paging> paging;
-      DeviceBuffer<int32_t> table;
+      std::optional<Paging> paging, window_paging;
+      DeviceBuffer<int32_t> table, window_table;
       if (c.placement == Placement::kPaged) {
         paging = make_paging(lengths(c), s.tokens, c.page_tokens, 31);
         table = DeviceBuffer<int32_t>(paging->table);
+        if (has_window(c.storage)) {  // the windows' raw tokens in pages of their own, another order
+          window_paging = make_paging(lengths(c), s.tokens, c.page_tokens, 37, first_window_tokens(c));
+          window_table = DeviceBuffer<int32_t>(window_paging->table);
+        }
       }
       const Paging* pages = paging ? &*paging : nullptr;
-      DeviceOperand dk = make_operand(c, std::move(k), c.storage.k, c.storage.k_format, pages);
-      DeviceOperand dv = make_operand(c, std::move(vv), c.storage.v, c.storage.v_format, pages);
+      const Paging* window_pages = window_paging ? &*window_paging : nullptr;
+      DeviceOperand dk = make_operand(c, std::move(k), c.storage.k, c.storage.k_format, pages, window_pages);
+      DeviceOperand dv = make_operand(c, std::move(vv), c.storage.v, c.storage.v_format, pages, window_pages);
       DecodeShape placed = s;
       placed.tokens = placed_tokens(c);
       DecodeRun run(placed, q, c.seq_lens, c.alibi, softmax_scale);
       run.set_cache(c.storage.k_format, dk.op, c.storage.v_format, dv.op);
       run.set_windows(dk.window, dv.window);
       if (paging) run.set_pages(table.data(), paging->table_stride, paging->page_tokens);
+      if (window_paging) run.set_window_pages(window_table.data());
       const DecodeParams planned = run.plan(v, sm_count, c.splits);
       r.shape = shape_string(c, planned);
       if (const std::string why = v.unsupported_reason(planned); !why.empty()) {
@@ -431,7 +458,9 @@ void run_placements(Gate& g, int64_t T, bool quick) {
 
 // kvq.gate's paged family: every storage in pages of 16, 32, 64 and 128 tokens (in turn) shuffled
 // through a pool with poisoned spare pages, the lengths no multiple of a page; the common storages
-// at every page size, other head dims and groups, forced splits. Quick runs: a few of each.
+// at every page size, other head dims and groups, forced splits. +wW windows' raw tokens lie in pages
+// of their own (another order; the pages before a window's first token name a poisoned spare page).
+// Quick runs: a few of each.
 void run_paged(Gate& g, int64_t T, bool quick, const std::vector<Storage>& storages) {
   const int32_t t = static_cast<int32_t>(T);
   const int pages[] = {16, 32, 64, 128};
@@ -445,7 +474,8 @@ void run_paged(Gate& g, int64_t T, bool quick, const std::vector<Storage>& stora
       g.run(paged({"paged", {"", 4, 8, 2, T, 128}, lens, false, storages[i]}, pages[i % 4]));
   for (const Storage& st : {raw(KvFormat::kBf16), quantized("int8-head", "int8-head"),
                             quantized("int4-g32-asym", "int4-g32-asym"), quantized("q4_0", "q8_0"),
-                            quantized("nvfp4", "nvfp4"), quantized("int4-head-asym", "int4-head-asym", true)})
+                            quantized("nvfp4", "nvfp4"), quantized("int4-head-asym", "int4-head-asym", true),
+                            quantized("int4-g32-asym+w40", "int8-head+w24"), quantized("q8_0+w17", "int4-head-asym")})
     for (int page : pages) {
       if (quick && page != 16) continue;
       g.run(paged({"paged, page sizes", {"", 3, 8, 2, T, 128}, {t, t - 17, 33}, false, st}, page));
@@ -455,9 +485,10 @@ void run_paged(Gate& g, int64_t T, bool quick, const std::vector<Storage>& stora
     }
   if (g.v.split_k)
     for (int splits : {1, 3, 64})  // splits start at multiples of a step: pages of 16 split between halves
-      g.run(paged({fmt::format("paged, forced {} splits", splits), {"", 2, 8, 2, 1000, 128}, {1000, 333}, false,
-                   quantized("int8-head-asym", "int4-g32-asym"), splits},
-                  16));
+      for (const Storage& st : {quantized("int8-head-asym", "int4-g32-asym"), quantized("int4-g32-asym+w200", "int8-head+w37")})
+        g.run(paged({fmt::format("paged, forced {} splits", splits), {"", 2, 8, 2, 1000, 128}, {1000, 333}, false, st,
+                     splits},
+                    16));
 }
 
 // Why no decode kernel reads storage `st` at `head_dim` (a dump's D may be anything), or "" when one
