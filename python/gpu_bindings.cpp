@@ -297,16 +297,47 @@ void dequantize_py(const Tensor& codes, const std::string& scheme_name, int64_t 
 // ---- decode ----
 
 // One of K or V from the Python side: {"storage", "layout" (bnsh | bsnh | fbgemm | paged), "data",
-// "scales", "zero_points"}. Strides come from the tensor (a batch stride of 0 shares one cache among
-// queries). "paged": data [pages, P, H, row] through its strides (NHD; an HND pool's transposed view
-// too), per-row parameters contiguous [pages, H, P, groups] (per token: [pages, P]); `batch` and
-// `tokens` then count pages and tokens per page.
+// "scales", "zero_points", "window"}. Strides come from the tensor (a batch stride of 0 shares one
+// cache among queries). "paged": data [pages, P, H, row] through its strides (NHD; an HND pool's
+// transposed view too), per-row parameters contiguous [pages, H, P, groups] (per token: [pages, P]);
+// `batch` and `tokens` then count pages and tokens per page. +wW schemes: "window", the raw bf16 /
+// fp16 values laid out as the codes ([B, H, T, D], or a pool of pages [pages', P, H, D] read through
+// the window table), only the window's tokens read.
 struct Operand {
   KvOperand op;
   KvFormat format = KvFormat::kBf16;
   int64_t batch = 0, heads = 0, tokens = 0;
   bool paged = false;
+  KvWindow window;
 };
+
+// A +wW scheme's raw window values (see Operand) for codes of `heads` x `tokens` (paged: per page).
+KvWindow window_operand(const nb::dict& d, const Scheme& s, const char* which, const std::string& layout, int64_t heads,
+                        int64_t tokens, int64_t head_dim) {
+  if (layout != "bnsh" && layout != "paged")
+    throw InputError(fmt::format("{}: {}: a +wW window is read beside planar (bnsh) or paged codes, not {}", which,
+                                 to_string(s), layout));
+  if (!d.contains("window") || d["window"].is_none())
+    throw InputError(fmt::format("{}: {} keeps its window raw: the Cache needs `window` (bf16 / fp16 values)", which,
+                                 to_string(s)));
+  const Tensor w = nb::cast<Tensor>(d["window"]);
+  const std::string what = fmt::format("{} window", which);
+  require(w, what, {dt::kBf16, dt::kFp16}, 4);
+  const bool paged = layout == "paged";
+  check_dim(w, what, paged ? 2 : 1, heads, "H");
+  check_dim(w, what, paged ? 1 : 2, tokens, paged ? "P" : "T");
+  check_dim(w, what, 3, head_dim, "D");
+  const int64_t bytes = 2;
+  KvOperand raw = raw_operand(w.data(), heads, tokens, static_cast<int>(head_dim), paged);
+  if (paged) {
+    raw = paged_operand(raw, heads, static_cast<int>(tokens), static_cast<int>(head_dim), head_dim * bytes);
+    raw.stride_page = w.stride(0) * bytes;
+  } else {
+    raw.stride_b = w.stride(0) * bytes;
+  }
+  raw.stride_h = w.stride(paged ? 2 : 1) * bytes, raw.stride_t = w.stride(paged ? 1 : 2) * bytes;
+  return scheme_window(s, raw, w.dtype() == dt::kBf16 ? KvFormat::kBf16 : KvFormat::kFp16);
+}
 
 Operand operand(const nb::dict& d, const char* which, int64_t head_dim) {
   const std::string storage = nb::cast<std::string>(d["storage"]), layout = nb::cast<std::string>(d["layout"]);
@@ -316,9 +347,6 @@ Operand operand(const nb::dict& d, const char* which, int64_t head_dim) {
   r.paged = layout == "paged";
   const bool fbgemm = layout == "fbgemm", bsnh = layout != "bnsh";  // FBGEMM rows and pages are [B, T, H, row]
   const std::optional<Scheme> s = parse_storage_operand(storage, fbgemm, r.format);
-  if (s && s->has_window())
-    throw SchemeError(fmt::format("{}: {}: +wW schemes keep their window raw; kvq.gpu.decode does not take them yet",
-                                  which, storage));
   const Tensor data = nb::cast<Tensor>(d["data"]);
   const std::string what = fmt::format("{} {}", which, s ? (fbgemm ? "rows" : "codes") : "values");
   if (!s) {
@@ -364,6 +392,11 @@ Operand operand(const nb::dict& d, const char* which, int64_t head_dim) {
   if (s && !fbgemm && !r.paged && r.op.stride_b == 0 && r.op.mode != ParamMode::kNone && r.batch > 1)
     throw InputError(fmt::format("{}: a batch stride of 0 shares the codes but not their scales (kept per sequence "
                                  "in group order): repeat the cache instead", which));
+  if (s && s->has_window()) {
+    r.window = window_operand(d, *s, which, layout, r.heads, r.tokens, head_dim);
+    if (!r.paged && nb::cast<Tensor>(d["window"]).shape(0) != static_cast<size_t>(r.batch))
+      throw InputError(fmt::format("{} window: batch {}, the codes' {}", which, nb::cast<Tensor>(d["window"]).shape(0), r.batch));
+  }
   return r;
 }
 
@@ -383,8 +416,19 @@ int sm_count() {
   return it->second;
 }
 
+// An int32 [B, entries] table on the device (block_table, window_table).
+const int32_t* table_of(nb::object t_obj, const char* what, int64_t batch, int64_t entries = -1) {
+  const Tensor t = nb::cast<Tensor>(t_obj);
+  require(t, what, {dt::kInt32}, 2);
+  check_dim(t, what, 0, batch, "B");
+  if (entries >= 0) check_dim(t, what, 1, entries, "entries (block_table's)");
+  if (!contiguous(t)) throw InputError(fmt::format("{}: must be contiguous [B, pages per sequence]", what));
+  return static_cast<const int32_t*>(t.data());
+}
+
 DecodeParams decode_problem(const Tensor& q, const nb::dict& k, const nb::dict& v, const Tensor& out, const Tensor& lse,
-                            nb::object seq_lens, nb::object alibi_slopes, double softmax_scale, nb::object block_table) {
+                            nb::object seq_lens, nb::object alibi_slopes, double softmax_scale, nb::object block_table,
+                            nb::object window_table) {
   require(q, "q", {dt::kBf16}, 3);
   if (!contiguous(q)) throw InputError("q: must be contiguous [B, Hq, D]");
   DecodeParams p;
@@ -404,16 +448,21 @@ DecodeParams decode_problem(const Tensor& q, const nb::dict& k, const nb::dict& 
                                  vo.heads, vo.tokens));
   p.kv_heads = ko.heads, p.tokens = ko.tokens;
   if (paged) {  // T: the tokens the table holds per sequence
-    const Tensor t = nb::cast<Tensor>(block_table);
-    require(t, "block_table", {dt::kInt32}, 2);
-    check_dim(t, "block_table", 0, p.batch, "B");
-    if (!contiguous(t)) throw InputError("block_table: must be contiguous [B, pages per sequence]");
-    p.block_table = static_cast<const int32_t*>(t.data());
-    p.table_stride = static_cast<int64_t>(t.shape(1));
+    p.block_table = table_of(block_table, "block_table", p.batch);
+    p.table_stride = static_cast<int64_t>(nb::cast<Tensor>(block_table).shape(1));
     p.page_tokens = static_cast<int>(ko.tokens);
     p.tokens = p.table_stride * ko.tokens;
   }
   p.k = ko.op, p.v = vo.op, p.k_format = ko.format, p.v_format = vo.format;
+  p.k_window = ko.window, p.v_window = vo.window;
+  const bool windows = ko.window.present() || vo.window.present();
+  if (!window_table.is_none() && !(paged && windows))
+    throw InputError("window_table: given, but it goes with a paged cache of a +wW scheme (its window's pages)");
+  if (paged && windows) {
+    if (window_table.is_none())
+      throw InputError("a paged cache of a +wW scheme needs window_table [B, pages per sequence] (its window's pages)");
+    p.window_block_table = table_of(window_table, "window_table", p.batch, p.table_stride);
+  }
   p.q = static_cast<const uint16_t*>(q.data());
   require(out, "out", {dt::kBf16}, 3);
   require(lse, "lse", {dt::kFp32}, 2);
@@ -441,9 +490,9 @@ DecodeParams decode_problem(const Tensor& q, const nb::dict& k, const nb::dict& 
 // Writes O (bf16) and LSE (fp32) for q over (k, v). Returns the launch: variant, splits, profile.
 nb::dict decode_py(const Tensor& q, const nb::dict& k, const nb::dict& v, const Tensor& out, const Tensor& lse,
                 nb::object seq_lens, nb::object alibi_slopes, double softmax_scale, const std::string& variant, int splits,
-                uintptr_t stream_handle, nb::object block_table) {
+                uintptr_t stream_handle, nb::object block_table, nb::object window_table) {
   require_device();
-  DecodeParams p = decode_problem(q, k, v, out, lse, seq_lens, alibi_slopes, softmax_scale, block_table);
+  DecodeParams p = decode_problem(q, k, v, out, lse, seq_lens, alibi_slopes, softmax_scale, block_table, window_table);
   const DecodeVariant& var = decode_variant_for(variant, p);
   if (splits < 0) throw InputError(fmt::format("splits {}: expected 0 (the variant's choice) or more", splits));
   if (splits > 0 && !var.split_k) throw InputError(fmt::format("splits {}: {} does not split keys", splits, var.name));
@@ -483,13 +532,15 @@ nb::dict decode_support(const std::string& variant, const std::string& k, const 
   p.family = var->family;
   const bool fbgemm = layout == "fbgemm";
   static const int32_t kAnyTable = 0;  // a paged layout: a table (never read here) of pages of 16
-  if (layout == "paged") p.block_table = &kAnyTable, p.table_stride = 1, p.page_tokens = 16;
+  if (layout == "paged") p.block_table = p.window_block_table = &kAnyTable, p.table_stride = 1, p.page_tokens = 16;
   try {
-    for (auto [name, op, format] : {std::tuple{&k, &p.k, &p.k_format}, std::tuple{&v, &p.v, &p.v_format}}) {
+    for (auto [name, op, format, window] : {std::tuple{&k, &p.k, &p.k_format, &p.k_window},
+                                            std::tuple{&v, &p.v, &p.v_format, &p.v_window}}) {
       const std::optional<Scheme> s = parse_storage_operand(*name, fbgemm, *format);
       static const float kAnyTensorScale = 1.0f;  // nvfp4's s_t: a real cache carries one (never read here)
       *op = s ? quantized_operand(*s, 1, 1, 1, head_dim, fbgemm, nullptr, nullptr, nullptr, &kAnyTensorScale)
               : raw_operand(nullptr, 1, 1, head_dim, layout != "bnsh");
+      if (s && s->has_window()) *window = scheme_window(*s, raw_operand(&kAnyTable, 1, 1, head_dim, false), KvFormat::kBf16);
     }
   } catch (const SchemeError& e) {
     r["reason"] = std::string(e.what());
@@ -553,5 +604,6 @@ NB_MODULE(_gpu, m) {
   m.def("dequantize", &kvq::dequantize_py, "codes"_a, "scheme"_a, "head_dim"_a, "scales"_a.none(), "zeros"_a.none(),
         "tensor_scale"_a.none(), "out"_a, "stream"_a);
   m.def("decode", &kvq::decode_py, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "seq_lens"_a.none(), "alibi_slopes"_a.none(),
-        "softmax_scale"_a, "variant"_a, "splits"_a, "stream"_a, "block_table"_a.none() = nb::none());
+        "softmax_scale"_a, "variant"_a, "splits"_a, "stream"_a, "block_table"_a.none() = nb::none(),
+        "window_table"_a.none() = nb::none());
 }

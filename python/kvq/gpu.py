@@ -74,17 +74,21 @@ class Cache:
     [pages, P, Hkv, D] (raw) or [pages, P, Hkv, row bytes] (codes), read through its strides (vLLM's and
     FlashInfer's NHD pools, an HND pool as its transposed view, K or V of a pool that interleaves them),
     `scales` / `zero_points` contiguous [pages, Hkv, P(, groups)] (per-token schemes [pages, P]):
-    decode takes the block table."""
+    decode takes the block table. +wW schemes: `window`, the raw bf16 / fp16 values the window keeps,
+    [B, H, T, D] beside bnsh codes (only the window's tokens are read), or a pool of pages [pages', P,
+    Hkv, D] beside paged ones, read through decode's window_table (only the window's pages need be
+    held)."""
     storage: str
     data: Any
     scales: Any = None
     zero_points: Any = None
     layout: str = "bnsh"
     tensor_scale: Any = None
+    window: Any = None
 
     def _as_dict(self):
         return {"storage": self.storage, "layout": self.layout, "data": self.data, "scales": self.scales,
-                "zero_points": self.zero_points, "tensor_scale": self.tensor_scale}
+                "zero_points": self.zero_points, "tensor_scale": self.tensor_scale, "window": self.window}
 
 
 def raw(x, layout="bnsh"):
@@ -111,7 +115,8 @@ def quantize(x, scheme, *, layout="planar", variant=None, seq_lens=None, tensor_
     """x [B, H, T, D] (fp32 / fp16 / bf16, any strides but D's) quantized with `scheme` by a GPU
     variant (None: the first specialised one that takes it, else quantize-generic; all are bit-exact
     with the CPU codec). layout "planar" or "fbgemm" (the block formats q8_0 ... nvfp4: planar).
-    seq_lens (+wW schemes): per-sequence lengths. tensor_scale: a calibrated tensor-wide scale (a float):
+    seq_lens (+wW schemes): per-sequence lengths; the Cache's window is then x itself (bf16 / fp16 x;
+    other dtypes rounded to bf16), whose window tokens decode reads. tensor_scale: a calibrated tensor-wide scale (a float):
     nvfp4's s_t (default: amax / (6 * 448) of x, computed on the device) or a symmetric per-tensor
     scheme's one scale (fp8-e4m3-tensor, int8-tensor, ...; default: amax / FMAX or qmax). Returns a Cache; raises kvq.InputError /
     SchemeError with the CLI's messages. status (new_status()'s): the call waits on nothing and can be
@@ -138,9 +143,13 @@ def quantize(x, scheme, *, layout="planar", variant=None, seq_lens=None, tensor_
     if layout == "fbgemm":
         return Cache(scheme, codes.view(B, T, H, sizes["row_bytes"]), layout="fbgemm")
     scale_dtype = _scale_dtype(torch, scheme)
+    from ._core import parse_scheme
+    window = None
+    if parse_scheme(scheme).window is not None:
+        window = x if x.dtype in (torch.bfloat16, torch.float16) else x.to(torch.bfloat16)
     return Cache(scheme, codes.view(B, H, T, sizes["row_bytes"]),
                  None if scales is None else scales.view(scale_dtype),
-                 None if zeros is None else zeros.view(scale_dtype), tensor_scale=ts)
+                 None if zeros is None else zeros.view(scale_dtype), tensor_scale=ts, window=window)
 
 
 def new_status(device="cuda"):
@@ -198,11 +207,13 @@ def _scale_dtype(torch, scheme):
 
 
 def decode(q, k, v, *, seq_lens=None, alibi_slopes=None, softmax_scale=None, variant=None, splits=0, out=None,
-           lse=None, info=False, block_table=None):
+           lse=None, info=False, block_table=None, window_table=None):
     """Decode attention (one query per sequence): q bf16 [B, Hq, D] over k, v (Cache, or bf16 / fp16
     tensors [B, Hkv, T, D]); seq_lens int32 [B] on the device (None: all T), alibi_slopes fp32 [Hq].
     Paged caches (Cache layout "paged", decode-tc): block_table int32 [B, pages per sequence] on the
     device, sequence b's tokens [i P, (i + 1) P) in page block_table[b, i]; P a power of two >= 16.
+    +wW schemes in pages: window_table, the same shape, naming the window pool's pages (Cache.window);
+    entries of pages that hold no window token are not read.
     variant None: decode-tc where it reads the storages, else decode-splitk (`kvq variants`); splits > 0
     forces the key splits of a split-K variant. Returns (O bf16 [B, Hq, D], LSE fp32 [B, Hq], natural
     log, -inf for an empty sequence), and the launch (variant, splits, profile) when info."""
@@ -216,5 +227,5 @@ def decode(q, k, v, *, seq_lens=None, alibi_slopes=None, softmax_scale=None, var
         out = torch.empty_like(q) if out is None else out
         lse = torch.empty(B, Hq, dtype=torch.float32, device=q.device) if lse is None else lse
         launch = _gpu.decode(q, k._as_dict(), v._as_dict(), out, lse, seq_lens, alibi_slopes, float(softmax_scale or 0),
-                             variant or "", int(splits), _stream(torch, q), block_table)
+                             variant or "", int(splits), _stream(torch, q), block_table, window_table)
     return (out, lse, launch) if info else (out, lse)

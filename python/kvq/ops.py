@@ -64,17 +64,21 @@ def _(x, scheme, layout, variant, tensor_scale, status):
 def _decode(q: torch.Tensor, k: torch.Tensor, k_scales: torch.Tensor, k_zeros: torch.Tensor, k_tensor_scale: torch.Tensor,
             v: torch.Tensor, v_scales: torch.Tensor, v_zeros: torch.Tensor, v_tensor_scale: torch.Tensor,
             seq_lens: Optional[torch.Tensor], k_storage: str, v_storage: str, layout: str, softmax_scale: float,
-            variant: str, block_table: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-    def cache(storage, data, scales, zeros, tensor_scale):
-        return gpu.Cache(storage, data, _none_if_empty(scales), _none_if_empty(zeros), layout, _none_if_empty(tensor_scale))
-    return gpu.decode(q, cache(k_storage, k, k_scales, k_zeros, k_tensor_scale),
-                      cache(v_storage, v, v_scales, v_zeros, v_tensor_scale), seq_lens=seq_lens,
-                      softmax_scale=softmax_scale or None, variant=variant or None, block_table=block_table)
+            variant: str, block_table: Optional[torch.Tensor], k_window: Optional[torch.Tensor] = None,
+            v_window: Optional[torch.Tensor] = None,
+            window_table: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    def cache(storage, data, scales, zeros, tensor_scale, window):
+        return gpu.Cache(storage, data, _none_if_empty(scales), _none_if_empty(zeros), layout, _none_if_empty(tensor_scale),
+                         window)
+    return gpu.decode(q, cache(k_storage, k, k_scales, k_zeros, k_tensor_scale, k_window),
+                      cache(v_storage, v, v_scales, v_zeros, v_tensor_scale, v_window), seq_lens=seq_lens,
+                      softmax_scale=softmax_scale or None, variant=variant or None, block_table=block_table,
+                      window_table=window_table)
 
 
 @_decode.register_fake
 def _(q, k, k_scales, k_zeros, k_tensor_scale, v, v_scales, v_zeros, v_tensor_scale, seq_lens, k_storage, v_storage,
-      layout, softmax_scale, variant, block_table):
+      layout, softmax_scale, variant, block_table, k_window=None, v_window=None, window_table=None):
     return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
 
 
@@ -88,7 +92,7 @@ def quantize(x, scheme, *, layout="planar", variant=None, tensor_scale=None, sta
                      tensor_scale if tensor_scale.dim() == 0 else None)
 
 
-def decode_args(q, k, v, *, seq_lens=None, softmax_scale=None, variant=None, block_table=None):
+def decode_args(q, k, v, *, seq_lens=None, softmax_scale=None, variant=None, block_table=None, window_table=None):
     """The arguments of torch.ops.kvq.decode for kvq.ops.decode(q, k, v, ...): each Cache as its tensors
     (absent ones empty) and storage name (for torch.library.opcheck, or a caller of the op itself)."""
     k, v = (c if isinstance(c, gpu.Cache) else gpu.raw(c) for c in (k, v))
@@ -103,15 +107,16 @@ def decode_args(q, k, v, *, seq_lens=None, softmax_scale=None, variant=None, blo
                 absent(torch.float32) if c.tensor_scale is None else c.tensor_scale)
 
     return (q, *parts(k), *parts(v), seq_lens, k.storage, v.storage, k.layout, float(softmax_scale or 0.0), variant or "",
-            block_table)
+            block_table, k.window, v.window, window_table)
 
 
-def decode(q, k, v, *, seq_lens=None, softmax_scale=None, variant=None, block_table=None):
+def decode(q, k, v, *, seq_lens=None, softmax_scale=None, variant=None, block_table=None, window_table=None):
     """kvq.gpu.decode through the kvq::decode op: q bf16 [B, Hq, D] over k, v (kvq.gpu.Cache, or bf16 /
     fp16 tensors [B, Hkv, T, D]); paged caches (empty_paged_cache's) with block_table int32 [B, pages per
-    sequence]. Returns (O bf16 [B, Hq, D], LSE fp32 [B, Hq])."""
+    sequence], and for +wW schemes window_table (the window pool's pages, the same shape). Returns (O
+    bf16 [B, Hq, D], LSE fp32 [B, Hq])."""
     return torch.ops.kvq.decode(*decode_args(q, k, v, seq_lens=seq_lens, softmax_scale=softmax_scale, variant=variant,
-                                             block_table=block_table))
+                                             block_table=block_table, window_table=window_table))
 
 
 RAW_STORAGES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -123,6 +128,8 @@ class _Facts(NamedTuple):
     per_token: bool           # one parameter set per token (all heads): scales [.., T]
     per_tensor: bool          # no per-row parameters (scale-free FP8, a per-tensor scale)
     tensor_scale: bool        # takes a calibrated tensor_scale (nvfp4's s_t, a per-tensor scheme's scale)
+    base: str                 # what quantize writes: the storage less its +w<W> window
+    window: bool              # +w<W>: the raw tokens kept beside the codes (Cache.window)
 
 
 @torch.compiler.assume_constant_result
@@ -131,18 +138,22 @@ def _facts(storage: str, name: str) -> _Facts:
     scheme whose codes and parameters of a token depend on that token alone); else kvq.SchemeError
     naming why not."""
     if storage in RAW_STORAGES:
-        return _Facts(True, False, False, False)
+        return _Facts(True, False, False, False, storage, False)
     from ._core import SchemeError, parse_scheme
     s = parse_scheme(storage)
-    if s.window is not None or s.granularity == "channel":
+    if s.granularity == "channel":
         raise SchemeError(f"{name}: {storage}: kvq.ops.append writes token-local schemes (per-token, per-head, g<G>, "
-                          "the block formats, per-tensor FP8 / int8 with a given scale) and bf16 / fp16; chan-t<N> groups "
-                          "and +w<W> windows need a raw buffer for their pending tokens, not yet (kvq.AppendQuantizer "
-                          "has them on the CPU)")
+                          "the block formats, per-tensor FP8 / int8 with a given scale, each with a +w<W> window) and "
+                          "bf16 / fp16; chan-t<N> quantizes a group of N tokens at once, not yet (kvq.AppendQuantizer "
+                          "has it on the CPU)")
+    if s.window is not None and s.hadamard:
+        raise SchemeError(f"{name}: {storage}: decode-tc does not read a rotated (+had) window")
     if s.granularity == "tensor" and s.asymmetric:
         raise SchemeError(f"{name}: {storage}: a per-tensor zero point needs the whole cache, which appending does not have")
     per_tensor = s.granularity == "tensor"
-    return _Facts(False, s.granularity == "token", per_tensor, s.format == "nvfp4" or (per_tensor and not s.scale_free))
+    base = s.name.split("+w")[0] if s.window is not None else s.name
+    return _Facts(False, s.granularity == "token", per_tensor, s.format == "nvfp4" or (per_tensor and not s.scale_free),
+                  base, s.window is not None)
 
 
 def _check_tensor_scale(f, storage, tensor_scale, name):
@@ -176,32 +187,44 @@ def empty_cache(scheme, batch, heads, capacity, head_dim, *, device="cuda", tens
     """A K or V cache of `capacity` tokens in `scheme` (a token-local scheme, or raw "bf16" / "fp16":
     see append), every slot zero: the tensors kvq.ops.quantize would give for [batch, heads, capacity,
     head_dim]. nvfp4 and the per-tensor schemes with a scale (fp8-e4m3-tensor, int8-tensor, ...) need
-    a calibrated tensor_scale (a whole cache's amax is not known while appending)."""
+    a calibrated tensor_scale (a whole cache's amax is not known while appending). +w<W> schemes: a
+    bf16 window of every slot beside the codes (Cache.window; decode reads its last W tokens)."""
     f = _facts(scheme, "kvq.ops.empty_cache")
     _check_tensor_scale(f, scheme, tensor_scale, "kvq.ops.empty_cache")
     zeros = torch.zeros(batch, heads, capacity, head_dim, dtype=RAW_STORAGES.get(scheme, torch.bfloat16), device=device)
-    return gpu.Cache(scheme, zeros) if f.raw else quantize(zeros, scheme, tensor_scale=tensor_scale)
+    if f.raw:
+        return gpu.Cache(scheme, zeros)
+    c = quantize(zeros, f.base, tensor_scale=tensor_scale)
+    return gpu.Cache(scheme, c.data, c.scales, c.zero_points, c.layout, c.tensor_scale, zeros if f.window else None)
 
 
-def empty_paged_cache(scheme, pages, page_tokens, heads, head_dim, *, device="cuda", tensor_scale=None):
+def empty_paged_cache(scheme, pages, page_tokens, heads, head_dim, *, device="cuda", tensor_scale=None,
+                      window_pages=None):
     """A paged K or V cache (a token-local scheme or raw "bf16" / "fp16", see append): a pool of `pages`
     pages of `page_tokens` tokens (a power of two >= 16), every slot zero. Codes (values) [pages, P,
     heads, row bytes (D)] (NHD, as vLLM's and FlashInfer's pools), scales and zero points head-major in
     their page ([pages, heads, P, groups]; per token [pages, P]): a kvq.gpu.Cache of layout "paged",
-    which append and decode take with the block table."""
+    which append and decode take with the block table. +w<W> schemes: a pool of `window_pages`
+    (default `pages`) bf16 pages [window_pages, P, heads, D] for the window's raw tokens (Cache.window),
+    which append and decode take with a window_table: a sequence needs pages only for the window's
+    tokens, ceil(W / P) + 1 at most at a time (a ring of pages), not for its whole length."""
     f = _facts(scheme, "kvq.ops.empty_paged_cache")
     _check_tensor_scale(f, scheme, tensor_scale, "kvq.ops.empty_paged_cache")
     if f.raw:
         return gpu.Cache(scheme, torch.zeros(pages, page_tokens, heads, head_dim, dtype=RAW_STORAGES[scheme],
                                              device=device), layout="paged")
     # each page a planar cache of P tokens: its parameters are already head-major
-    flat = quantize(torch.zeros(pages, heads, page_tokens, head_dim, dtype=torch.bfloat16, device=device), scheme,
+    flat = quantize(torch.zeros(pages, heads, page_tokens, head_dim, dtype=torch.bfloat16, device=device), f.base,
                     tensor_scale=tensor_scale)
+    window = None
+    if f.window:
+        window = torch.zeros(pages if window_pages is None else window_pages, page_tokens, heads, head_dim,
+                             dtype=torch.bfloat16, device=device)
     return gpu.Cache(scheme, flat.data.transpose(1, 2).contiguous(), flat.scales, flat.zero_points, "paged",
-                     flat.tensor_scale)
+                     flat.tensor_scale, window)
 
 
-def append(cache, x, positions, *, tensor_scale=None, block_table=None, status=None):
+def append(cache, x, positions, *, tensor_scale=None, block_table=None, window_table=None, status=None):
     """Writes new tokens x [B, H, t, D] into `cache` (kvq.ops.empty_cache's, or any planar Cache of a
     token-local scheme or raw bf16 / fp16; or empty_paged_cache's with its block_table [B, pages per
     sequence]) at slots positions[b] .. positions[b] + t - 1 of each sequence b (positions: an int
@@ -212,7 +235,10 @@ def append(cache, x, positions, *, tensor_scale=None, block_table=None, status=N
     device and it can be captured in a CUDA graph (errors are recorded there: kvq.gpu.check_status).
     nvfp4 and the per-tensor schemes: tensor_scale, the cache's calibrated scale as given to
     empty_cache (a float, so that nothing waits on the device; the cache keeps the one it was made
-    with, so another one here would give codes its scale does not decode). Returns the cache."""
+    with, so another one here would give codes its scale does not decode). +w<W> schemes: every new
+    token's codes (kvq.AppendQuantizer's once the window passes it: token-local) and its raw values
+    into Cache.window (paged: through window_table, the window pool's pages; the same shape as
+    block_table); one more launch. Returns the cache."""
     f = _facts(cache.storage, "kvq.ops.append")
     if cache.layout not in ("bnsh", "paged"):
         raise gpu.InputError(f"kvq.ops.append: a {cache.layout} cache; append writes planar (bnsh) and paged caches")
@@ -229,17 +255,23 @@ def append(cache, x, positions, *, tensor_scale=None, block_table=None, status=N
         raise gpu.InputError(f"kvq.ops.append: new tokens have shape {list(x.shape)}, expected [{B}, {H}, t, D]")
     t = x.shape[2]
     _check_tensor_scale(f, cache.storage, tensor_scale, "kvq.ops.append")
+    if paged and f.window != (window_table is not None):
+        raise gpu.InputError("kvq.ops.append: " + ("a paged +w<W> cache needs its window_table" if f.window
+                                                   else "a window_table goes with a paged +w<W> cache"))
     if status is None and not torch.compiler.is_compiling() and torch.cuda.is_current_stream_capturing():
         raise gpu.InputError("kvq.ops.append: under CUDA graph capture it needs status= (kvq.gpu.new_status()): "
                              "without one it waits for its checks, which a capture cannot")
     if f.raw:
         new = gpu.Cache(cache.storage, x.to(RAW_STORAGES[cache.storage]).contiguous())
     else:  # without a status, quantize raises for bad input itself (naming the element and its value)
-        new = quantize(x, cache.storage, tensor_scale=tensor_scale, status=status)
+        new = quantize(x, f.base, tensor_scale=tensor_scale, status=status)
     flags = status if status is not None else gpu.new_status(x.device)
     params = not f.raw and not f.per_tensor
+    positions = positions.to(torch.int32)
     torch.ops.kvq.append_rows(new.data, cache.data, new.scales if params else None, cache.scales if params else None,
                               new.zero_points if params else None, cache.zero_points if params else None,
-                              positions.to(torch.int32), block_table, P if paged else 0, 1 if f.per_token else H, flags,
-                              status is None)
+                              positions, block_table, P if paged else 0, 1 if f.per_token else H, flags, status is None)
+    if f.window:
+        torch.ops.kvq.append_rows(x.to(cache.window.dtype).contiguous(), cache.window, None, None, None, None, positions,
+                                  window_table, P if paged else 0, H, flags, status is None)
     return cache
