@@ -179,10 +179,12 @@ KvWindow scheme_window(const Scheme& s, const KvOperand& raw, KvFormat raw_forma
 // Raw bf16/fp16 K or V, BNSH or BSNH.
 KvOperand raw_operand(const void* data, int64_t heads, int64_t tokens, int head_dim, bool bsnh);
 // `op` (from quantized_operand or raw_operand) as a paged cache in kvq's paged layout: codes
-// [pages, P, H, row] (NHD), per-row parameters [pages, H, P, groups] (kToken: [pages, P]); data,
+// [pages, P, H, row] (NHD), per-row parameters [pages, H, P, groups] (kToken: [pages, P]; chan-tN:
+// [pages, H, P / N, D]); data,
 // scales and zeros point at page 0. The decode's DecodeParams carries the block table.
 KvOperand paged_operand(KvOperand op, int64_t heads, int page_tokens, int head_dim, int64_t row_bytes);
-// Why `p`'s paging cannot be read (P not a power of two >= 16, windows, chan-tN, parameter spans
+// Why `p`'s paging cannot be read (P not a power of two >= 16, windows without their pages' table, a
+// raw operand beside the other's window, chan-tN groups that pages cut, parameter spans
 // not word-aligned, pages of 2^31 bytes), or "" (also for a contiguous cache). A table too short
 // for T is malformed input: check_decode_params throws for it.
 std::string paged_unsupported_reason(const DecodeParams& p);

@@ -464,6 +464,9 @@ KvOperand paged_operand(KvOperand op, int64_t heads, int page_tokens, int head_d
   const int64_t groups = op.mode == ParamMode::kGroup ? head_dim / op.group : 1;
   switch (op.mode) {
     case ParamMode::kToken: op.param_stride_page = page_tokens, op.param_stride_h = 0; break;
+    case ParamMode::kChannel:  // [pages, H, P / N, D]: a page's whole token groups (N divides P)
+      op.param_stride_h = page_tokens / std::max(op.group, 1) * head_dim, op.param_stride_page = heads * op.param_stride_h;
+      break;
     case ParamMode::kHead:
     case ParamMode::kGroup: op.param_stride_h = page_tokens * groups, op.param_stride_page = heads * op.param_stride_h; break;
     default: break;
@@ -485,14 +488,15 @@ std::string paged_unsupported_reason(const DecodeParams& p) {
       (p.v_window.present() && !p.k_window.present() && !is_quantized(p.k_format)))
     return "paged caches: a raw (bf16 / fp16) K or V beside a +wW window on the other operand is not read (give both "
            "windows or neither)";
-  if (p.k.mode == ParamMode::kChannel || p.v.mode == ParamMode::kChannel)
-    return "paged caches with chan-tN: not read (a token group would span pages)";
+  if (p.k.mode == ParamMode::kChannel && (p.k.group <= 0 || P % p.k.group != 0))
+    return fmt::format("K chan-t{} in pages of {} tokens: a token group must lie in one page (N dividing P)", p.k.group, P);
   std::vector<std::pair<const char*, const KvOperand*>> operands = {{"K", &p.k}, {"V", &p.v}};
   if (p.k_window.present()) operands.push_back({"K window", &p.k_window.raw});
   if (p.v_window.present()) operands.push_back({"V window", &p.v_window.raw});
   for (const auto& [name, op] : operands) {
     const int64_t pb = op->param_bytes();
-    const bool per_row = op->mode == ParamMode::kToken || op->mode == ParamMode::kHead || op->mode == ParamMode::kGroup;
+    const bool per_row = op->mode == ParamMode::kToken || op->mode == ParamMode::kHead || op->mode == ParamMode::kGroup ||
+                         op->mode == ParamMode::kChannel;
     if (op->stride_page % 4 != 0 || (per_row && ((op->param_stride_page * pb) % 4 != 0 || (op->param_stride_h * pb) % 4 != 0)))
       return fmt::format("{} pages or their parameters are not 4-byte aligned (tensor-core kernels copy words)", name);
     constexpr int64_t kMax = int64_t{1} << 31;  // the kernels' page arithmetic is 32 x 32 -> 64 bits

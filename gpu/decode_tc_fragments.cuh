@@ -106,7 +106,7 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const TcOpera
     case ParamMode::kHead:
     case ParamMode::kGroup: s.first_param = paged ? h * op.param_stride_h : (b * p.kv_heads + h) * pl.params_per_head; break;
     case ParamMode::kChannel:
-      s.first_param = (b * p.kv_heads + h) * pl.params_per_head;
+      s.first_param = paged ? h * op.param_stride_h : (b * p.kv_heads + h) * pl.params_per_head;
       s.channel_tokens = op.group, s.channel_bytes = D * op.param_bytes();
       break;
     default: break;
@@ -125,7 +125,7 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const TcOpera
     const int64_t last_span = op.mode == ParamMode::kChannel
                                   ? (s.first_param + pl.params_per_head - D) * pbytes  // the last group's span
                                   : 4 * first_word + (p.tokens - s.t_origin) * s.param_row_bytes;
-    s.params_inside = last_span + 4 * s.param_words <= pl.param_bytes;
+    s.params_inside = paged || last_span + 4 * s.param_words <= pl.param_bytes;  // pages hold whole spans
   }
   return s;
 }
@@ -232,14 +232,16 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
   } else {  // other FBGEMM rows, unaligned rows
     copy_rows_in_units<1, kRowWords, Rows, kStepTokens, kPaged>(codes, params, s, t0, n_lo, n, lane, units_magic, ps);
   }
-  if (kPaged && s.scale_lane) {  // a paged step: each half from its page
+  if (kPaged && !kChannel && s.scale_lane) {  // a paged step: each half from its page
     // (a half without keys copies nothing: its table entry may name no page)
     const int chunk_words = 4 * s.param_row_bytes, words = (n > 16 ? kStepTokens : 16) * s.param_row_bytes / 4;
     const int64_t advance = t0 * s.param_row_bytes;
     copy_paged_param_words(params, s.scale_lane + advance, words, chunk_words, ps, lane);
     if (s.asymmetric) copy_paged_param_words(params + s.param_words, s.zero_lane + advance, words, chunk_words, ps, lane);
   } else if (s.scale_lane) {  // whole spans: rows past n copy their neighbours' parameters, never used
-    const int64_t advance = kChannel ? t0 / s.channel_tokens * s.channel_bytes : (t0 - s.t_origin) * s.param_row_bytes;
+    // (paged chan-tN: the step's token group in the step's page, whose groups are whole: N divides P)
+    const int64_t advance = (kChannel ? t0 / s.channel_tokens * s.channel_bytes : (t0 - s.t_origin) * s.param_row_bytes) +
+                            (kPaged ? ps.params[0] : 0);
     copy_param_words(params, s.scale_lane + advance, s.scale_end, s.scales, s.param_words, lane, s.params_inside);
     if (s.asymmetric)
       copy_param_words(params + s.param_words, s.zero_lane + advance, s.zero_end, s.zeros, s.param_words, lane,

@@ -166,14 +166,15 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   const int64_t b = b32, hk = bh - b32 * static_cast<uint32_t>(p.kv_heads);
   const int64_t len = p.seq_lens ? p.seq_lens[b] : p.tokens;
   // The region's keys [lo, hi). Steps start at lo, except where a step must lie in one token group
-  // (chan-tN K: at a multiple of 32 below lo) or in whole 16-key halves of a page (paged kernels with a
-  // raw operand, whose +wW regions start mid-page: at a multiple of the step), the keys below lo
-  // masked (in the split's first step only). Whole rounds of steps per split, so every warp of a CTA
-  // gets the same number of steps.
+  // (chan-tN K, N a multiple of 32) or in whole 16-key halves of a page (paged kernels with a raw
+  // operand, whose +wW regions start mid-page): there at the multiple of the step below lo, the keys
+  // below lo masked (in the split's first step only, which keeps at least one key: a step wholly
+  // masked would make the softmax's running max -inf, and NaN). Whole rounds of steps per split, so
+  // every warp of a CTA gets the same number of steps.
   int64_t lo = 0, hi = len;
   key_region_bounds(p.region, p.k_window, p.v_window, len, lo, hi);
   constexpr bool kAlignedSteps = kChanK || (kPaged && !Tr::kQuantized);  // paged both-quantized regions start at 0
-  const int64_t base = kChanK ? lo / 32 * 32 : kAlignedSteps ? lo / kST * kST : lo, span = hi > base ? hi - base : 0;
+  const int64_t base = kAlignedSteps ? lo / kST * kST : lo, span = hi > base ? hi - base : 0;
   constexpr int kRound = Tr::kWarps * kST;
   // span < 2^31 (plan_decode checks T): the split's keys by the plan's divider
   const int64_t per_split =

@@ -78,7 +78,8 @@ TcOperandPlan tc_operand_plan(const KvOperand& op, const DecodeParams& p, int ro
   if (p.block_table) {
     pl.page_bytes = static_cast<int>(op.stride_page), pl.page_span = static_cast<int>(p.page_tokens * op.stride_t);
     pl.param_page_bytes = static_cast<int>(op.param_stride_page * pbytes);
-    pl.param_span = static_cast<int>(p.page_tokens * pl.param_row_bytes);
+    pl.param_span = op.mode == ParamMode::kChannel ? p.page_tokens / op.group * D * pbytes  // whole token groups
+                                                   : static_cast<int>(p.page_tokens * pl.param_row_bytes);
   }
   // Operands read without scale groups (raw, chan-tN K) count as one group per row.
   const bool grouped = is_k ? Tr::K::kQuantized && op.mode != ParamMode::kChannel : Tr::V::kQuantized;
@@ -117,7 +118,7 @@ struct TcEntry {
 };
 
 // The kernel of `shape`; paged caches (kernels of their own: kPaged) read with the same shapes, but
-// mixed pairs with the general one only (compile time) and no chan-tN K (refused).
+// mixed pairs with the general one only (compile time).
 template <KvFormat FK, KvFormat FV, int D, bool kPaged>
 const void* tc_kernel_for(TcGroupShape shape) {
   using Tr = TcTraits<FK, FV, D>;
@@ -125,8 +126,14 @@ const void* tc_kernel_for(TcGroupShape shape) {
   // chan-tN K: int8 / int4 K with int8, int4 or raw V (a +wW window's region)
   constexpr bool kChanPair = (FK == KvFormat::kInt8 || FK == KvFormat::kInt4) &&
                              (FV == KvFormat::kInt8 || FV == KvFormat::kInt4 || !Tr::V::kQuantized);
+#if defined(KVQ_CUDA_COMPILE_CHECK) && KVQ_CUDA_COMPILE_CHECK
+  constexpr bool kChanPages = D == 128;
+#else
+  constexpr bool kChanPages = true;
+#endif
   if (shape == TcGroupShape::kChannelK) {
-    if constexpr (kChanPair && !kPaged) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, -1, 0>);
+    if constexpr (kChanPair && (!kPaged || kChanPages))
+      return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, -1, 0, kPaged>);
     else return nullptr;  // tensor_core_unsupported_reason names it
   }
   if (shape == TcGroupShape::kVBlocks16) {
@@ -161,7 +168,8 @@ template <KvFormat FK, KvFormat FV, int D>
 const void* tc_kernel_for(TcGroupShape shape, bool paged) {
 #if defined(KVQ_CUDA_COMPILE_CHECK) && KVQ_CUDA_COMPILE_CHECK
   // CI's compile check (a build no GPU runs) instantiates the paged kernels of int8 K only, with every
-  // V format: the paged code of every storage compiles there, in an eighth of their compile time.
+  // V format (chan-tN K's at D = 128 only): the paged code of every storage compiles there, in an
+  // eighth of their compile time.
   if constexpr (FK != KvFormat::kInt8) {
     return paged ? nullptr : tc_kernel_for<FK, FV, D, false>(shape);
   } else

@@ -222,6 +222,14 @@ DeviceOperand make_operand(const Case& c, std::vector<float> x, const std::optio
       const PagedUnits u{kv.batch, heads, kv.tokens, unit, false, true};
       bytes.scales = to_pages(bytes.scales, u, *paging, 0x7e);
       if (!bytes.zeros.empty()) bytes.zeros = to_pages(bytes.zeros, u, *paging, 0x7e);
+    } else if (scheme->granularity == Granularity::kChannel && paging->page_tokens % scheme->group == 0) {
+      // a page's whole token groups, [pages, H, P / N, D] (pages that cut a group: the decode refuses them)
+      Paging groups = *paging;
+      groups.page_tokens = paging->page_tokens / scheme->group;
+      const PagedUnits u{kv.batch, kv.heads, (kv.tokens + scheme->group - 1) / scheme->group, s.head_dim * pbytes, false,
+                         true};
+      bytes.scales = to_pages(bytes.scales, u, groups, 0x7e);
+      if (!bytes.zeros.empty()) bytes.zeros = to_pages(bytes.zeros, u, groups, 0x7e);
     }
   } else if (c.placement != Placement::kPacked) {  // codes rows moved; a huge cache's per-row parameters too
     if (fbgemm || scheme->has_window() || !(per_row_params || scheme->scale_free))
@@ -475,7 +483,8 @@ void run_paged(Gate& g, int64_t T, bool quick, const std::vector<Storage>& stora
   for (const Storage& st : {raw(KvFormat::kBf16), quantized("int8-head", "int8-head"),
                             quantized("int4-g32-asym", "int4-g32-asym"), quantized("q4_0", "q8_0"),
                             quantized("nvfp4", "nvfp4"), quantized("int4-head-asym", "int4-head-asym", true),
-                            quantized("int4-g32-asym+w40", "int8-head+w24"), quantized("q8_0+w17", "int4-head-asym")})
+                            quantized("int4-g32-asym+w40", "int8-head+w24"), quantized("q8_0+w17", "int4-head-asym"),
+                            quantized("int4-chan-t32-asym+w40", "int8-head"), quantized("int8-chan-t64", "int4-g32-asym+w24")})
     for (int page : pages) {
       if (quick && page != 16) continue;
       g.run(paged({"paged, page sizes", {"", 3, 8, 2, T, 128}, {t, t - 17, 33}, false, st}, page));
@@ -584,7 +593,7 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
       // chan-tN K (KIVI), with and without windows; token groups tensor cores cannot read
       quantized("int4-chan-t32-asym", "int4-g32-asym"), quantized("int8-chan-t64", "int8-head"),
       quantized("int4-chan-t32-asym+w64", "int4-g32-asym+w64"), quantized("int8-chan-t32-asym+w50", "int4-head-asym"),
-      quantized("int4-chan-t16-asym", "int4-g32-asym"),
+      quantized("int4-chan-t16-asym", "int4-g32-asym"), quantized("int8-chan-t64", "int4-g32-asym+w24"),
       // +had K (Q rotated in the kernel), +had V (O rotated back); +had with a window: not read (skipped)
       quantized("int4-g32-asym+had", "int4-g32-asym"), quantized("int8-head-asym+had", "int4-head-asym"),
       quantized("int4-chan-t32-asym+had", "int4-g32-asym"), quantized("int4-g32-asym", "int4-g32-asym+had"),

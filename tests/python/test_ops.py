@@ -510,3 +510,45 @@ def test_windowed_paged_step_replays_in_a_cuda_graph():
     kvq.gpu.check_status(status)
     for a, b in zip(*sets):
         assert torch.equal(a.data, b.data) and torch.equal(a.window, b.window)
+
+
+@pytest.mark.parametrize("k_scheme,v_scheme,P", [("int4-chan-t32-asym", "int4-g32-asym", 32),
+                                                 ("int8-chan-t64", "int8-head", 128)])
+def test_paged_chan_t_decode_equals_the_contiguous_cache(k_scheme, v_scheme, P):
+    """chan-t<N> K (KIVI) in pages that hold whole token groups: codes [pages, P, Hkv, row], each page's
+    per-channel parameters [pages, Hkv, P / N, D]; decode equals the contiguous cache bit for bit."""
+    B, H, Hq, D, T = 2, 2, 8, 128, 256
+    N = kvq.parse_scheme(k_scheme).group
+    k, v, q = random_kv((B, H, T, D), 93), random_kv((B, H, T, D), 94), random_kv((B, Hq, D), 95)
+    kc, vc = kvq.gpu.quantize(k, k_scheme), kvq.gpu.quantize(v, v_scheme)
+    per_seq = T // P
+    g = torch.Generator().manual_seed(96)
+    table = torch.randperm(B * per_seq, generator=g).view(B, per_seq).to(torch.int32).cuda()
+    order = torch.argsort(table.flatten().long())  # pool page j holds (sequence, page) order[j]
+
+    def pages_of(x, per_page):  # [B, H, per_seq * per_page, ...] -> [pool pages, H, per_page, ...]
+        x = x.reshape(B, H, per_seq, per_page, *x.shape[3:]).transpose(1, 2).flatten(0, 1)
+        return x[order].contiguous()
+
+    def paged(c, storage):
+        s = kvq.parse_scheme(storage)
+        codes = pages_of(c.data, P).transpose(1, 2).contiguous()  # [pages, P, H, row]
+        if s.granularity == "channel":
+            rows = lambda t: pages_of(t.view(B, H, T // N, D), P // N)  # noqa: E731
+        else:
+            rows = lambda t: pages_of(t.view(B, H, T, -1), P)  # noqa: E731
+        return kvq.gpu.Cache(storage, codes, rows(c.scales), None if c.zero_points is None else rows(c.zero_points),
+                             "paged")
+
+    lens = torch.tensor([T, T - 77], dtype=torch.int32, device="cuda")
+    o_c, lse_c = kvq.gpu.decode(q, kc, vc, seq_lens=lens)
+    o_p, lse_p = kvq.gpu.decode(q, paged(kc, k_scheme), paged(vc, v_scheme), seq_lens=lens, block_table=table)
+    assert torch.equal(o_c, o_p) and torch.equal(lse_c, lse_p)
+    with pytest.raises(kvq.InputError, match="a token group must lie in one page"):
+        small = kvq.gpu.Cache(k_scheme, torch.zeros(4, 16, H, kc.data.shape[-1], dtype=torch.uint8, device="cuda"),
+                              torch.zeros(4 * H * D, dtype=kc.scales.dtype, device="cuda"),
+                              None if kc.zero_points is None else torch.zeros(4 * H * D, dtype=kc.scales.dtype,
+                                                                              device="cuda"), "paged")
+        v16 = kvq.ops.empty_paged_cache(v_scheme, 4, 16, H, D)
+        table16 = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device="cuda")
+        kvq.gpu.decode(q, small, v16, seq_lens=lens // 16, block_table=table16, variant="decode-tc")
