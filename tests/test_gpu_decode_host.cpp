@@ -194,6 +194,52 @@ TEST_CASE("window starts and key regions follow quantized_length, per operand") 
   CHECK(partial_lse_floats(p) == base * 2 * 8);
 }
 
+TEST_CASE("paged windows: each region reads each operand through its own pages' table") {
+  const int32_t table[2] = {0, 1}, window_table[2] = {5, 6};
+  int32_t raw = 0;  // a window's raw values (never read here)
+  DecodeParams p;
+  p.batch = 1, p.q_heads = 8, p.kv_heads = 1, p.tokens = 64, p.head_dim = 128, p.splits = 4;
+  p.k_format = KvFormat::kInt4, p.v_format = KvFormat::kInt8;
+  p.k = quantized_operand(parse_scheme("int4-g32-asym+w40"), 1, 1, 32, 128, false, nullptr, nullptr, nullptr);
+  p.v = quantized_operand(parse_scheme("int8-head+w20"), 1, 1, 32, 128, false, nullptr, nullptr, nullptr);
+  p.k = paged_operand(p.k, 1, 32, 128, 64), p.v = paged_operand(p.v, 1, 32, 128, 128);
+  const KvOperand window = paged_operand(raw_operand(&raw, 1, 32, 128, true), 1, 32, 128, 256);
+  p.k_window = scheme_window(parse_scheme("int4-g32-asym+w40"), window, KvFormat::kBf16);
+  p.v_window = scheme_window(parse_scheme("int8-head+w20"), window, KvFormat::kBf16);
+  p.block_table = table, p.table_stride = 2, p.page_tokens = 32;
+  CHECK(paged_unsupported_reason(p).find("window_block_table") != std::string::npos);
+  p.window_block_table = window_table;
+  CHECK(paged_unsupported_reason(p) == "");
+  const int32_t lens[1] = {64};
+  p.seq_lens = lens;
+  for (const DecodeParams& r : decode_regions(p)) {
+    CAPTURE(static_cast<int>(r.region));
+    const bool k_raw = r.region == KeyRegion::kKRaw || r.region == KeyRegion::kBothRaw;
+    const bool v_raw = r.region == KeyRegion::kVRaw || r.region == KeyRegion::kBothRaw;
+    CHECK(r.block_table == (k_raw ? window_table : table));
+    const int32_t* v_table = r.v_block_table ? r.v_block_table : r.block_table;  // nullptr: K's
+    CHECK(v_table == (v_raw ? window_table : table));
+    CHECK((r.v_block_table == nullptr) == (k_raw == v_raw));
+  }
+  DecodeParams bf16_k = p;  // a raw K from the cache's pages beside V's window pages: two raw tables
+  bf16_k.k_window = KvWindow{}, bf16_k.k_format = KvFormat::kBf16, bf16_k.k = window;
+  CHECK(paged_unsupported_reason(bf16_k).find("beside a +wW window") != std::string::npos);
+
+  // chan-tN K: pages hold whole token groups, their parameters [pages, H, P / N, D]
+  DecodeParams chan = p;
+  chan.k_window = chan.v_window = KvWindow{};
+  chan.k = quantized_operand(parse_scheme("int4-chan-t32-asym"), 1, 2, 64, 128, false, nullptr, nullptr, nullptr);
+  chan.k = paged_operand(chan.k, 2, 64, 128, 64);
+  CHECK((chan.k.param_stride_h == 2 * 128 && chan.k.param_stride_page == 2 * 2 * 128));
+  chan.page_tokens = 64;
+  CHECK(paged_unsupported_reason(chan) == "");
+  chan.page_tokens = 16;
+  chan.k = paged_operand(quantized_operand(parse_scheme("int4-chan-t32-asym"), 1, 2, 16, 128, false, nullptr, nullptr,
+                                           nullptr),
+                         2, 16, 128, 64);
+  CHECK(paged_unsupported_reason(chan).find("a token group must lie in one page") != std::string::npos);
+}
+
 TEST_CASE("the decode benchmark reads K/V pairs, raw operands and FP8") {
   const std::vector<BenchStorage> st =
       parse_bench_storages("int4-g32-asym/int8-head,bf16/int4-head-asym,fp8-e4m3-head,fp16,int4-g32-asym:fbgemm");
