@@ -214,6 +214,9 @@ void bind_scheme(nb::module_& m) {
            "head_dim"_a, "elements per rotation block of a head_dim row (0 without +had)")
       .def_prop_ro("window", [](const Scheme& s) { return s.has_window() ? std::optional<int>(s.window) : std::nullopt; },
                    "+w<W>: the last W tokens kept in full precision, else None")
+      .def_prop_ro("without_window", [](const Scheme& s) { Scheme r = s; r.window = -1; return r; },
+                   "the scheme a +w<W> storage quantizes its tokens with (the window only decides when); itself "
+                   "without a window")
       .def_prop_ro("scale_dtype", [](const Scheme& s) { return scale_dtype_name(s.scale_dtype); },
                    "float16, float32, e8m0 (mxfp4) or e4m3 (nvfp4)")
       .def("fits", [](const Scheme& s, int head_dim) { check_scheme_fits(s, head_dim); }, "head_dim"_a,

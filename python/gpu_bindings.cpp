@@ -178,6 +178,16 @@ std::string quantize_py(const Tensor& x, const std::string& scheme_name, const T
   return v.name;
 }
 
+// An int32 [B, entries] table on the device (block_table, window_table).
+const int32_t* table_of(nb::object t_obj, const char* what, int64_t batch, int64_t entries = -1) {
+  const Tensor t = nb::cast<Tensor>(t_obj);
+  require(t, what, {dt::kInt32}, 2);
+  check_dim(t, what, 0, batch, "B");
+  if (entries >= 0) check_dim(t, what, 1, entries, "entries (block_table's)");
+  if (!contiguous(t)) throw InputError(fmt::format("{}: must be contiguous [B, pages per sequence]", what));
+  return static_cast<const int32_t*>(t.data());
+}
+
 // ---- append ----
 
 // Writes the rows of a quantized chunk (src: codes [B, H, t, row], scales / zero points [B, H', t, X] in
@@ -206,13 +216,9 @@ void append_rows_py(const Tensor& src_codes, const Tensor& dst_codes, nb::object
   check_dim(positions, "positions", 0, B, "B");
   p.positions = static_cast<const int32_t*>(positions.data());
   if (paged) {
-    const Tensor table = nb::cast<Tensor>(block_table);
-    require(table, "block_table", {dt::kInt32}, 2);
-    check_dim(table, "block_table", 0, B, "B");
     check_dim(dst_codes, "cache codes", 1, page_tokens, "P");
-    if (!contiguous(table)) throw InputError("block_table: must be contiguous");
-    p.block_table = static_cast<const int32_t*>(table.data());
-    p.table_stride = table.shape(1), p.pages = dst_codes.shape(0), p.page_tokens = page_tokens;
+    p.block_table = table_of(block_table, "block_table", B);
+    p.table_stride = nb::cast<Tensor>(block_table).shape(1), p.pages = dst_codes.shape(0), p.page_tokens = page_tokens;
     p.capacity = p.table_stride * page_tokens;
   } else {
     check_dim(dst_codes, "cache codes", 0, B, "B");
@@ -312,8 +318,8 @@ struct Operand {
 };
 
 // A +wW scheme's raw window values (see Operand) for codes of `heads` x `tokens` (paged: per page).
-KvWindow window_operand(const nb::dict& d, const Scheme& s, const char* which, const std::string& layout, int64_t heads,
-                        int64_t tokens, int64_t head_dim) {
+KvWindow window_operand(const nb::dict& d, const Scheme& s, const char* which, const std::string& layout, int64_t batch,
+                        int64_t heads, int64_t tokens, int64_t head_dim) {
   if (layout != "bnsh" && layout != "paged")
     throw InputError(fmt::format("{}: {}: a +wW window is read beside planar (bnsh) or paged codes, not {}", which,
                                  to_string(s), layout));
@@ -324,6 +330,7 @@ KvWindow window_operand(const nb::dict& d, const Scheme& s, const char* which, c
   const std::string what = fmt::format("{} window", which);
   require(w, what, {dt::kBf16, dt::kFp16}, 4);
   const bool paged = layout == "paged";
+  if (!paged) check_dim(w, what, 0, batch, "B (the codes')");
   check_dim(w, what, paged ? 2 : 1, heads, "H");
   check_dim(w, what, paged ? 1 : 2, tokens, paged ? "P" : "T");
   check_dim(w, what, 3, head_dim, "D");
@@ -392,11 +399,7 @@ Operand operand(const nb::dict& d, const char* which, int64_t head_dim) {
   if (s && !fbgemm && !r.paged && r.op.stride_b == 0 && r.op.mode != ParamMode::kNone && r.batch > 1)
     throw InputError(fmt::format("{}: a batch stride of 0 shares the codes but not their scales (kept per sequence "
                                  "in group order): repeat the cache instead", which));
-  if (s && s->has_window()) {
-    r.window = window_operand(d, *s, which, layout, r.heads, r.tokens, head_dim);
-    if (!r.paged && nb::cast<Tensor>(d["window"]).shape(0) != static_cast<size_t>(r.batch))
-      throw InputError(fmt::format("{} window: batch {}, the codes' {}", which, nb::cast<Tensor>(d["window"]).shape(0), r.batch));
-  }
+  if (s && s->has_window()) r.window = window_operand(d, *s, which, layout, r.batch, r.heads, r.tokens, head_dim);
   return r;
 }
 
@@ -414,16 +417,6 @@ int sm_count() {
   auto it = counts.find(device);
   if (it == counts.end()) it = counts.emplace(device, device_info().sm_count).first;
   return it->second;
-}
-
-// An int32 [B, entries] table on the device (block_table, window_table).
-const int32_t* table_of(nb::object t_obj, const char* what, int64_t batch, int64_t entries = -1) {
-  const Tensor t = nb::cast<Tensor>(t_obj);
-  require(t, what, {dt::kInt32}, 2);
-  check_dim(t, what, 0, batch, "B");
-  if (entries >= 0) check_dim(t, what, 1, entries, "entries (block_table's)");
-  if (!contiguous(t)) throw InputError(fmt::format("{}: must be contiguous [B, pages per sequence]", what));
-  return static_cast<const int32_t*>(t.data());
 }
 
 DecodeParams decode_problem(const Tensor& q, const nb::dict& k, const nb::dict& v, const Tensor& out, const Tensor& lse,

@@ -53,7 +53,7 @@ def hadamard_back(x, block=0):
 
 def base_scheme(name):
     """The scheme a +w<W> storage quantizes its tokens with: the window only decides when."""
-    return kvq.parse_scheme(name.split("+w")[0]).name if "+w" in name else name
+    return kvq.parse_scheme(name).without_window.name if "+w" in name else name
 
 
 def quantized(x, name):

@@ -47,7 +47,7 @@ def stored_values(x, name):
     """x [H, T, D] as the storage holds it once quantized (float32; "none": x itself), in x's basis
     (+had rotated back)."""
     if name not in STORAGES and "+w" in name:  # the window only decides when a token is quantized
-        name = kvq.parse_scheme(name.split("+w")[0]).name
+        name = kvq.parse_scheme(name).without_window.name
     stored = stored_whole(x[None], name)[0]
     return stored if name == "none" else stored.astype(np.float32, copy=False)
 

@@ -151,9 +151,8 @@ def _facts(storage: str, name: str) -> _Facts:
     if s.granularity == "tensor" and s.asymmetric:
         raise SchemeError(f"{name}: {storage}: a per-tensor zero point needs the whole cache, which appending does not have")
     per_tensor = s.granularity == "tensor"
-    base = s.name.split("+w")[0] if s.window is not None else s.name
     return _Facts(False, s.granularity == "token", per_tensor, s.format == "nvfp4" or (per_tensor and not s.scale_free),
-                  base, s.window is not None)
+                  s.without_window.name, s.window is not None)
 
 
 def _check_tensor_scale(f, storage, tensor_scale, name):

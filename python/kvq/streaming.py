@@ -25,7 +25,7 @@ class AppendQuantizer:
     def __init__(self, scheme, name="cache", tensor_scale=None):
         self.scheme = scheme if isinstance(scheme, _core.Scheme) else _core.parse_scheme(scheme)
         # The scheme each quantized run of tokens is quantized with: the window only decides when.
-        self._base = _core.parse_scheme(self.scheme.name.split("+w")[0]) if self.scheme.window is not None else self.scheme
+        self._base = self.scheme.without_window
         if self.scheme.granularity == "tensor" and self.scheme.asymmetric:
             raise _core.SchemeError(f"{self.scheme.name}: a per-tensor zero point needs the whole cache, which "
                                     "quantize-on-append does not have; use a symmetric or a finer-grained scheme")

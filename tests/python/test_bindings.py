@@ -260,6 +260,9 @@ def test_scheme_objects_and_default_pairs():
     assert (kvq.parse_scheme("int4-chan-t32-asym+w128"), kvq.parse_scheme("int4-g32-asym+w128")) in pairs
     had = kvq.parse_scheme("int4-g32-asym+had")
     assert had.hadamard and had.window is None and had.format == "int"
+    windowed = kvq.parse_scheme("int4-chan-t32-asym+had+w128")
+    assert windowed.window == 128 and windowed.without_window == kvq.parse_scheme("int4-chan-t32-asym+had")
+    assert windowed.without_window.window is None and had.without_window == had
     assert kvq.parse_scheme("fp8-e4m3").scale_free and kvq.parse_scheme("fp8-e5m2-head").format == "fp8-e5m2"
     assert kvq.bits_per_element("int4-g32-asym", (1, 8, 100, 128)) == 4 + 2 * 16 / 32
 

@@ -420,7 +420,7 @@ def test_windowed_append_and_decode_read_the_window_raw(k_scheme, v_scheme, P):
     xs = [random_kv((B, H, capacity, D), 81), random_kv((B, H, capacity, D), 82)]
     raw = [x.double().cpu().numpy() for x in xs]
     # token-local codes: a token dequantizes alike whenever it is quantized
-    deq = [kvq.quantize(x.float().cpu().numpy(), s.split("+w")[0], tensor_scale=t).dequantized
+    deq = [kvq.quantize(x.float().cpu().numpy(), kvq.parse_scheme(s).without_window, tensor_scale=t).dequantized
            for x, s, t in zip(xs, schemes, ts)]
     q = random_kv((B, Hq, D), 83)
     zero = torch.zeros(B, dtype=torch.int32, device="cuda")
