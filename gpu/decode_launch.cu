@@ -127,8 +127,13 @@ const TcEntry& tc_prepared_entry(const DecodeParams& p) {
 int ctas_per_sm(const DecodeParams& p) {
   int per_sm = 1;
   if (p.family == DecodeFamily::kTensorCore) {
+    // A paged cache plans its splits by the contiguous kernel's residency: the same splits decode to
+    // the same bits, and the paged kernel's fewer registers would buy splits whose waves fill worse
+    // (H100, SmolLM2 B = 64 T = 8K int8-head: 5 splits at 4 CTAs / SM 1.14x the contiguous 2 at 3).
+    DecodeParams contiguous = p;
+    contiguous.block_table = contiguous.v_block_table = contiguous.window_block_table = nullptr;
     const TcEntry& e = tc_prepared_entry(p);
-    if (const void* fn = e.kernel(p))
+    if (const void* fn = e.kernel(e.kernel(contiguous) ? contiguous : p))
       KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 128, static_cast<size_t>(e.smem_bytes(p))));
   } else if (const void* fn = kernel_of(p)) {
     KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kDecodeThreads, 0));

@@ -149,24 +149,25 @@ __device__ __forceinline__ void copy_param_words(uint32_t* dst, const uint8_t* l
 }
 
 // Paged caches: where a step's rows and parameter span lie, per half of 16 keys (a step of 32 keys
-// starts at a multiple of 32, so with pages of 16 its halves may lie in two pages; with larger pages
-// in one). Bytes added to the contiguous addresses rows + t * stride_t and the span's (copy_step's
-// kPaged kernels only: the contiguous ones never read it).
+// starts at a multiple of 16, so its halves may lie in two pages). Bytes from the operand's row 0
+// (parameter 0) of page 0 to the half's first row (parameter) in its page: copy_step's kPaged
+// kernels address rows from these alone, with no per-step 64-bit product of t.
 struct PageShift {
   int64_t rows[2] = {0, 0}, params[2] = {0, 0};
 };
-// Page `id` holds the sequence's page `index`: bytes from its tokens' contiguous addresses to the page's.
-__device__ __forceinline__ void set_page_shift(PageShift& ps, int half, const TcOperandPlan& pl, int id, int index) {
-  ps.rows[half] = static_cast<int64_t>(id) * pl.page_bytes - static_cast<int64_t>(index) * pl.page_span;
-  ps.params[half] = static_cast<int64_t>(id) * pl.param_page_bytes - static_cast<int64_t>(index) * pl.param_span;
+// The half's first key is token `in_page` of page `id`.
+__device__ __forceinline__ void set_page_shift(PageShift& ps, int half, const TcOperandPlan& pl, int id, int in_page) {
+  ps.rows[half] = static_cast<int64_t>(id) * pl.page_bytes + in_page * pl.page_row_bytes;
+  ps.params[half] = static_cast<int64_t>(id) * pl.param_page_bytes + (in_page >> pl.param_in_page_shift) * pl.param_unit_bytes;
 }
 
 // A paged step's parameter span: its halves' words (chunk_words each) from their pages.
 __device__ __forceinline__ void copy_paged_param_words(uint32_t* dst, const uint8_t* lane_src, int words, int chunk_words,
                                                        const PageShift& ps, int lane) {
+  const int64_t second = ps.params[1] - 4 * chunk_words;  // lane_src has passed the first half's words
 #pragma unroll 1
   for (int w = lane; w < words; w += 32, lane_src += 128)
-    cp_async4(smem_address(dst + w), lane_src + (w < chunk_words ? ps.params[0] : ps.params[1]), true);
+    cp_async4(smem_address(dst + w), lane_src + (w < chunk_words ? ps.params[0] : second), true);
 }
 
 // Rows [t0, t0 + n) in copies of kUnit words: inline parameters to `params`, codes to `codes`.
@@ -179,8 +180,7 @@ __device__ __forceinline__ void copy_rows_in_units(uint32_t* codes, uint32_t* pa
     const int w = (i - r * units) * kUnit;
     const bool ok = r >= n_lo && r < n;
     uint32_t* dst = w < s.inline_words ? params + r * s.inline_words + w : codes + Rows::word(r, w - s.inline_words);
-    int64_t offset = (t0 + r) * s.stride_t + w * 4;
-    if constexpr (kPaged) offset += r < 16 ? ps.rows[0] : ps.rows[1];
+    const int64_t offset = (kPaged ? (r & 15) * s.stride_t + (r < 16 ? ps.rows[0] : ps.rows[1]) : (t0 + r) * s.stride_t) + w * 4;
     const uint8_t* src = s.rows + (ok ? offset : 0);
     if constexpr (kUnit == 4) cp_async16(smem_address(dst), src, ok);
     else if constexpr (kUnit == 2) cp_async8(smem_address(dst), src, ok);
@@ -205,21 +205,19 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
     const int row0 = lane / kChunks, ch = lane % kChunks;
     // a pass's rows lie in one half (kRowsPerPass divides 16): the second half's page from pass kHalf on
     constexpr int kHalf = 16 / kRowsPerPass;
-    const uint8_t* src = s.lane_src + t0 * s.stride_t;
-    int64_t to_second = 0;
-    if constexpr (kPaged) src += ps.rows[0], to_second = ps.rows[1] - ps.rows[0];
+    const uint8_t* src = s.lane_src + (kPaged ? ps.rows[0] : t0 * s.stride_t);
     const uint32_t dst = smem_address(codes);
     auto at = [&](int k) { return dst + 4 * Rows::word(row0 + k * kRowsPerPass, 4 * ch); };
     if (n_lo == 0 && n == kStepTokens) {  // a whole step: no row masks
 #pragma unroll
       for (int k = 0; k < kPasses; ++k, src += s.pass_bytes) {
-        if (kPaged && k == kHalf) src += to_second;
+        if (kPaged && k == kHalf) src = s.lane_src + ps.rows[1];
         cp_async16(at(k), src, true);
       }
     } else {
 #pragma unroll
       for (int k = 0; k < kPasses; ++k, src += s.pass_bytes) {
-        if (kPaged && k == kHalf) src += to_second;
+        if (kPaged && k == kHalf) src = s.lane_src + ps.rows[1];
         const int row = row0 + k * kRowsPerPass;
         const bool ok = row >= n_lo && row < n;  // masked rows copy nothing from a valid address
         cp_async16(at(k), ok ? src : s.rows, ok);
@@ -235,13 +233,13 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
   if (kPaged && !kChannel && s.scale_lane) {  // a paged step: each half from its page
     // (a half without keys copies nothing: its table entry may name no page)
     const int chunk_words = 4 * s.param_row_bytes, words = (n > 16 ? kStepTokens : 16) * s.param_row_bytes / 4;
-    const int64_t advance = t0 * s.param_row_bytes;
-    copy_paged_param_words(params, s.scale_lane + advance, words, chunk_words, ps, lane);
-    if (s.asymmetric) copy_paged_param_words(params + s.param_words, s.zero_lane + advance, words, chunk_words, ps, lane);
+    copy_paged_param_words(params, s.scale_lane, words, chunk_words, ps, lane);
+    if (s.asymmetric) copy_paged_param_words(params + s.param_words, s.zero_lane, words, chunk_words, ps, lane);
   } else if (s.scale_lane) {  // whole spans: rows past n copy their neighbours' parameters, never used
     // (paged chan-tN: the step's token group in the step's page, whose groups are whole: N divides P)
-    const int64_t advance = (kChannel ? t0 / s.channel_tokens * s.channel_bytes : (t0 - s.t_origin) * s.param_row_bytes) +
-                            (kPaged ? ps.params[0] : 0);
+    const int64_t advance = kPaged     ? ps.params[0]
+                            : kChannel ? t0 / s.channel_tokens * s.channel_bytes
+                                       : (t0 - s.t_origin) * s.param_row_bytes;
     copy_param_words(params, s.scale_lane + advance, s.scale_end, s.scales, s.param_words, lane, s.params_inside);
     if (s.asymmetric)
       copy_param_words(params + s.param_words, s.zero_lane + advance, s.zero_end, s.zeros, s.param_words, lane,

@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   auto page_ids = [&](int64_t t0, int n) {
     PageIds r;
     if constexpr (paged) {
-      const int64_t i0 = t0 >> plan.page_shift, i1 = (t0 + 16) >> plan.page_shift;
+      const int i0 = static_cast<int>(t0) >> plan.page_shift, i1 = (static_cast<int>(t0) + 16) >> plan.page_shift;
       r.first = __ldg(page_row + i0);
       r.second = kST > 16 && n > 16 && i1 != i0 ? __ldg(page_row + i1) : r.first;
       if constexpr (kTwoTables) {
@@ -217,21 +217,54 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     }
     return r;
   };
+  // ids.second is ids.first where both halves lie in one page (t < 2^31: 32-bit in-page arithmetic)
   auto page_shifts = [&](int64_t t0, PageIds ids) {
     StepPages r;
     if constexpr (paged) {
-      const int i0 = static_cast<int>(t0 >> plan.page_shift), i1 = static_cast<int>((t0 + 16) >> plan.page_shift);
+      const int mask = (1 << plan.page_shift) - 1, in0 = static_cast<int>(t0) & mask;
       const int v_first = kTwoTables ? ids.v_first : ids.first, v_second = kTwoTables ? ids.v_second : ids.second;
-      set_page_shift(r.k, 0, plan.k, ids.first, i0), set_page_shift(r.v, 0, plan.v, v_first, i0);
-      if (kST > 16 && i1 != i0) {  // pages of 16: the second half in a page of its own
-        set_page_shift(r.k, 1, plan.k, ids.second, i1), set_page_shift(r.v, 1, plan.v, v_second, i1);
-      } else {
-        r.k.rows[1] = r.k.rows[0], r.k.params[1] = r.k.params[0];
-        r.v.rows[1] = r.v.rows[0], r.v.params[1] = r.v.params[0];
+      set_page_shift(r.k, 0, plan.k, ids.first, in0), set_page_shift(r.v, 0, plan.v, v_first, in0);
+      if constexpr (kST > 16) {
+        const int in1 = (static_cast<int>(t0) + 16) & mask;
+        set_page_shift(r.k, 1, plan.k, ids.second, in1), set_page_shift(r.v, 1, plan.v, v_second, in1);
       }
     }
     return r;
   };
+  // Steps of this warp: w, w + 4, ... of the split's keys.
+  const int64_t keys = t_end > t_begin ? t_end - t_begin : 0;
+  const int64_t all_steps = (keys + kST - 1) / kST;
+  const int my_steps = static_cast<int>(all_steps > warp ? (all_steps - warp + Tr::kWarps - 1) / Tr::kWarps : 0);
+  uint32_t* ring = stages + warp * kS * lay.stage_words;
+  const uint32_t k_magic = plan.k.units_magic, v_magic = plan.v.units_magic;
+  auto step_start = [&](int s) { return t_begin + (static_cast<int64_t>(s) * Tr::kWarps + warp) * kST; };
+  // n_lo > 0 only for step 0 (kAlignedSteps), issued before the loop: the loop's copies carry no lower mask.
+  auto issue = [&](int s, int n_lo, PageIds ids) {
+    if (s < my_steps) {
+      uint32_t* st = ring + (s % kS) * lay.stage_words;
+      const int64_t t0 = step_start(s);
+      const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
+      const StepPages pages = page_shifts(t0, ids);  // contiguous: no page arithmetic (copy_step<.., false>)
+      copy_step<Tr::kKRowWords, typename Tr::KRows, kST, kChanK, kPaged>(st, st + lay.k_params, ks, t0, n_lo, n, lane,
+                                                                         k_magic, pages.k);
+      copy_step<Tr::kVRowWords, typename Tr::VRows, kST, false, kPaged>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0,
+                                                                        n_lo, n, lane, v_magic, pages.v);
+    }
+    cp_async_commit();  // empty groups keep the count uniform
+  };
+  auto step_page_ids = [&](int s) {
+    const int64_t t0 = step_start(s);
+    return s < my_steps ? page_ids(t0, static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST)) : PageIds{};
+  };
+  // The first stages' copies (and the pages they read) are issued before the prologue, whose Q loads
+  // and conversions then overlap them: the stages lie past the prologue's shared memory.
+  PageIds next_ids{};
+#pragma unroll
+  for (int s = 0; s < kS - 1; ++s) {
+    if constexpr (paged) next_ids = step_page_ids(s);
+    issue(s, s == 0 && warp == 0 ? first_masked : 0, next_ids);
+  }
+  if constexpr (paged) next_ids = step_page_ids(kS - 1);
   // The split's first V scale (2^Ev below) loaded before the prologue: its latency overlaps Q's.
   float first_v_scale = 0.0f;
   if (kVQuant && t_begin < t_end) {
@@ -278,38 +311,6 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
 #pragma unroll
   for (int i = 0; i < Tr::kSlices / 2; ++i) z_acc[i][0] = z_acc[i][1] = 0.0f;
 
-  // Steps of this warp: w, w + 4, ... of the split's keys.
-  const int64_t keys = t_end > t_begin ? t_end - t_begin : 0;
-  const int64_t all_steps = (keys + kST - 1) / kST;
-  const int my_steps = static_cast<int>(all_steps > warp ? (all_steps - warp + Tr::kWarps - 1) / Tr::kWarps : 0);
-  uint32_t* ring = stages + warp * kS * lay.stage_words;
-  const uint32_t k_magic = plan.k.units_magic, v_magic = plan.v.units_magic;
-  auto step_start = [&](int s) { return t_begin + (static_cast<int64_t>(s) * Tr::kWarps + warp) * kST; };
-  // n_lo > 0 only for step 0 (kAlignedSteps), issued before the loop: the loop's copies carry no lower mask.
-  auto issue = [&](int s, int n_lo, PageIds ids) {
-    if (s < my_steps) {
-      uint32_t* st = ring + (s % kS) * lay.stage_words;
-      const int64_t t0 = step_start(s);
-      const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
-      const StepPages pages = page_shifts(t0, ids);  // contiguous: no page arithmetic (copy_step<.., false>)
-      copy_step<Tr::kKRowWords, typename Tr::KRows, kST, kChanK, kPaged>(st, st + lay.k_params, ks, t0, n_lo, n, lane,
-                                                                         k_magic, pages.k);
-      copy_step<Tr::kVRowWords, typename Tr::VRows, kST, false, kPaged>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0,
-                                                                        n_lo, n, lane, v_magic, pages.v);
-    }
-    cp_async_commit();  // empty groups keep the count uniform
-  };
-  auto step_page_ids = [&](int s) {
-    const int64_t t0 = step_start(s);
-    return s < my_steps ? page_ids(t0, static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST)) : PageIds{};
-  };
-  PageIds next_ids{};
-#pragma unroll
-  for (int s = 0; s < kS - 1; ++s) {
-    if constexpr (paged) next_ids = step_page_ids(s);
-    issue(s, s == 0 && warp == 0 ? first_masked : 0, next_ids);
-  }
-  if constexpr (paged) next_ids = step_page_ids(kS - 1);
 
   for (int s = 0; s < my_steps; ++s) {
     cp_async_wait<kS - 2>();

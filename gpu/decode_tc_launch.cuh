@@ -76,10 +76,11 @@ TcOperandPlan tc_operand_plan(const KvOperand& op, const DecodeParams& p, int ro
     pl.param_row_bytes = op.mode == ParamMode::kChannel ? 0 : pl.groups * pbytes;
   }
   if (p.block_table) {
-    pl.page_bytes = static_cast<int>(op.stride_page), pl.page_span = static_cast<int>(p.page_tokens * op.stride_t);
+    pl.page_bytes = static_cast<int>(op.stride_page), pl.page_row_bytes = static_cast<int>(op.stride_t);
     pl.param_page_bytes = static_cast<int>(op.param_stride_page * pbytes);
-    pl.param_span = op.mode == ParamMode::kChannel ? p.page_tokens / op.group * D * pbytes  // whole token groups
-                                                   : static_cast<int>(p.page_tokens * pl.param_row_bytes);
+    const bool channel = op.mode == ParamMode::kChannel;  // whole token groups of N | P tokens: N a power of two
+    pl.param_unit_bytes = channel ? D * pbytes : pl.param_row_bytes;
+    pl.param_in_page_shift = channel ? ilog2(op.group) : 0;
   }
   // Operands read without scale groups (raw, chan-tN K) count as one group per row.
   const bool grouped = is_k ? Tr::K::kQuantized && op.mode != ParamMode::kChannel : Tr::V::kQuantized;

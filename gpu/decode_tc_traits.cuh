@@ -178,9 +178,10 @@ struct TcOperandPlan {
   int64_t params_per_head = 0;  // parameters of one (b, KV head): its first is (b * Hkv + h) times this
   uint32_t units_magic = 0;     // 2^24 / (copies per row) + 1: copy index -> row by a multiply
   // Paged caches: bytes from page 0's rows (parameters) to page id's are id times page_bytes
-  // (param_page_bytes); a page's tokens span page_span (param_span) bytes in a contiguous cache. Each
-  // below 2^31 (paged_unsupported_reason): one 32 x 32 -> 64-bit multiply per term.
-  int page_bytes = 0, page_span = 0, param_page_bytes = 0, param_span = 0;
+  // (param_page_bytes); token i of a page lies i times page_row_bytes after its first, its
+  // parameters (i >> param_in_page_shift) times param_unit_bytes (chan-tN: whole token groups). Each
+  // below 2^31 (paged_unsupported_reason): one 32 x 32 -> 64-bit multiply per page, 32-bit within it.
+  int page_bytes = 0, page_row_bytes = 0, param_page_bytes = 0, param_unit_bytes = 0, param_in_page_shift = 0;
 };
 
 // A launch's uniform numbers, computed once on the host (tc_plan) instead of by every thread.
@@ -201,7 +202,7 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
 }
 // Copies `bytes` (16, 8 or 4) or, when !valid, zero-fills them (src-size 0 reads nothing).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0));

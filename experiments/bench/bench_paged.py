@@ -99,6 +99,8 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--layout", choices=("nhd", "hnd"), default="nhd",
                     help="the pool's codes: [pages, P, Hkv, row] (vLLM's, FlashInfer's NHD) or [pages, Hkv, P, row]")
+    ap.add_argument("--profile", action="store_true",
+                    help="no timing: per row one contiguous decode, then one paged decode (for ncu -k decode_tc_kernel)")
     args = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     gpu = props.name
@@ -115,7 +117,7 @@ def main():
         hnd = args.layout == "hnd"
         first = one_set(shape, pair, P, gen, hnd)
         set_bytes = bytes_of(first[1][0].data, first[1][0].scales, first[1][1].data, first[1][1].scales) * 2
-        sets = input_sets(set_bytes, l2, props.total_memory)
+        sets = 1 if args.profile else input_sets(set_bytes, l2, props.total_memory)
         data = [first] + [one_set(shape, pair, P, gen, hnd) for _ in range(sets - 1)]
         q, caches, paged, table, lens = first
         o_c, l_c, launch_c = kvq.gpu.decode(q, caches[0], caches[1], seq_lens=lens, variant="decode-tc", info=True)
@@ -128,6 +130,10 @@ def main():
         if not (same or (launch_c["splits"] != launch_p["splits"] and close)):
             raise SystemExit(f"{shape.name} B={shape.B} T={shape.T} {pair} P={P}: paged output differs from contiguous "
                              f"(splits {launch_c['splits']} / {launch_p['splits']})")
+        if args.profile:  # the two launches above are the profiled pair
+            print(f"[{n}/{len(todo)}] {shape.name} B={shape.B} T={shape.T} {pair[0]}/{pair[1]} P={P}: profiled "
+                  f"(splits {launch_c['splits']} / {launch_p['splits']})", file=sys.stderr, flush=True)
+            continue
         calls = max(1, min(20, int(2e9 // max(set_bytes, 1))))
         outs = [(torch.empty_like(d[0]), torch.empty(shape.B, shape.HQ, device="cuda")) for d in data]
 
