@@ -264,6 +264,79 @@ void append_rows_py(const Tensor& src_codes, const Tensor& dst_codes, nb::object
                                  "past the pool's pages; that token was not written", first, p.capacity));
 }
 
+// chan-t<N>[+wW] appends (after append_rows wrote the raw values into the window store `window`):
+// quantizes each token group this call completes into codes, scales, zero points (launch_flush_channel_groups).
+// Contiguous: codes [B, H, T, row], window [B, H, T, D] bf16, parameters [B, H, ceil(T / N), D]; paged
+// (block_table and window_table): codes [pages, P, H, row], window [window pages, P, H, D], parameters
+// [pages, H, P / N, D]. x: the call's new tokens, bf16 [B, H, t, D] contiguous.
+void flush_channel_groups_py(const Tensor& x, const std::string& storage, const Tensor& codes, const Tensor& scales,
+                             nb::object zeros, const Tensor& window, const Tensor& positions, nb::object block_table,
+                             nb::object window_table, int page_tokens, const Tensor& status, uintptr_t stream) {
+  const Scheme s = parse_scheme(storage);
+  if (s.granularity != Granularity::kChannel || !s.has_window() || s.hadamard)
+    throw InputError(fmt::format("flush_channel_groups: {}: expected a chan-t<N>+w<W> storage without +had", storage));
+  require(x, "new tokens", {dt::kBf16}, 4);
+  if (!contiguous(x)) throw InputError("flush_channel_groups: the new tokens must be contiguous bf16 [B, H, t, D]");
+  const int64_t B = x.shape(0), H = x.shape(1), t = x.shape(2), D = x.shape(3), N = s.group;
+  const bool paged = !block_table.is_none();
+  if (paged == window_table.is_none())
+    throw InputError("flush_channel_groups: a paged cache takes a block_table and a window_table, a contiguous one neither");
+  require(codes, "cache codes", {dt::kUint8}, 4);
+  require(window, "window", {dt::kBf16}, 4);
+  require(positions, "positions", {dt::kInt32}, 1);
+  check_dim(positions, "positions", 0, B, "B");
+  const int ax_h = paged ? 2 : 1, ax_t = paged ? 1 : 2;
+  const int64_t row = code_bytes_per_row(s, D);
+  check_dim(codes, "cache codes", ax_h, H, "H"), check_dim(codes, "cache codes", 3, row, "row bytes");
+  check_dim(window, "window", ax_h, H, "H"), check_dim(window, "window", 3, D, "D");
+  ChannelFlushParams p;
+  p.scheme = s, p.batch = static_cast<int>(B), p.heads = static_cast<int>(H), p.head_dim = static_cast<int>(D);
+  p.tokens = static_cast<int>(t), p.x = static_cast<const uint16_t*>(x.data());
+  p.positions = static_cast<const int32_t*>(positions.data());
+  int64_t slots = 0;  // tokens per sequence (contiguous) or page
+  if (paged) {
+    if (page_tokens % N != 0)
+      throw InputError(fmt::format("flush_channel_groups: {}: pages of {} tokens do not hold whole groups of {}", storage,
+                                   page_tokens, N));
+    check_dim(codes, "cache codes", 1, page_tokens, "P"), check_dim(window, "window", 1, page_tokens, "P");
+    p.block_table = table_of(block_table, "block_table", B);
+    const int64_t entries = nb::cast<Tensor>(block_table).shape(1);
+    p.window_table = table_of(window_table, "window_table", B, entries);
+    p.table_stride = entries, p.pages = codes.shape(0), p.window_pages = window.shape(0), p.page_tokens = page_tokens;
+    p.capacity = entries * page_tokens, slots = page_tokens;
+  } else {
+    check_dim(codes, "cache codes", 0, B, "B"), check_dim(window, "window", 0, B, "B");
+    check_dim(window, "window", 2, codes.shape(2), "T (the codes')");
+    p.capacity = codes.shape(2), slots = p.capacity;
+  }
+  p.raw = static_cast<const uint16_t*>(window.data());
+  (paged ? p.raw_strides.page : p.raw_strides.b) = window.stride(0);
+  p.raw_strides.h = window.stride(ax_h), p.raw_strides.t = window.stride(ax_t);
+  p.codes = static_cast<uint8_t*>(codes.data());
+  (paged ? p.code_strides.page : p.code_strides.b) = codes.stride(0);
+  p.code_strides.h = codes.stride(ax_h), p.code_strides.t = codes.stride(ax_t);
+  // parameters: planar per channel, (ceil(slots / N)) groups of D per (b or page, h)
+  const int64_t groups = (slots + N - 1) / N, n0 = codes.shape(0);
+  const nb::dlpack::dtype param_dtype = s.scale_dtype == ScaleDtype::kFp32 ? dt::kFp32 : dt::kFp16;
+  auto params_of = [&](const Tensor& a, const char* what) {
+    require(a, what, {param_dtype}, -1);
+    if (!contiguous(a) || static_cast<int64_t>(a.size()) != n0 * H * groups * D)
+      throw InputError(fmt::format("flush_channel_groups: {}: {} values, expected contiguous [{}, {}, {}, {}] ({})", what,
+                                   a.size(), n0, H, groups, D, paged ? "pages, H, P / N, D" : "B, H, ceil(T / N), D"));
+    return a.data();
+  };
+  p.scales = params_of(scales, "scales");
+  if (s.asymmetric != !zeros.is_none())
+    throw InputError(fmt::format("flush_channel_groups: {}: zero points {}", storage, s.asymmetric ? "missing" : "given"));
+  if (s.asymmetric) p.zeros = params_of(nb::cast<Tensor>(zeros), "zero_points");
+  (paged ? p.param_strides.page : p.param_strides.b) = H * groups * D;
+  p.param_strides.h = groups * D, p.param_strides.t = D;
+  require(status, "status", {dt::kInt64}, 1);
+  check_dim(status, "status", 0, 3, "3 flags");
+  p.status = static_cast<unsigned long long*>(status.data());
+  launch_flush_channel_groups(p, to_stream(stream));
+}
+
 nb::dict sizes_of(const std::string& scheme_name, int64_t b, int64_t h, int64_t t, int64_t d, const std::string& layout) {
   if (layout != "planar" && layout != "fbgemm") throw InputError(fmt::format("layout '{}': expected planar or fbgemm", layout));
   const Scheme s = parse_scheme(scheme_name);
@@ -594,6 +667,9 @@ NB_MODULE(_gpu, m) {
   m.def("append_rows", &kvq::append_rows_py, "src_codes"_a, "dst_codes"_a, "src_scales"_a.none(), "dst_scales"_a.none(),
         "src_zeros"_a.none(), "dst_zeros"_a.none(), "positions"_a, "block_table"_a.none(), "page_tokens"_a,
         "param_heads"_a, "status"_a, "check"_a, "stream"_a);
+  m.def("flush_channel_groups", &kvq::flush_channel_groups_py, "x"_a, "storage"_a, "codes"_a, "scales"_a,
+        "zeros"_a.none(), "window"_a, "positions"_a, "block_table"_a.none(), "window_table"_a.none(), "page_tokens"_a,
+        "status"_a, "stream"_a);
   m.def("dequantize", &kvq::dequantize_py, "codes"_a, "scheme"_a, "head_dim"_a, "scales"_a.none(), "zeros"_a.none(),
         "tensor_scale"_a.none(), "out"_a, "stream"_a);
   m.def("decode", &kvq::decode_py, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "seq_lens"_a.none(), "alibi_slopes"_a.none(),

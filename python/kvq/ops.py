@@ -130,6 +130,8 @@ class _Facts(NamedTuple):
     tensor_scale: bool        # takes a calibrated tensor_scale (nvfp4's s_t, a per-tensor scheme's scale)
     base: str                 # what quantize writes: the storage less its +w<W> window
     window: bool              # +w<W>: the raw tokens kept beside the codes (Cache.window)
+    channel: bool             # chan-t<N>: a group is quantized from the window store once it fills
+    storage: str              # the cache's storage name (a plain chan-t<N> cache is read as +w0)
 
 
 @torch.compiler.assume_constant_result
@@ -138,21 +140,22 @@ def _facts(storage: str, name: str) -> _Facts:
     scheme whose codes and parameters of a token depend on that token alone); else kvq.SchemeError
     naming why not."""
     if storage in RAW_STORAGES:
-        return _Facts(True, False, False, False, storage, False)
+        return _Facts(True, False, False, False, storage, False, False, storage)
     from ._core import SchemeError, parse_scheme
     s = parse_scheme(storage)
     if s.granularity == "channel":
-        raise SchemeError(f"{name}: {storage}: kvq.ops.append writes token-local schemes (per-token, per-head, g<G>, "
-                          "the block formats, per-tensor FP8 / int8 with a given scale, each with a +w<W> window) and "
-                          "bf16 / fp16; chan-t<N> quantizes a group of N tokens at once, not yet (kvq.AppendQuantizer "
-                          "has it on the CPU)")
+        if s.hadamard:
+            raise SchemeError(f"{name}: {storage}: a chan-t<N> cache keeps its filling token group raw in a window, "
+                              "and decode-tc does not read a rotated (+had) window")
+        return _Facts(False, False, False, False, s.without_window.name, True, True,
+                      s.name if s.window is not None else s.name + "+w0")
     if s.window is not None and s.hadamard:
         raise SchemeError(f"{name}: {storage}: decode-tc does not read a rotated (+had) window")
     if s.granularity == "tensor" and s.asymmetric:
         raise SchemeError(f"{name}: {storage}: a per-tensor zero point needs the whole cache, which appending does not have")
     per_tensor = s.granularity == "tensor"
     return _Facts(False, s.granularity == "token", per_tensor, s.format == "nvfp4" or (per_tensor and not s.scale_free),
-                  s.without_window.name, s.window is not None)
+                  s.without_window.name, s.window is not None, False, s.name)
 
 
 def _check_tensor_scale(f, storage, tensor_scale, name):
@@ -182,19 +185,40 @@ def _(src_codes, dst_codes, src_scales, dst_scales, src_zeros, dst_zeros, positi
     return None
 
 
+@torch.library.custom_op("kvq::flush_channel_groups", mutates_args=("codes", "scales", "zeros", "status"),
+                         device_types="cuda")
+def _flush_channel_groups(x: torch.Tensor, storage: str, codes: torch.Tensor, scales: torch.Tensor,
+                          zeros: Optional[torch.Tensor], window: torch.Tensor, positions: torch.Tensor,
+                          block_table: Optional[torch.Tensor], window_table: Optional[torch.Tensor], page_tokens: int,
+                          status: torch.Tensor, check: bool) -> None:
+    from ._gpu import flush_channel_groups
+    flush_channel_groups(x, storage, codes, scales, zeros, window, positions, block_table, window_table, page_tokens,
+                         status, gpu._stream(torch, x))
+    if check:
+        gpu.check_status(status, "kvq.ops.append")
+
+
+@_flush_channel_groups.register_fake
+def _(x, storage, codes, scales, zeros, window, positions, block_table, window_table, page_tokens, status, check):
+    return None
+
+
 def empty_cache(scheme, batch, heads, capacity, head_dim, *, device="cuda", tensor_scale=None):
     """A K or V cache of `capacity` tokens in `scheme` (a token-local scheme, or raw "bf16" / "fp16":
     see append), every slot zero: the tensors kvq.ops.quantize would give for [batch, heads, capacity,
     head_dim]. nvfp4 and the per-tensor schemes with a scale (fp8-e4m3-tensor, int8-tensor, ...) need
     a calibrated tensor_scale (a whole cache's amax is not known while appending). +w<W> schemes: a
-    bf16 window of every slot beside the codes (Cache.window; decode reads its last W tokens)."""
+    bf16 window of every slot beside the codes (Cache.window; decode reads its last W tokens).
+    chan-t<N>[+w<W>] (KIVI): a token group's codes and per-channel parameters are written when it fills
+    and the window has passed it; until then its tokens are read raw from the window store, so a plain
+    chan-t<N> cache is named and read as chan-t<N>+w0."""
     f = _facts(scheme, "kvq.ops.empty_cache")
     _check_tensor_scale(f, scheme, tensor_scale, "kvq.ops.empty_cache")
     zeros = torch.zeros(batch, heads, capacity, head_dim, dtype=RAW_STORAGES.get(scheme, torch.bfloat16), device=device)
     if f.raw:
         return gpu.Cache(scheme, zeros)
     c = quantize(zeros, f.base, tensor_scale=tensor_scale)
-    return gpu.Cache(scheme, c.data, c.scales, c.zero_points, c.layout, c.tensor_scale, zeros if f.window else None)
+    return gpu.Cache(f.storage, c.data, c.scales, c.zero_points, c.layout, c.tensor_scale, zeros if f.window else None)
 
 
 def empty_paged_cache(scheme, pages, page_tokens, heads, head_dim, *, device="cuda", tensor_scale=None,
@@ -209,6 +233,9 @@ def empty_paged_cache(scheme, pages, page_tokens, heads, head_dim, *, device="cu
     tokens, ceil(W / P) + 1 at most at a time (a ring of pages), not for its whole length."""
     f = _facts(scheme, "kvq.ops.empty_paged_cache")
     _check_tensor_scale(f, scheme, tensor_scale, "kvq.ops.empty_paged_cache")
+    if f.channel and page_tokens % _group_tokens(scheme):
+        raise gpu.InputError(f"kvq.ops.empty_paged_cache: {scheme}: pages of {page_tokens} tokens do not hold whole "
+                             f"token groups of {_group_tokens(scheme)} (N must divide P)")
     if f.raw:
         return gpu.Cache(scheme, torch.zeros(pages, page_tokens, heads, head_dim, dtype=RAW_STORAGES[scheme],
                                              device=device), layout="paged")
@@ -219,8 +246,29 @@ def empty_paged_cache(scheme, pages, page_tokens, heads, head_dim, *, device="cu
     if f.window:
         window = torch.zeros(pages if window_pages is None else window_pages, page_tokens, heads, head_dim,
                              dtype=torch.bfloat16, device=device)
-    return gpu.Cache(scheme, flat.data.transpose(1, 2).contiguous(), flat.scales, flat.zero_points, "paged",
+    return gpu.Cache(f.storage, flat.data.transpose(1, 2).contiguous(), flat.scales, flat.zero_points, "paged",
                      flat.tensor_scale, window)
+
+
+@torch.compiler.assume_constant_result
+def _group_tokens(storage: str) -> int:
+    from ._core import parse_scheme
+    return parse_scheme(storage).group
+
+
+def _append_channel(cache, x, positions, block_table, window_table, page_tokens, status):
+    """chan-t<N>[+w<W>]: the new tokens' values into the window store, then every token group this call
+    completes (N tokens in, the window past them) quantized from it, kvq.AppendQuantizer's codes."""
+    if x.dtype != torch.bfloat16:
+        raise gpu.InputError(f"kvq.ops.append: {cache.storage}: new tokens of dtype {x.dtype}, expected torch.bfloat16 "
+                             "(a chan-t<N> group is quantized from the bf16 values it waited in)")
+    x = x.contiguous()
+    flags = status if status is not None else gpu.new_status(x.device)
+    torch.ops.kvq.append_rows(x, cache.window, None, None, None, None, positions, window_table, page_tokens, x.shape[1],
+                              flags, status is None)
+    torch.ops.kvq.flush_channel_groups(x, cache.storage, cache.data, cache.scales, cache.zero_points, cache.window,
+                                       positions, block_table, window_table, page_tokens, flags, status is None)
+    return cache
 
 
 def append(cache, x, positions, *, tensor_scale=None, block_table=None, window_table=None, status=None):
@@ -237,7 +285,10 @@ def append(cache, x, positions, *, tensor_scale=None, block_table=None, window_t
     with, so another one here would give codes its scale does not decode). +w<W> schemes: every new
     token's codes (kvq.AppendQuantizer's once the window passes it: token-local) and its raw values
     into Cache.window (paged: through window_table, the window pool's pages; the same shape as
-    block_table); one more launch. Returns the cache."""
+    block_table); one more launch. chan-t<N>[+w<W>]: x must be bf16; its values go into the window store
+    and each token group the call completes is quantized from there (kvq.AppendQuantizer's codes and
+    parameters, bit for bit); the window pages must still hold a group's tokens when it completes
+    (W + N tokens back). Returns the cache."""
     f = _facts(cache.storage, "kvq.ops.append")
     if cache.layout not in ("bnsh", "paged"):
         raise gpu.InputError(f"kvq.ops.append: a {cache.layout} cache; append writes planar (bnsh) and paged caches")
@@ -260,6 +311,8 @@ def append(cache, x, positions, *, tensor_scale=None, block_table=None, window_t
     if status is None and not torch.compiler.is_compiling() and torch.cuda.is_current_stream_capturing():
         raise gpu.InputError("kvq.ops.append: under CUDA graph capture it needs status= (kvq.gpu.new_status()): "
                              "without one it waits for its checks, which a capture cannot")
+    if f.channel:
+        return _append_channel(cache, x, positions.to(torch.int32), block_table, window_table, P if paged else 0, status)
     if f.raw:
         new = gpu.Cache(cache.storage, x.to(RAW_STORAGES[cache.storage]).contiguous())
     else:  # without a status, quantize raises for bad input itself (naming the element and its value)

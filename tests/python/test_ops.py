@@ -195,8 +195,7 @@ def test_append_at_each_sequences_own_position_then_a_graphed_decode():
         assert torch.equal(o_graph, o_ref) and torch.equal(lse_graph, lse_ref)
 
 
-@pytest.mark.parametrize("scheme, why", [("int4-chan-t32-asym", "chan-t<N> quantizes a group of N tokens at once"),
-                                         ("int4-chan-t32-asym+w128", "chan-t<N> quantizes a group of N tokens at once"),
+@pytest.mark.parametrize("scheme, why", [("int4-chan-t32-asym+had", "does not read a rotated \\(\\+had\\) window"),
                                          ("int8-tensor-asym", "a per-tensor zero point needs the whole cache"),
                                          ("nvfp4", "appends with a calibrated tensor_scale"),
                                          ("fp8-e4m3-tensor", "appends with a calibrated tensor_scale")])
@@ -552,3 +551,121 @@ def test_paged_chan_t_decode_equals_the_contiguous_cache(k_scheme, v_scheme, P):
         v16 = kvq.ops.empty_paged_cache(v_scheme, 4, 16, H, D)
         table16 = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device="cuda")
         kvq.gpu.decode(q, small, v16, seq_lens=lens // 16, block_table=table16, variant="decode-tc")
+
+
+# ---- chan-t<N>: a token group quantized once it fills (and the window has passed it) ---------------------
+@pytest.mark.parametrize("k_scheme,v_scheme,P", [("int4-chan-t32-asym", "int8-head", 64),
+                                                 ("int8-chan-t64+w40", "int4-g32-asym+w24", 64),
+                                                 ("int8-chan-t32", "int4-head-asym", 32)])
+def test_chan_t_append_quantizes_each_group_as_append_quantizer(k_scheme, v_scheme, P):
+    """A prefill chunk, then token by token, into a contiguous cache and a paged one (pages shuffled,
+    the window store a pool of its own): the groups quantized so far are kvq.AppendQuantizer's codes and
+    per-channel parameters byte for byte, a plain chan-t<N> cache is read as +w0 (its filling group
+    raw), and both decodes attend to what AppendQuantizer hands attention."""
+    B, H, Hq, D, capacity = 2, 2, 8, 128, 192
+    schemes = (k_scheme, v_scheme)
+    per_seq = capacity // P
+    g = torch.Generator().manual_seed(130)
+    table = torch.randperm(B * per_seq, generator=g).view(B, per_seq).to(torch.int32).cuda()
+    window_table = torch.randperm(B * per_seq, generator=g).view(B, per_seq).to(torch.int32).cuda()
+    flat = [kvq.ops.empty_cache(s, B, H, capacity, D) for s in schemes]
+    pages = [kvq.ops.empty_paged_cache(s, B * per_seq, P, H, D) for s in schemes]
+    assert flat[0].storage == kvq.parse_scheme(k_scheme).name + ("+w0" if "+w" not in k_scheme else "")
+    hosts = [kvq.AppendQuantizer(s) for s in schemes]
+    xs = [random_kv((B, H, capacity, D), 131), random_kv((B, H, capacity, D), 132)]
+    read = [np.zeros((B, H, capacity, D)) for _ in schemes]  # what attention reads, per AppendQuantizer
+    q = random_kv((B, Hq, D), 133)
+    zero = torch.zeros(B, dtype=torch.int32, device="cuda")
+    for step, (start, stop) in enumerate([(0, 45)] + [(t, t + 1) for t in range(45, 170)]):
+        for c, p, host, x, r in zip(flat, pages, hosts, xs, read):
+            new = x[:, :, start:stop]
+            kvq.ops.append(c, new, zero + start)
+            kvq.ops.append(p, new, zero + start, block_table=table, window_table=window_table if p.window is not None
+                           else None)
+            first, values = host.append(new.float().cpu().numpy())
+            r[:, :, first:stop] = values
+        if step % 9:
+            continue
+        ref = reference_decode(q, read[0], read[1], [stop] * B)
+        seq_lens = torch.full((B,), stop, dtype=torch.int32, device="cuda")
+        wt = window_table if any(p.window is not None for p in pages) else None
+        o_c, _ = kvq.ops.decode(q, flat[0], flat[1], seq_lens=seq_lens)
+        o_p, _ = kvq.ops.decode(q, pages[0], pages[1], seq_lens=seq_lens, block_table=table, window_table=wt)
+        for o in (o_c, o_p):  # (a paged window region's steps start at a page's half: other roundings)
+            err = np.abs(o.double().cpu().numpy() - ref).max()
+            assert err <= 1e-2 * np.abs(ref).max() + 1e-2, (stop, err)
+    for c, host, s in zip(flat, hosts, schemes):  # the quantized groups: AppendQuantizer's bytes
+        sch = kvq.parse_scheme(s)
+        r = host.result()
+        n = r.codes.shape[2]
+        assert n == host.quantized_tokens and n > 0
+        assert np.array_equal(host_bytes(c.data[:, :, :n]), np.asarray(r.codes).view(np.uint8).reshape(-1))
+        if sch.granularity == "channel":
+            groups = -(-capacity // sch.group)
+            for name, want in (("scales", r.scales), ("zero_points", r.zero_points)):
+                if want is None:
+                    continue
+                got = getattr(c, name).view(B, H, groups, D)[:, :, :n // sch.group]
+                assert np.array_equal(host_bytes(got), np.asarray(want).view(np.uint8).reshape(-1)), name
+
+
+def paged_in_sequence_order(pool, table, per_page):
+    """A paged pool [pages, H, per_page, ...] (codes: pass them as [pages, H, P, row]) read through the
+    block table as [B, H, entries * per_page, ...]."""
+    B, entries = table.shape
+    x = pool[table.long().flatten()].view(B, entries, *pool.shape[1:])
+    return x.transpose(1, 2).flatten(2, 3)
+
+
+@pytest.mark.parametrize("scheme", ["int8-chan-t32-asym", "int4-chan-t32", "int8-chan-t64+w40", "int4-chan-t64-asym+w7"])
+def test_chan_t_append_bytes_contiguous_and_paged(scheme):
+    """Every chan-t<N> flavour (8 / 4 bits, symmetric / asymmetric, with and without a window), streamed
+    in uneven chunks: the quantized groups' codes, scales and zero points are kvq.AppendQuantizer's, in
+    a contiguous cache and, read through the block table, in a paged one."""
+    B, H, D, P, capacity = 3, 2, 64, 64, 256
+    sch = kvq.parse_scheme(scheme)
+    per_seq = capacity // P
+    g = torch.Generator().manual_seed(140)
+    table = torch.randperm(B * per_seq + 2, generator=g)[:B * per_seq].view(B, per_seq).to(torch.int32).cuda()
+    window_table = torch.randperm(B * per_seq, generator=g).view(B, per_seq).to(torch.int32).cuda()
+    flat = kvq.ops.empty_cache(scheme, B, H, capacity, D)
+    paged = kvq.ops.empty_paged_cache(scheme, B * per_seq + 2, P, H, D, window_pages=B * per_seq)
+    host = kvq.AppendQuantizer(scheme)
+    x = random_kv((B, H, capacity, D), 141)
+    zero = torch.zeros(B, dtype=torch.int32, device="cuda")
+    bounds = [0, 3, 40, 41, 100, 101, 102, 170, 250]
+    for start, stop in zip(bounds, bounds[1:]):
+        new = x[:, :, start:stop]
+        kvq.ops.append(flat, new, zero + start)
+        kvq.ops.append(paged, new, zero + start, block_table=table, window_table=window_table)
+        host.append(new.float().cpu().numpy())
+    r = host.result()
+    n = r.codes.shape[2]
+    assert n == host.quantized_tokens and n >= 192
+    groups, per_page = -(-capacity // sch.group), P // sch.group
+    codes_in_order = paged_in_sequence_order(paged.data.transpose(1, 2), table, P)
+    for codes in (flat.data, codes_in_order):
+        assert np.array_equal(host_bytes(codes[:, :, :n]), np.asarray(r.codes).view(np.uint8).reshape(-1))
+    for name, want in (("scales", r.scales), ("zero_points", r.zero_points)):
+        if want is None:
+            continue
+        got_flat = getattr(flat, name).view(B, H, groups, D)
+        got_paged = paged_in_sequence_order(getattr(paged, name).view(-1, H, per_page, D), table, per_page)
+        for got in (got_flat, got_paged):
+            assert np.array_equal(host_bytes(got[:, :, :n // sch.group]), np.asarray(want).view(np.uint8).reshape(-1)), name
+
+
+def test_chan_t_append_checks_its_input():
+    c = kvq.ops.empty_cache("int4-chan-t32-asym", 1, 2, 64, 64)
+    zero = torch.zeros(1, dtype=torch.int32, device="cuda")
+    with pytest.raises(kvq.InputError, match="expected torch.bfloat16"):
+        kvq.ops.append(c, torch.zeros(1, 2, 3, 64, device="cuda"), zero)
+    bad = torch.zeros(1, 2, 3, 64, dtype=torch.bfloat16, device="cuda")
+    bad[0, 1, 2, 5] = float("nan")
+    with pytest.raises(kvq.InputError, match="non-finite value"):
+        kvq.ops.append(c, bad, zero)
+    st = kvq.gpu.new_status()
+    kvq.ops.append(c, bad, zero, status=st)
+    assert st.tolist()[0] == (1 * 3 + 2) * 64 + 5
+    with pytest.raises(kvq.InputError, match="do not hold whole token groups of 32"):
+        kvq.ops.empty_paged_cache("int4-chan-t32-asym", 4, 16, 2, 64)
