@@ -830,7 +830,7 @@ def _prepare(kernel, k, v, layout, profile, cases, reruns, device, name):
     else:
         kern = Kernel(kernel, name=name, layout=layout or "bnsh", profile=profile or "fp32-obf16")
     for storage in (k, v):
-        check_storage_name(storage, kern.layout)
+        check_storage_name(storage, kern.layout, kern.page_size)
     if kern.layout in ENGINE_LAYOUTS and _engine_dtype(k) != _engine_dtype(v):
         raise ValueError(f"K {k}, V {v}: the {kern.layout} layout keeps K and V in one array of one dtype")
     kern = kern.for_storages(k, v)

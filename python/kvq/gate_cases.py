@@ -206,8 +206,9 @@ def share_prefix(x, spec):
         x[1, :, :spec.shared_prefix] = x[0, :, :spec.shared_prefix]
 
 
-def check_storage_name(name, layout):
-    """Raises ValueError when kvq.gate cannot store K or V as `name` in `layout` (for any case)."""
+def check_storage_name(name, layout, page_size=None):
+    """Raises ValueError when kvq.gate cannot store K or V as `name` in `layout` (pages of `page_size`
+    tokens) for any case."""
     if name in RAW_STORAGES:
         return
     scheme = parse_scheme(name)  # SchemeError (a ValueError) for a bad name
@@ -224,9 +225,10 @@ def check_storage_name(name, layout):
     if scheme.hadamard or scheme.window is not None:
         raise ValueError(f"storage '{name}': kvq.gate does not gate +had or +w<W> storages yet (the kernel would "
                          "need the rotation of Q or the window's full-precision values beside the codes)")
-    if layout == "paged" and scheme.granularity == "channel":
-        raise ValueError(f"storage '{name}': a paged cache holds no chan-t<N> scheme (its token groups would span "
-                         "pages); use layout 'bnsh' or 'bsnh'")
+    if layout == "paged" and scheme.granularity == "channel" and (page_size or 0) % scheme.group:
+        raise ValueError(f"storage '{name}': a paged cache holds chan-t<N> in pages of whole token groups, and "
+                         f"{scheme.group} does not divide page_size {page_size}; use such a page_size, or layout "
+                         "'bnsh' or 'bsnh'")
     if layout == "fbgemm" and not (scheme.bits == 4 and scheme.asymmetric and scheme.scale_dtype == "float16"
                                    and scheme.granularity in ("head", "group")):
         raise ValueError(f"storage '{name}': FBGEMM's inline rows hold int4 asymmetric head or g<G> schemes with "
@@ -443,7 +445,8 @@ def break_values(op, spec, which):
 def to_layout(arrays, op, layout, paging, kind):
     """BNSH arrays -> the kernel's layout: BSNH moves each head axis after its token axis; the paged
     layouts put the BSNH tokens into pages [num_pages, page_size, ...] by the page table (FlashInfer's
-    HND: [num_pages, Hkv, page_size, D])."""
+    HND: [num_pages, Hkv, page_size, D]); chan-t<N> parameters, one per N tokens, [num_pages,
+    page_size / N, Hkv, D] (N divides page_size)."""
     out = {}
     for name, a in arrays.items():
         _, t_axis, h_axis = op.arrays[name]
@@ -457,8 +460,9 @@ def to_layout(arrays, op, layout, paging, kind):
             continue
         rest = a.shape[2:]
         fill = poison_codes if name == "codes" else poison_values
-        pages = fill(kind, (paging.num_pages, paging.page_size) + rest, a.dtype)  # unused pages stay poisoned
-        P, T = paging.page_size, a.shape[1]
+        channel = name in ("scales", "zero_points") and op.scheme.granularity == "channel"
+        P, T = paging.page_size // (op.scheme.group if channel else 1), a.shape[1]  # entries per page, in all
+        pages = fill(kind, (paging.num_pages, P) + rest, a.dtype)  # unused pages stay poisoned
         for b in range(a.shape[0]):
             for i in range(paging.counts[b]):  # the last page's tail: tokens >= seq_len, poisoned in `a`
                 n = min(P, T - i * P)

@@ -156,7 +156,7 @@ def to_bnsh(a, case):
         t = page_table(case)  # [B, max_pages]
         if case.layout == "flashinfer_hnd":  # [pages, Hkv, page_size, D] -> [pages, page_size, Hkv, D]
             a = np.swapaxes(a, 1, 2)
-        a = a[t].reshape((t.shape[0], t.shape[1] * case.page_size) + a.shape[2:])
+        a = a[t].reshape((t.shape[0], t.shape[1] * a.shape[1]) + a.shape[2:])  # chan-t<N>: page_size / N groups
     return np.swapaxes(a, 1, 2) if a.ndim >= 3 else a  # [B, T, H, ...] -> [B, H, T, ...]; token scales stay [B, T]
 
 

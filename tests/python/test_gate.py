@@ -48,6 +48,7 @@ def statuses(report):
     (numpy_paged, "bf16", "bf16"), (numpy_paged, "int8-head", "int4-g32-asym"),
     (numpy_paged, "int4-token-asym", "fp8-e4m3-g32-fp32"),
     (gate.Kernel(numpy_decode, name="numpy-paged-7", layout="paged", page_size=7), "int8-tensor", "fp16"),
+    (gate.Kernel(numpy_decode, name="numpy-paged-64", layout="paged", page_size=64), "int4-chan-t32-asym", "int8-head"),
     (numpy_fbgemm, "int4-g32-asym", "int4-head-asym"), (numpy_fbgemm, "bf16", "int4-g64-asym"),
     # llama.cpp's cache types and mxfp4 / nvfp4, planar
     (numpy_bnsh, "q4_0", "q5_1"), (numpy_bsnh, "iq4_nl", "nvfp4"), (numpy_paged, "mxfp4", "q8_0"),
@@ -236,7 +237,7 @@ def test_arguments_the_gate_cannot_run_are_errors():
         gate.check(numpy_bnsh, layout="bsnh", log=None)
     with pytest.raises(ValueError, match="FBGEMM's inline rows hold int4 asymmetric"):
         gate.check(numpy_fbgemm, "int8-head", "int8-head", log=None)
-    with pytest.raises(ValueError, match="a paged cache holds no chan-t<N> scheme"):
+    with pytest.raises(ValueError, match="32 does not divide page_size 16"):
         gate.check(numpy_paged, "int4-chan-t32-asym", "bf16", log=None)
     with pytest.raises(ValueError, match=r"\+had or \+w<W>"):
         gate.check(numpy_bnsh, "int4-g32-asym+had", "bf16", log=None)
