@@ -330,19 +330,28 @@ void bind_codec(nb::module_& m) {
   m.def(
       "quantize",
       [](const AnyArray& x, const SchemeArg& scheme, const std::string& name, const std::string& layout,
-         std::optional<float> tensor_scale) {
+         std::optional<float> tensor_scale, const std::optional<AnyArray>& seq_lens_in) {
         const Scheme s = to_scheme(scheme);
         const Fp32Tensor t = fp32_tensor(x, name, layout);
+        std::vector<int32_t> seq_lens;
+        if (seq_lens_in) {
+          seq_lens = int32_values(*seq_lens_in, "seq_lens", {t.view.shape.batch});
+          for (size_t b = 0; b < seq_lens.size(); ++b)
+            if (seq_lens[b] < 0 || seq_lens[b] > t.view.shape.tokens)
+              throw InputError(fmt::format("seq_lens[{}] = {}: expected 0 .. T = {}", b, seq_lens[b], t.view.shape.tokens));
+        }
         nb::gil_scoped_release release;
-        return QuantizeResult(quantize(t.view, s, name, nullptr, tensor_scale));
+        return QuantizeResult(quantize(t.view, s, name, seq_lens_in ? seq_lens.data() : nullptr, tensor_scale));
       },
       "x"_a, "scheme"_a, nb::kw_only(), "name"_a = "x", "layout"_a = "bnsh", "tensor_scale"_a = nb::none(),
+      "seq_lens"_a = nb::none(),
       "Quantizes x [B, H, T, D] (layout 'bnsh'; 'bsnh' for [B, T, H, D]) with a scheme. float32 input is read in "
       "place; float16, bfloat16 (torch) are converted exactly, float64 is rounded to float32 (the codec's input). "
       "Raises InputError for non-finite values or a scale beyond the scale dtype, naming `name` and the index. "
       "tensor_scale: a calibrated tensor-wide scale instead of the one computed from x: nvfp4's s_t (default: amax / "
       "(6 * 448) of x) or a symmetric per-tensor scheme's scale (e.g. fp8-e4m3-tensor; stored in the scale dtype, "
-      "codes saturate).");
+      "codes saturate). seq_lens [B]: each sequence's length, which places a +w<W> window (its last W tokens, kept "
+      "out of the codes; default: every sequence T long).");
   m.def(
       "to_ggml_blocks",
       [](const QuantizeResult& r) {

@@ -33,10 +33,10 @@ from ._core import Error, __version__, alibi_slopes, attention, parse_scheme, ro
 from .gate_cases import (ENGINE_LAYOUTS, FAMILIES, HUGE_OFFSET, LAYOUTS, PAGED_LAYOUTS, RAW_STORAGES, STRIDE_PAD,
                          break_values, case_rng, case_specs, check_storage_name, family_unfit_reason, flashinfer_indices,
                          make_paging, padding_tokens, poisoned, random_values, shape_logits, share_prefix,
-                         storage_unfit_reason, store_operand, to_layout)
+                         storage_unfit_reason, store_operand, to_layout, window_starts)
 
 __all__ = ["Kernel", "kernel", "DecodeCase", "KvOperand", "CaseReport", "GateReport", "Refused", "check", "tolerance",
-           "main", "FAMILIES", "LAYOUTS"]
+           "main", "window_starts", "FAMILIES", "LAYOUTS"]
 
 LAYOUT_NAMES = {"bnsh": "BNSH", "bsnh": "BSNH", "paged": "paged", "fbgemm": "FBGEMM", "ggml": "ggml", "vllm": "vLLM",
                 "flashinfer_nhd": "FlashInfer NHD", "flashinfer_hnd": "FlashInfer HND"}
@@ -58,6 +58,9 @@ class KvOperand:
     tensor_scale: Any = None  # nvfp4: its float32 per-tensor scale (0-dim)
     rows: Any = None  # FBGEMM: uint8 [B, T, Hkv, D/2 + 4n], n x (fp16 scale, fp16 shift) then the codes
     blocks: Any = None  # ggml: uint8 [B, T, Hkv, D/32 * sizeof(block)], a llama.cpp cache row per (b, t, h)
+    # +w<W>: the window's raw tokens (bf16 values; laid out as raw values are), read for tokens t >=
+    # kvq.gate.window_starts(scheme, seq_lens)[b]; the codes and parameters of those tokens are poisoned
+    window: Any = None
 
 
 @dataclass(frozen=True)
@@ -557,7 +560,7 @@ class _Inputs:
         self.ops = {}
         for which, storage in (("k", k), ("v", v)):
             share_prefix(x[which], spec)
-            self.ops[which] = store_operand(np.where(keep, x[which], np.float32(0)), storage, layout)
+            self.ops[which] = store_operand(np.where(keep, x[which], np.float32(0)), storage, layout, self.lens)
             break_values(self.ops[which], spec, which)
         self.paging = None
         if layout in PAGED_LAYOUTS:
@@ -565,7 +568,10 @@ class _Inputs:
                                       page_elements=page_size * Hkv * D)
         # padding a kernel could read: tokens >= seq_len, in a paged cache the unused pages, the rows'
         # padding of strided views, the inflated part of a huge cache
-        self.has_padding = bool((self.lens < T).any()) or layout in PAGED_LAYOUTS or spec.strided or spec.huge
+        # and a +w<W> operand's codes of window tokens and raw values of quantized ones
+        windowed = any("window" in op.arrays for op in self.ops.values())
+        self.has_padding = (bool((self.lens < T).any()) or layout in PAGED_LAYOUTS or spec.strided or spec.huge
+                            or windowed)
         self.rows = spec.judged()
 
     def reference(self, precision):
@@ -591,7 +597,8 @@ class _Inputs:
             operands = {w: engine.pop(w) for w in ("k", "v")}
         else:
             operands = {which: KvOperand(op.storage, op.scheme, **{
-                n: put(a, op.storage if n == "values" else None, n) for n, a in arrays[which].items()})
+                n: put(a, op.storage if n == "values" else "bf16" if n == "window" else None, n)
+                for n, a in arrays[which].items()})
                 for which, op in self.ops.items()}
         slopes = np.asarray(alibi_slopes(s.q_heads), np.float32) if s.alibi else None
         flashinfer = self.layout.startswith("flashinfer")

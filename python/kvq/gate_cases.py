@@ -222,9 +222,12 @@ def check_storage_name(name, layout, page_size=None):
                                          and (scheme.scale_free or scheme.granularity == "tensor")):
         raise ValueError(f"storage '{name}': the {layout} layout holds bf16 / fp16 values or FP8 codes with one "
                          "scale per tensor (fp8-e4m3, fp8-e4m3-tensor, fp8-e5m2, fp8-e5m2-tensor), as the engine does")
-    if scheme.hadamard or scheme.window is not None:
-        raise ValueError(f"storage '{name}': kvq.gate does not gate +had or +w<W> storages yet (the kernel would "
-                         "need the rotation of Q or the window's full-precision values beside the codes)")
+    if scheme.hadamard:
+        raise ValueError(f"storage '{name}': kvq.gate does not gate +had storages yet (the kernel would need the "
+                         "rotation of Q)")
+    if scheme.window is not None and layout not in ("bnsh", "bsnh", "paged"):
+        raise ValueError(f"storage '{name}': a +w<W> window's raw tokens lie beside the codes in the bnsh, bsnh and "
+                         f"paged layouts, not in {layout}")
     if layout == "paged" and scheme.granularity == "channel" and (page_size or 0) % scheme.group:
         raise ValueError(f"storage '{name}': a paged cache holds chan-t<N> in pages of whole token groups, and "
                          f"{scheme.group} does not divide page_size {page_size}; use such a page_size, or layout "
@@ -300,7 +303,7 @@ class StoredOperand:
     arrays: name -> (array, token axis or None, head axis or None); names are "values" (raw), or
     "codes", "scales", "zero_points", "tensor_scale" (a kvq scheme; the last nvfp4's), or "rows"
     (FBGEMM, already [B, T, Hkv, bytes]), or "blocks" (ggml's, [B, T, Hkv, bytes], and nvfp4's
-    "tensor_scale").
+    "tensor_scale"); a +w<W> scheme's "window" (its raw tokens, bf16 values as float32, BNSH).
     """
     storage: str
     scheme: object  # kvq.Scheme or None
@@ -309,15 +312,24 @@ class StoredOperand:
     fbgemm_groups: int = 0
 
 
-def store_operand(x, storage, layout):
-    """x [B, Hkv, T, D] (padding zero, so it does not move the scales) stored as `storage`."""
+def store_operand(x, storage, layout, lens=None):
+    """x [B, Hkv, T, D] (padding zero, so it does not move the scales) stored as `storage`; a +w<W>
+    storage keeps each sequence's window (lens: the sequences' lengths) raw in bf16, `window` [B, Hkv,
+    T, D], beside the codes of the tokens before it."""
     B, H, T, D = x.shape
     if storage in RAW_STORAGES:
         values = np.array(round_to_format(x, storage), dtype=np.float32)
         return StoredOperand(storage, None, values.copy(), {"values": (values, 2, 1)})
     scheme = parse_scheme(storage)
-    r = quantize(x, scheme, name="K/V")
+    lens = np.full(B, T, np.int32) if lens is None else np.asarray(lens, np.int32)
+    r = quantize(x, scheme, name="K/V", seq_lens=lens if scheme.window is not None else None)
     reference = np.array(r.dequantized)
+    window = {}
+    if scheme.window is not None:
+        raw = np.array(round_to_format(x, "bf16"), dtype=np.float32)
+        for b, start in enumerate(window_starts(scheme, lens)):
+            reference[b, :, start:] = raw[b, :, start:]
+        window = {"window": (raw, 2, 1)}
     if layout == "fbgemm":
         groups = 1 if scheme.granularity == "head" else D // scheme.group
         return StoredOperand(storage, scheme, reference, {"rows": (np.array(fbgemm_rows(r)), 1, 2)}, groups)
@@ -334,7 +346,26 @@ def store_operand(x, storage, layout):
         arrays["scales"] = (np.array(r.scales), token_axis, head_axis)
         if scheme.asymmetric:
             arrays["zero_points"] = (np.array(r.zero_points), token_axis, head_axis)
-    return StoredOperand(storage, scheme, reference, {**arrays, **tensor})
+    return StoredOperand(storage, scheme, reference, {**arrays, **tensor, **window})
+
+
+def window_starts(scheme, lens):
+    """[B]: the first token a +w<W> storage keeps raw in each sequence (quantized_length: the last W
+    tokens, chan-t<N> rounded down to whole groups); the lengths themselves without a window."""
+    lens = np.asarray(lens, np.int64)
+    if scheme is None or scheme.window is None:
+        return lens
+    lq = np.maximum(lens - scheme.window, 0)
+    return lq - lq % scheme.group if scheme.granularity == "channel" else lq
+
+
+def outside_its_part(lens, scheme, name, n_tokens):
+    """[B, n] bool: entries of a +w<W> operand's array that hold none of its data: the window's tokens
+    in the codes and parameters (their values are in `window`), the quantized tokens in `window`."""
+    starts = window_starts(scheme, lens)[:, None]
+    per = scheme.group if scheme.granularity == "channel" and name in ("scales", "zero_points") else 1
+    index = np.arange(n_tokens)[None, :] * per
+    return index < starts if name == "window" else index >= starts
 
 
 def padding_tokens(spec, scheme, n_tokens):
@@ -361,7 +392,9 @@ def poisoned(op, spec, kind):
             if a.size and not lens.any():
                 a[...] = poison_values(kind, a.shape, a.dtype)
         else:
-            pad = padding_tokens(spec, op.scheme if name != "codes" else None, a.shape[t_axis])
+            pad = padding_tokens(spec, op.scheme if name not in ("codes", "window") else None, a.shape[t_axis])
+            if op.scheme is not None and op.scheme.window is not None:
+                pad |= outside_its_part(spec.lens(), op.scheme, name, a.shape[t_axis])
             moved = np.moveaxis(a, t_axis, 1)  # [B, T, ...] view of a
             fill = poison_codes if name == "codes" else poison_values
             moved[pad] = fill(kind, moved[pad].shape, a.dtype)
@@ -463,9 +496,17 @@ def to_layout(arrays, op, layout, paging, kind):
         channel = name in ("scales", "zero_points") and op.scheme.granularity == "channel"
         P, T = paging.page_size // (op.scheme.group if channel else 1), a.shape[1]  # entries per page, in all
         pages = fill(kind, (paging.num_pages, P) + rest, a.dtype)  # unused pages stay poisoned
+        # +w<W> in a page two sequences share (sequence 1 writes it after 0): the entries sequence 0 needs
+        # stay its own (a token in one's window may be quantized in the other's: codes and raw both live)
+        windowed = op.scheme is not None and op.scheme.window is not None and a.shape[0] > 1
+        needs_first = ~outside_its_part(paging.lens, op.scheme, name, T)[0] if windowed else None
         for b in range(a.shape[0]):
             for i in range(paging.counts[b]):  # the last page's tail: tokens >= seq_len, poisoned in `a`
                 n = min(P, T - i * P)
-                pages[paging.block_table[b, i], :n] = a[b, i * P:i * P + n]
+                page, rows = paging.block_table[b, i], a[b, i * P:i * P + n]
+                if windowed and b > 0 and i < paging.counts[0] and paging.block_table[0, i] == page:
+                    keep = needs_first[i * P:i * P + n].reshape((n,) + (1,) * len(rest))
+                    rows = np.where(keep, a[0, i * P:i * P + n], rows)
+                pages[page, :n] = rows
         out[name] = np.ascontiguousarray(pages.swapaxes(1, 2)) if layout == "flashinfer_hnd" else pages
     return out

@@ -12,7 +12,7 @@ does), O rounded to bf16 — the profile "fp32-obf16".
 import numpy as np
 
 from ._core import from_ggml_blocks, round_to_format
-from .gate import Kernel
+from .gate import Kernel, window_starts
 
 
 def fp8_values(fmt):
@@ -181,7 +181,13 @@ def cache_bnsh(case, op):
                       scales=None if op.scales is None else to_bnsh(op.scales, case),
                       zero_points=None if op.zero_points is None else to_bnsh(op.zero_points, case),
                       tensor_scale=op.tensor_scale)
-    return dequantize_planar(planar, case.head_dim)
+    values = dequantize_planar(planar, case.head_dim)
+    if op.window is not None:  # +w<W>: each sequence's last tokens raw, from the window
+        raw = to_bnsh(op.window, case)
+        values = np.array(values)
+        for b, start in enumerate(window_starts(op.scheme, np.asarray(case.seq_lens))):
+            values[b, :, start:] = raw[b, :, start:values.shape[2]]
+    return values
 
 
 def attend(q, k, v, seq_lens, softmax_scale, alibi_slopes):

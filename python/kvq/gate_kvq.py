@@ -26,18 +26,18 @@ def _support(variant, k, v, layout, head_dim):
 
 
 def _cache(op, layout):
-    if layout == "paged":
+    if layout == "paged":  # a +w<W> window's raw tokens in pages of their own, the codes' pages here
         if op.scheme is None:
             return gpu.Cache(op.storage, op.values, layout="paged")
         return gpu.Cache(op.storage, op.codes, _head_major(op.scales), _head_major(op.zero_points), layout="paged",
-                         tensor_scale=op.tensor_scale)
+                         tensor_scale=op.tensor_scale, window=_packed(op.window))
     if op.scheme is None:  # raw values: BNSH, or BSNH beside FBGEMM rows (kvq.gate's layouts)
         return gpu.Cache(op.storage, op.values, layout="bnsh" if layout == "bnsh" else "bsnh")
     if layout == "fbgemm":
         return gpu.Cache(op.storage, op.rows, layout="fbgemm")
     # kvq.gpu reads the codes through their strides; scales and zero points it takes contiguous
     return gpu.Cache(op.storage, op.codes, _packed(op.scales), _packed(op.zero_points), layout="bnsh",
-                     tensor_scale=op.tensor_scale)
+                     tensor_scale=op.tensor_scale, window=_packed(op.window))
 
 
 def _packed(x):
@@ -60,9 +60,11 @@ def kernel(variant="decode-tc", layout="bnsh", splits=0, page_size=16):
 
     def run(case):
         paged = case.layout == "paged"
+        table = case.block_table.contiguous() if paged else None
+        windows = case.k.window is not None or case.v.window is not None
         o, lse = gpu.decode(case.q.contiguous(), _cache(case.k, case.layout), _cache(case.v, case.layout), seq_lens=case.seq_lens,
                             alibi_slopes=case.alibi_slopes, softmax_scale=case.softmax_scale, variant=variant,
-                            splits=splits, block_table=case.block_table.contiguous() if paged else None)
+                            splits=splits, block_table=table, window_table=table if windows else None)
         return o, lse
 
     def why_not(spec, k, v):

@@ -228,6 +228,17 @@ def test_fp8_codes_windows_and_the_streaming_cache():
     assert (w.codes[0, 0, :2] == 127).all() and (w.dequantized[0, 0, :2] != x[0, 0, :2]).all()
     with pytest.raises(kvq.InputError, match=r"int8-head\+w2: a \+w<W> result cannot be rebuilt"):
         kvq.QuantizeResult(w.codes, w.scales, scheme="int8-head+w2")
+    # seq_lens place each sequence's window at its own end: sequence 1 is 3 tokens long, so only its token 0
+    # is quantized; chan-t2 rounds the quantized prefix down to whole groups
+    x2 = np.full((2, 1, 4, 8), 0.3, np.float32)
+    w = kvq.quantize(x2, "int8-head+w2", seq_lens=np.array([4, 3]))
+    assert (w.codes[0, 0, :2] == 127).all() and (w.codes[0, 0, 2:] == 0).all()
+    assert (w.codes[1, 0, :1] == 127).all() and (w.codes[1, 0, 1:] == 0).all()
+    c = kvq.quantize(x2, "int8-chan-t2+w1", seq_lens=np.array([4, 3]))
+    assert (c.codes[0, 0, :2] == 127).all() and (c.codes[0, 0, 2:] == 0).all()  # len 4: 3 -> 2 tokens quantized
+    assert (c.codes[1, 0, :2] == 127).all() and (c.codes[1, 0, 2:] == 0).all()  # len 3: 2 tokens quantized
+    with pytest.raises(kvq.InputError, match=r"seq_lens\[1\] = 5: expected 0 .. T = 4"):
+        kvq.quantize(x2, "int8-head+w2", seq_lens=np.array([4, 5]))
 
 
 def test_hadamard_rotate_back_is_the_normalized_sylvester_matrix():

@@ -3,6 +3,7 @@ layout, each deliberately wrong kernel (gate_kernels.py) fails the family that m
 limits give [SKIP] with the kernel's reason, padding is poisoned where the docs say, the JSON report
 has kvq validate's fields, the command line's exit codes, and docs/gate.md's examples run as written.
 ctest puts build/python on PYTHONPATH."""
+import dataclasses
 import json
 import os
 import re
@@ -49,6 +50,10 @@ def statuses(report):
     (numpy_paged, "int4-token-asym", "fp8-e4m3-g32-fp32"),
     (gate.Kernel(numpy_decode, name="numpy-paged-7", layout="paged", page_size=7), "int8-tensor", "fp16"),
     (gate.Kernel(numpy_decode, name="numpy-paged-64", layout="paged", page_size=64), "int4-chan-t32-asym", "int8-head"),
+    # +w<W> windows: the last W tokens raw beside the codes
+    (numpy_bnsh, "int4-g32-asym+w40", "int8-head+w24"), (numpy_bsnh, "q8_0+w17", "int4-head-asym"),
+    (numpy_paged, "int8-token+w33", "fp8-e4m3-tensor+w16"),
+    (gate.Kernel(numpy_decode, name="numpy-paged-32", layout="paged", page_size=32), "int8-chan-t32-asym+w20", "nvfp4+w5"),
     (numpy_fbgemm, "int4-g32-asym", "int4-head-asym"), (numpy_fbgemm, "bf16", "int4-g64-asym"),
     # llama.cpp's cache types and mxfp4 / nvfp4, planar
     (numpy_bnsh, "q4_0", "q5_1"), (numpy_bsnh, "iq4_nl", "nvfp4"), (numpy_paged, "mxfp4", "q8_0"),
@@ -239,8 +244,10 @@ def test_arguments_the_gate_cannot_run_are_errors():
         gate.check(numpy_fbgemm, "int8-head", "int8-head", log=None)
     with pytest.raises(ValueError, match="32 does not divide page_size 16"):
         gate.check(numpy_paged, "int4-chan-t32-asym", "bf16", log=None)
-    with pytest.raises(ValueError, match=r"\+had or \+w<W>"):
+    with pytest.raises(ValueError, match=r"does not gate \+had storages"):
         gate.check(numpy_bnsh, "int4-g32-asym+had", "bf16", log=None)
+    with pytest.raises(ValueError, match="window's raw tokens lie beside the codes in the bnsh, bsnh and paged"):
+        gate.check(numpy_fbgemm, "int4-g32-asym+w8", "bf16", log=None)
     with pytest.raises(kvq.SchemeError):
         gate.check(numpy_bnsh, "int4-g3x", "bf16", log=None)
     with pytest.raises(ValueError, match="storage 'q4_1': FBGEMM's inline rows hold kvq's int4 schemes, not"):
@@ -679,3 +686,13 @@ def test_the_peers_table_keeps_refusals_apart(tmp_path):
     assert "MQA is not supported" in (tmp_path / "refused.md").read_text()
     assert gate_table.cell({"OK": "2", "FAIL": "1", "REFUSED": "1", "SKIP": "0"}) == "FAIL"
     assert gate_table.cell({"OK": "0", "FAIL": "0", "REFUSED": "0", "SKIP": "3"}) == "skip"
+
+
+def test_a_kernel_that_reads_codes_in_the_window_fails():
+    """+w<W>: the window's tokens are read raw; their codes and parameters are poisoned, so a kernel that
+    dequantizes every token (the window ignored) attends to NaN there."""
+    def no_window(case):
+        drop = lambda op: dataclasses.replace(op, window=None)  # noqa: E731
+        return numpy_decode(dataclasses.replace(case, k=drop(case.k), v=drop(case.v)))
+    r = run(gate.Kernel(no_window, name="no-window", layout="bnsh"), "int8-head+w24", "int4-g32-asym")
+    assert not r.ok and r.with_status("FAIL")

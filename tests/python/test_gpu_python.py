@@ -112,7 +112,9 @@ def test_every_quantize_variant_that_takes_a_scheme_agrees():
 @pytest.mark.parametrize("k,v,layout", [("bf16", "bf16", "bnsh"), ("int8-head", "int4-g32-asym", "bnsh"),
                                         ("fp8-e4m3", "fp8-e5m2", "bnsh"), ("int4-head-asym", "int4-head-asym", "fbgemm"),
                                         ("q4_0", "q5_1", "bnsh"), ("nvfp4", "iq4_nl", "bnsh"), ("q8_0", "mxfp4", "bnsh"),
-                                        ("q8_0", "nvfp4", "bnsh")])
+                                        ("q8_0", "nvfp4", "bnsh"),
+                                        ("int4-g32-asym+w40", "int8-head+w24", "bnsh"),
+                                        ("int4-chan-t32-asym+w20", "q4_0", "bnsh")])
 def test_decode_tc_from_python_passes_the_gate(k, v, layout):
     r = gate.check(gate_kvq.kernel("decode-tc", layout), k, v, cases="quick", device="cuda", log=None)
     assert r.ok, "\n".join(c.line("decode-tc") for c in r.cases if not c.ok)
@@ -127,7 +129,10 @@ def test_decode_tc_from_python_passes_the_gate(k, v, layout):
 @pytest.mark.parametrize("k,v,page_size", [("bf16", "bf16", 16), ("int8-head", "int4-g32-asym", 16),
                                            ("int8-token", "int4-head-asym", 32), ("fp8-e4m3", "fp8-e5m2-head", 64),
                                            ("q4_0", "q5_1", 128), ("nvfp4", "iq4_nl", 16), ("q8_0", "nvfp4", 32),
-                                           ("int4-g32-asym", "int8-head-asym", 16)])
+                                           ("int4-g32-asym", "int8-head-asym", 16),
+                                           # +w<W> windows and chan-t<N> K in pages (N dividing P)
+                                           ("q8_0+w17", "int4-head-asym+w33", 32), ("int4-chan-t32-asym", "int8-head", 64),
+                                           ("int8-chan-t32-asym+w20", "int4-g32-asym", 32)])
 def test_paged_decode_tc_from_python_passes_the_gate(k, v, page_size):
     # kvq.gate's paged cache as it lays it out (pages shuffled through a pool with poisoned spare
     # ones, shared prefix pages, ids past int16) read by decode-tc through the block table
