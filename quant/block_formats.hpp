@@ -70,10 +70,21 @@ KVQ_HD constexpr int e2m1_doubled(int code) {
   return kValues[code & 15];
 }
 
-// iq4_nl's non-linear table (ggml's kvalues_iq4nl), sorted.
+// Four signed bytes in one word, the first in the low byte.
+KVQ_HD constexpr uint32_t pack_bytes(int a, int b, int c, int d) {
+  return static_cast<uint32_t>(a & 0xff) | static_cast<uint32_t>(b & 0xff) << 8 | static_cast<uint32_t>(c & 0xff) << 16 |
+         static_cast<uint32_t>(d & 0xff) << 24;
+}
+
+// iq4_nl's non-linear table (ggml's kvalues_iq4nl), sorted: -127, -104, -83, -65, -49, -35, -22, -10,
+// 1, 13, 25, 38, 53, 69, 89, 113. Held in four words and read by selects and a shift: a local array
+// indexed by a run-time value lives in a GPU's local memory (the iq4_nl quantizer's 16-byte stack
+// frame, read 8 times per element).
 KVQ_HD constexpr int iq4nl_value(int index) {
-  constexpr int8_t kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-  return kValues[index & 15];
+  constexpr uint32_t w0 = pack_bytes(-127, -104, -83, -65), w1 = pack_bytes(-49, -35, -22, -10);
+  constexpr uint32_t w2 = pack_bytes(1, 13, 25, 38), w3 = pack_bytes(53, 69, 89, 113);
+  const uint32_t w = index & 8 ? (index & 4 ? w3 : w2) : (index & 4 ? w1 : w0);
+  return static_cast<int8_t>(static_cast<uint8_t>(w >> (8 * (index & 3))));
 }
 
 // ggml's best_index_int8 over the iq4_nl table: x takes level i once it reaches the midpoint of
@@ -179,6 +190,7 @@ KVQ_HD BlockParams iq4_nl_params(const float* x) {
   const float d0 = ieee_div(signed_absmax(x, 32), -127.0f);
   p.encode_scale = ieee_div(1.0f, d0);
   float sumqx = 0.0f, sumq2 = 0.0f;
+  KVQ_UNROLL
   for (int j = 0; j < 32; ++j) {
     const float q = static_cast<float>(iq4nl_value(iq4nl_best_index(p.encode_scale * x[j])));
     const float w = x[j] * x[j];

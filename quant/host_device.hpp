@@ -6,6 +6,13 @@
 #else
 #define KVQ_HD inline
 #endif
+// A codec loop over a block's elements unrolled on the device, so that the block stays in registers
+// (a loop the compiler leaves rolled indexes it, which moves it to local memory).
+#if defined(__CUDA_ARCH__)
+#define KVQ_UNROLL _Pragma("unroll")
+#else
+#define KVQ_UNROLL
+#endif
 
 #include <cstdint>
 #include <cstring>

@@ -251,6 +251,10 @@ TEST_CASE("e2m1 rounding and iq4_nl's index against brute force") {
     CAPTURE(x);
     REQUIRE(e2m1_code(x) == (best | (x < 0 ? 8 : 0)));
   }
+  // iq4_nl's table, read from packed words: ggml's kvalues_iq4nl, and an index's low 4 bits only
+  const int kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  for (int i = 0; i < 32; ++i) REQUIRE(iq4nl_value(i) == kvalues_iq4nl[i % 16]);
+  static_assert(iq4nl_value(0) == -127 && iq4nl_value(15) == 113, "usable in constant expressions (decode's tables)");
   for (int i = -140000; i <= 140000; ++i) {
     const float x = static_cast<float>(i) / 1024.0f;
     int best = 0;
