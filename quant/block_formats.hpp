@@ -64,16 +64,19 @@ KVQ_HD float stored_fp16(float x, bool& overflow) {
   return r;
 }
 
-// The 16 e2m1 values doubled (ggml's kvalues_mxfp4: integers, so code 8, "-0", decodes to +0).
-KVQ_HD constexpr int e2m1_doubled(int code) {
-  constexpr int8_t kValues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-  return kValues[code & 15];
-}
-
 // Four signed bytes in one word, the first in the low byte.
 KVQ_HD constexpr uint32_t pack_bytes(int a, int b, int c, int d) {
   return static_cast<uint32_t>(a & 0xff) | static_cast<uint32_t>(b & 0xff) << 8 | static_cast<uint32_t>(c & 0xff) << 16 |
          static_cast<uint32_t>(d & 0xff) << 24;
+}
+
+// The 16 e2m1 values doubled (ggml's kvalues_mxfp4: integers, so code 8, "-0", decodes to +0).
+KVQ_HD constexpr int e2m1_doubled(int code) {
+  // 0, 1, 2, 3, 4, 6, 8, 12, then their negatives: packed, as iq4nl_value's table (no local array)
+  constexpr uint32_t w0 = pack_bytes(0, 1, 2, 3), w1 = pack_bytes(4, 6, 8, 12);
+  const uint32_t w = code & 4 ? w1 : w0;
+  const int magnitude = static_cast<int>((w >> (8 * (code & 3))) & 0xff);
+  return code & 8 ? -magnitude : magnitude;
 }
 
 // iq4_nl's non-linear table (ggml's kvalues_iq4nl), sorted: -127, -104, -83, -65, -49, -35, -22, -10,
@@ -248,6 +251,23 @@ KVQ_HD BlockParams block_params(CodeFormat f, const float* x, float tensor_scale
   }
 }
 
+// mxfp4's code: ggml's search of the 16 doubled e2m1 values v, the first of the smallest
+// fl(|v id - x|), found from the magnitude's neighbours instead of 16 trials. v id is exact (or inf:
+// id is a power of two), so the rounded errors of the magnitudes 0, 1, 2, 3, 4, 6, 8, 12 are unimodal
+// like the exact ones, and the exact nearest magnitude (counted against the exact midpoints) has the
+// smallest: from it, walk down to the first magnitude with that error. A negative x has the same
+// errors (fl(|-v id - x|) = fl(|v id - |x||)) at the later, negative codes, so 0 keeps its ties.
+KVQ_HD int mxfp4_encode(float x, float id) {
+  const float a = fabsf(x);
+  if (!(a <= 3.40282347e38f)) return 0;  // Inf / NaN (quantizers reject them first): the search keeps code 0
+  const auto err = [&](int k) { return fabsf(static_cast<float>(e2m1_doubled(k)) * id - a); };
+  int k = 0;
+  KVQ_UNROLL
+  for (int m = 0; m < 7; ++m) k += a > 0.5f * static_cast<float>(e2m1_doubled(m) + e2m1_doubled(m + 1)) * id ? 1 : 0;
+  while (k > 0 && err(k - 1) <= err(k)) --k;
+  return k > 0 && x < 0.0f ? k + 8 : k;
+}
+
 // One element's code: q8_0 the int8 value (-127..127), otherwise the unsigned value ggml stores.
 KVQ_HD int block_encode(CodeFormat f, float x, const BlockParams& p) {
   const float id = p.encode_scale;
@@ -258,15 +278,7 @@ KVQ_HD int block_encode(CodeFormat f, float x, const BlockParams& p) {
     case CodeFormat::kQ4_1: return truncate_at_most((x - p.encode_min) * id + 0.5f, 15);
     case CodeFormat::kQ5_1: return truncate_at_most((x - p.encode_min) * id + 0.5f, 31);  // ggml: no MIN, never > 31
     case CodeFormat::kIq4Nl: return id == 0.0f ? 0 : iq4nl_best_index(id * x);
-    case CodeFormat::kMxfp4: {
-      int best = 0;
-      float best_err = fabsf(static_cast<float>(e2m1_doubled(0)) * id - x);
-      for (int i = 1; i < 16; ++i) {
-        const float err = fabsf(static_cast<float>(e2m1_doubled(i)) * id - x);
-        if (err < best_err) best = i, best_err = err;
-      }
-      return best;
-    }
+    case CodeFormat::kMxfp4: return mxfp4_encode(x, id);
     case CodeFormat::kNvfp4: return id == 0.0f ? 0 : e2m1_code(ieee_div(x, id));
     default: return 0;
   }

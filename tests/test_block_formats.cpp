@@ -254,6 +254,8 @@ TEST_CASE("e2m1 rounding and iq4_nl's index against brute force") {
   // iq4_nl's table, read from packed words: ggml's kvalues_iq4nl, and an index's low 4 bits only
   const int kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
   for (int i = 0; i < 32; ++i) REQUIRE(iq4nl_value(i) == kvalues_iq4nl[i % 16]);
+  const int kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  for (int i = 0; i < 32; ++i) REQUIRE(e2m1_doubled(i) == kvalues_mxfp4[i % 16]);
   static_assert(iq4nl_value(0) == -127 && iq4nl_value(15) == 113, "usable in constant expressions (decode's tables)");
   for (int i = -140000; i <= 140000; ++i) {
     const float x = static_cast<float>(i) / 1024.0f;
@@ -265,6 +267,43 @@ TEST_CASE("e2m1 rounding and iq4_nl's index against brute force") {
     }
     CAPTURE(x);
     REQUIRE(iq4nl_best_index(x) == best);
+  }
+}
+
+// ggml's mxfp4 rule as written: every doubled e2m1 value tried, the first smallest rounded error.
+int mxfp4_code_by_search(float x, float id) {
+  int best = 0;
+  float best_err = std::fabs(static_cast<float>(e2m1_doubled(0)) * id - x);
+  for (int i = 1; i < 16; ++i) {
+    const float err = std::fabs(static_cast<float>(e2m1_doubled(i)) * id - x);
+    if (err < best_err) best = i, best_err = err;
+  }
+  return best;
+}
+
+TEST_CASE("mxfp4's code from its neighbours equals ggml's search of all 16 values") {
+  // every scale exponent; x on and between the values, at the midpoints and one ulp either side, far
+  // beyond the largest (errors that round alike), tiny, signed zeros, and values whose v id overflows
+  std::vector<float> xs = {0.0f, -0.0f, 3.4e38f, -3.4e38f, 1e-45f, -1e-45f};
+  const float halves[] = {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f,
+                          6.0f, 7.0f, 8.0f, 10.0f, 12.0f, 14.0f, 100.0f, 1e6f};
+  for (int e = 0; e < 255; ++e) {
+    const float id = e8m0_half(e);
+    for (float h : halves)
+      for (float sign : {1.0f, -1.0f}) {
+        const float x = sign * h * id;
+        for (float v : {x, std::nextafter(x, INFINITY), std::nextafter(x, -INFINITY)}) {
+          CAPTURE(e);
+          CAPTURE(v);
+          REQUIRE(mxfp4_encode(v, id) == mxfp4_code_by_search(v, id));
+        }
+      }
+    for (float x : xs) REQUIRE(mxfp4_encode(x, id) == mxfp4_code_by_search(x, id));
+  }
+  const std::vector<float> random = test::random_normal(200000, 31);
+  for (size_t i = 0; i < random.size(); ++i) {
+    const float id = e8m0_half(static_cast<int>(i % 255)), x = random[i] * std::ldexp(1.0f, static_cast<int>(i % 255) - 128);
+    REQUIRE(mxfp4_encode(x, id) == mxfp4_code_by_search(x, id));
   }
 }
 
