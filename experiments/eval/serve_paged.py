@@ -71,6 +71,9 @@ class PagedLlama:
         angle = lf.rope_angles(np.arange(max_tokens), D, hp["theta"])
         self.cos = torch.from_numpy(np.cos(angle).astype(np.float32)).to(device)
         self.sin = torch.from_numpy(np.sin(angle).astype(np.float32)).to(device)
+        # +w<W> and chan-t<N> storages keep raw tokens in window pages: here one per code page, through
+        # the same table (an engine would hold a ring of ceil((W + N) / P) + 1 per sequence)
+        self.window_table = self.table if any(c.window is not None for c in self.k[:1] + self.v[:1]) else None
         self.status = kvq.gpu.new_status(device)
         # the step's inputs: each sequence's current token and its position
         self.ids = torch.zeros(batch, dtype=torch.long, device=device)
@@ -79,6 +82,13 @@ class PagedLlama:
     def _rmsnorm(self, x, w):  # GgufModel's arithmetic, its sums in float32 for bf16 activations
         xf = x.float()
         return (xf / torch.sqrt((xf * xf).mean(dim=-1, keepdim=True) + self.hp["eps"])).to(x.dtype) * w
+
+    def append(self, cache, x, storage):
+        """x [B, H, 1, D] into `cache` at each sequence's position (chan-t<N> groups wait as bf16)."""
+        if cache.window is not None and kvq.ops._facts(cache.storage, "append").channel:
+            x = x.to(torch.bfloat16)
+        kvq.ops.append(cache, x, self.pos, block_table=self.table, status=self.status, tensor_scale=self.ts.get(storage),
+                       window_table=self.window_table if cache.window is not None else None)
 
     def step(self):
         """Appends token ids[b] at position pos[b] of every sequence to every layer's cache and returns
@@ -93,12 +103,10 @@ class PagedLlama:
             q = lf.rope_rows((xb @ lw["wq"].T).view(B, Hq, D), c, s, hp["order"])
             k = lf.rope_rows((xb @ lw["wk"].T).view(B, Hkv, D), c, s, hp["order"])
             v = (xb @ lw["wv"].T).view(B, Hkv, D)
-            kvq.ops.append(self.k[i], k[:, :, None], self.pos, block_table=self.table, status=self.status,
-                           tensor_scale=self.ts.get(self.k_storage))
-            kvq.ops.append(self.v[i], v[:, :, None], self.pos, block_table=self.table, status=self.status,
-                           tensor_scale=self.ts.get(self.v_storage))
+            self.append(self.k[i], k[:, :, None], self.k_storage)
+            self.append(self.v[i], v[:, :, None], self.v_storage)
             o, _ = kvq.ops.decode(q.to(torch.bfloat16), self.k[i], self.v[i], seq_lens=seq_lens, block_table=self.table,
-                                  softmax_scale=1.0 / math.sqrt(D))
+                                  window_table=self.window_table, softmax_scale=1.0 / math.sqrt(D))
             x = x + o.to(x.dtype).reshape(B, Hq * D) @ lw["wo"].T
             xb = self._rmsnorm(x, lw["rms_ffn"])
             h1, h3 = xb @ lw["w1"].T, xb @ lw["w3"].T
@@ -223,10 +231,10 @@ def time_cache_ops(loop, position, repeats=200):
 
     def append():
         for cache, storage in ((loop.k[0], loop.k_storage), (loop.v[0], loop.v_storage)):
-            kvq.ops.append(cache, k, loop.pos, block_table=loop.table, status=loop.status, tensor_scale=loop.ts.get(storage))
+            loop.append(cache, k, storage)
 
     def decode():
-        kvq.ops.decode(q, loop.k[0], loop.v[0], seq_lens=seq_lens, block_table=loop.table)
+        kvq.ops.decode(q, loop.k[0], loop.v[0], seq_lens=seq_lens, block_table=loop.table, window_table=loop.window_table)
 
     out = {}
     for name, fn in (("append_us", append), ("decode_us", decode)):
@@ -269,7 +277,7 @@ def prompts_from_text(tokenizer, text, batch, length, device):
     return torch.tensor([ids[s:s + length] for s in starts], dtype=torch.long, device=device)
 
 
-def parse_pairs(text):
+def parse_pairs(text, page_tokens=16):
     pairs = []
     for item in text.split(","):
         k, _, v = item.strip().partition("/")
@@ -281,7 +289,10 @@ def parse_pairs(text):
             if name == "nvfp4" or (name not in kvq.ops.RAW_STORAGES and kvq.parse_scheme(name).format == "nvfp4"):
                 raise SystemExit(f"--pairs: {which} {name}: nvfp4 appends with a calibrated per-tensor scale per layer, "
                                  "which this example does not calibrate")
-            kvq.ops._facts(name, f"--pairs {which}")  # token-local or raw, else a SchemeError naming why not
+            f = kvq.ops._facts(name, f"--pairs {which}")  # what kvq.ops.append writes, else a SchemeError naming why not
+            if f.channel and page_tokens % kvq.parse_scheme(name).group:
+                raise SystemExit(f"--pairs: {which} {name}: pages hold whole token groups: --page-tokens {page_tokens} "
+                                 f"is not a multiple of {kvq.parse_scheme(name).group}")
     return pairs
 
 
@@ -292,7 +303,8 @@ def main(argv=None):
     src.add_argument("--random", default=None, help="a published config with random weights (timing only): "
                      "llama3.2-1b, llama3-8b")
     ap.add_argument("--pairs", default="bf16/bf16,int8-head/q4_0,int4-g32-asym/int8-token,q8_0+had/q4_0",
-                    help="K/V storages (raw bf16 / fp16 or token-local kvq schemes); default: %(default)s")
+                    help="K/V storages (raw bf16 / fp16, token-local kvq schemes, +w<W> windows, chan-t<N>); default: "
+                    "%(default)s")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--prompt-tokens", type=int, default=64, help="each sequence's prompt, fed a token per step")
     ap.add_argument("--new-tokens", type=int, default=192, help="greedy tokens generated per sequence")
@@ -306,7 +318,7 @@ def main(argv=None):
     why = kvq.gpu.why_unavailable()
     if why:
         raise SystemExit(f"serve_paged: {why}")
-    pairs, modes = parse_pairs(args.pairs), args.modes.split(",")
+    pairs, modes = parse_pairs(args.pairs, args.page_tokens), args.modes.split(",")
     dtype = getattr(torch, args.dtype)
     dev = torch.device("cuda:0")
     model = None

@@ -56,7 +56,8 @@ def loop_against_reference(model, k_name, v_name, prompts, new_tokens):
 
 
 @pytest.mark.parametrize("k_name,v_name,order", [("int8-head", "q4_0", "llamacpp"), ("int4-g32-asym+had", "int8-token", "hf"),
-                                                 ("int8-head", "int8-head", "hf")])
+                                                 ("int8-head", "int8-head", "hf"),
+                                                 ("int4-g32-asym+w16", "int8-head+w8", "hf")])
 def test_graph_replays_eager_and_the_loop_matches_the_reference(k_name, v_name, order):
     model = random_gguf_model(order=order)
     prompts = torch.randint(0, model.vocab_size, (3, 9), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
@@ -82,10 +83,12 @@ def test_compiled_step_has_no_graph_breaks_and_follows_eager():
 
 
 def test_the_command_times_a_random_published_config(tmp_path, capsys):
-    result = serve_paged.main(["--random", "llama3.2-1b", "--pairs", "bf16/bf16,int8-head/q4_0", "--batch", "2",
+    result = serve_paged.main(["--random", "llama3.2-1b", "--pairs", "bf16/bf16,int8-head/q4_0,int4-chan-t32-asym/int8-head+w16",
+                               "--batch", "2", "--page-tokens", "32",
                                "--prompt-tokens", "3", "--new-tokens", "4", "--modes", "eager,graph",
                                "--out", str(tmp_path)])
-    assert [(r["k"], r["v"]) for r in result["rows"]] == [("bf16", "bf16"), ("int8-head", "q4_0")]
+    assert [(r["k"], r["v"]) for r in result["rows"]] == [("bf16", "bf16"), ("int8-head", "q4_0"),
+                                                          ("int4-chan-t32-asym", "int8-head+w16")]
     for r in result["rows"]:
         assert r["modes"]["graph"]["tokens_equal_eager"] and r["modes"]["graph"]["logits_bitwise_eager"]
         assert r["append_us"] > 0 and r["decode_us"] > 0 and "vs_reference" not in r
@@ -96,7 +99,9 @@ def test_the_command_times_a_random_published_config(tmp_path, capsys):
 def test_the_command_refuses_what_it_cannot_append():
     with pytest.raises(SystemExit, match="nvfp4 appends with a calibrated"):
         serve_paged.parse_pairs("bf16/nvfp4")
-    with pytest.raises(kvq.SchemeError, match="chan-t<N> groups"):
-        serve_paged.parse_pairs("int4-chan-t32-asym/bf16")
+    with pytest.raises(kvq.SchemeError, match="does not read a rotated"):
+        serve_paged.parse_pairs("int4-chan-t32-asym+had/bf16")
+    with pytest.raises(SystemExit, match="--page-tokens 16 is not a multiple of 32"):
+        serve_paged.parse_pairs("int4-chan-t32-asym/bf16", 16)
     with pytest.raises(SystemExit, match="is not K/V"):
         serve_paged.parse_pairs("int8-head")
