@@ -164,6 +164,29 @@ def main():
             w = csv.DictWriter(f, fieldnames=COLUMNS)
             w.writeheader()
             w.writerows(rows)
+    for line in summary(rows):
+        print(line)
+
+
+def summary(rows, limit=1.05):
+    """Issue 33's check per page size: paged / contiguous at B >= 8 (median, max, rows above `limit`,
+    the worst row) and at B = 1 (median, max)."""
+    out = []
+    for P in sorted({int(r["page_tokens"]) for r in rows}):
+        at = [r for r in rows if int(r["page_tokens"]) == P]
+        big = [r for r in at if int(r["B"]) >= 8]
+        ratio = lambda r: float(r["paged_over_contiguous"])  # noqa: E731
+        line = f"{rows[0]['layout']} P={P}:"
+        if big:
+            worst = max(big, key=ratio)
+            line += (f" B>=8 median {statistics.median(map(ratio, big)):.3f}, max {ratio(worst):.3f} ({worst['shape']} "
+                     f"B={worst['B']} T={worst['T']} {worst['k']}/{worst['v']}), {sum(ratio(r) > limit for r in big)} of "
+                     f"{len(big)} rows above {limit}")
+        small = [ratio(r) for r in at if int(r["B"]) == 1]
+        if small:
+            line += f"; B=1 median {statistics.median(small):.3f}, max {max(small):.3f}"
+        out.append(line)
+    return out
 
 
 if __name__ == "__main__":
