@@ -92,14 +92,14 @@ __global__ void flush_channel_groups_kernel(ChannelFlushParams p) {
                             s.asymmetric ? detail::load_param(p.zeros, param0 + d + c, s.scale_dtype) : 0.0f);
     }
     for (int n = 0; n < N; ++n) {
-      const int q0 = encode(bf16_bits_to_fp32(raw[n * p.raw_strides.t + d]), gp[0], s);
-      const int q1 = lanes == 2 ? encode(bf16_bits_to_fp32(raw[n * p.raw_strides.t + d + 1]), gp[1], s) : 0;
+      const int code0 = encode(bf16_bits_to_fp32(raw[n * p.raw_strides.t + d]), gp[0], s);
+      const int code1 = lanes == 2 ? encode(bf16_bits_to_fp32(raw[n * p.raw_strides.t + d + 1]), gp[1], s) : 0;
       uint8_t* row = codes + n * p.code_strides.t;
       if (s.bits == 8) {
-        row[d] = code_to_byte(q0);
-        if (lanes == 2) row[d + 1] = code_to_byte(q1);
+        row[d] = code_to_byte(code0);
+        if (lanes == 2) row[d + 1] = code_to_byte(code1);
       } else {
-        row[pair] = pack_nibbles(q0, q1);
+        row[pair] = pack_nibbles(code0, code1);
       }
     }
   }

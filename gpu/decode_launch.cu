@@ -133,7 +133,9 @@ int ctas_per_sm(const DecodeParams& p) {
     DecodeParams contiguous = p;
     contiguous.block_table = contiguous.v_block_table = contiguous.window_block_table = nullptr;
     const TcEntry& e = tc_prepared_entry(p);
-    if (const void* fn = e.kernel(e.kernel(contiguous) ? contiguous : p))
+    const void* fn = e.kernel(contiguous);
+    if (!fn) fn = e.kernel(p);
+    if (fn)
       KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 128, static_cast<size_t>(e.smem_bytes(p))));
   } else if (const void* fn = kernel_of(p)) {
     KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kDecodeThreads, 0));

@@ -256,6 +256,15 @@ void bind_scheme(nb::module_& m) {
       "head_dim"_a, "The sweep's default (K scheme, V scheme) pairs for this head_dim");
   m.def("scale_shape", [](const SchemeArg& s, const Shape4& shape) { return scale_shape(to_scheme(s), to_kv_shape(shape)); },
         "scheme"_a, "shape"_a, "Shape of the scale (and zero-point) array for a [B, H, T, D] tensor");
+  m.def(
+      "quantized_length",
+      [](const SchemeArg& s, int64_t length) {
+        if (length < 0) throw InputError(fmt::format("quantized_length: length {} is negative", length));
+        return quantized_length(to_scheme(s), length, length);
+      },
+      "scheme"_a, "length"_a,
+      "How many leading tokens of a sequence of `length` the scheme quantizes: all of them, or with +w<W> "
+      "max(0, length - W), rounded down to whole groups for chan-t<N> (the rest stay raw)");
 }
 
 void bind_codec(nb::module_& m) {

@@ -16,14 +16,14 @@ from ._core import (Error, HeadError, InputError, OutputError, ProbabilityError,
                     __version__, alibi_slopes, attention, bits_per_element, bytes_per_token_per_head, default_pairs,
                     dequantize, elements_per_group, fbgemm_rows, hadamard_rotate_back, head_errors, output_error, parse_scheme,
                     parse_scheme_list,
-                    probability_error, quantize, round_to_format, scale_shape, sqnr_db)
+                    probability_error, quantize, quantized_length, round_to_format, scale_shape, sqnr_db)
 from ._core import from_ggml_blocks, to_ggml_blocks  # llama.cpp's block layout of q8_0 ... nvfp4
 from .streaming import AppendQuantizer, FloatStorage, cache_storage
 
 __all__ = ["Error", "HeadError", "InputError", "OutputError", "ProbabilityError", "QuantizeResult", "Scheme",
            "SchemeError", "__version__", "alibi_slopes", "attention", "bits_per_element", "bytes_per_token_per_head",
            "default_pairs", "dequantize", "elements_per_group", "fbgemm_rows", "hadamard_rotate_back", "head_errors", "output_error", "parse_scheme",
-           "parse_scheme_list", "probability_error", "quantize", "round_to_format", "scale_shape", "sqnr_db", "AppendQuantizer",
+           "parse_scheme_list", "probability_error", "quantize", "quantized_length", "round_to_format", "scale_shape", "sqnr_db", "AppendQuantizer",
            "FloatStorage", "cache_storage"]
 __all__ += ["from_ggml_blocks", "to_ggml_blocks"]
 

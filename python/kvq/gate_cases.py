@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._core import SchemeError, fbgemm_rows, parse_scheme, quantize, round_to_format, to_ggml_blocks
+from ._core import SchemeError, fbgemm_rows, parse_scheme, quantize, quantized_length, round_to_format, to_ggml_blocks
 
 LAYOUTS = ("bnsh", "bsnh", "paged", "fbgemm", "ggml", "vllm", "flashinfer_nhd", "flashinfer_hnd")
 # Serving engines' own paged caches (docs/gate.md): vLLM's [num_blocks, 2, block_size, Hkv, D] with a block
@@ -350,13 +350,13 @@ def store_operand(x, storage, layout, lens=None):
 
 
 def window_starts(scheme, lens):
-    """[B]: the first token a +w<W> storage keeps raw in each sequence (quantized_length: the last W
-    tokens, chan-t<N> rounded down to whole groups); the lengths themselves without a window."""
+    """[B]: the first token a +w<W> storage keeps raw in each sequence (kvq.quantized_length, the rule
+    kvq.quantize places windows by: the last W tokens, chan-t<N> rounded down to whole groups); the
+    lengths themselves without a window."""
     lens = np.asarray(lens, np.int64)
     if scheme is None or scheme.window is None:
         return lens
-    lq = np.maximum(lens - scheme.window, 0)
-    return lq - lq % scheme.group if scheme.granularity == "channel" else lq
+    return np.array([quantized_length(scheme, int(n)) for n in lens], np.int64)
 
 
 def outside_its_part(lens, scheme, name, n_tokens):

@@ -237,6 +237,11 @@ def test_fp8_codes_windows_and_the_streaming_cache():
     c = kvq.quantize(x2, "int8-chan-t2+w1", seq_lens=np.array([4, 3]))
     assert (c.codes[0, 0, :2] == 127).all() and (c.codes[0, 0, 2:] == 0).all()  # len 4: 3 -> 2 tokens quantized
     assert (c.codes[1, 0, :2] == 127).all() and (c.codes[1, 0, 2:] == 0).all()  # len 3: 2 tokens quantized
+    # the rule both follow, as kvq.quantized_length gives it (kvq.gate places its windows by it)
+    assert [kvq.quantized_length("int8-chan-t2+w1", n) for n in (4, 3, 1, 0)] == [2, 2, 0, 0]
+    assert kvq.quantized_length("int8-head+w2", 3) == 1 and kvq.quantized_length("int8-head", 7) == 7
+    with pytest.raises(kvq.InputError, match="length -1 is negative"):
+        kvq.quantized_length("int8-head+w2", -1)
     with pytest.raises(kvq.InputError, match=r"seq_lens\[1\] = 5: expected 0 .. T = 4"):
         kvq.quantize(x2, "int8-head+w2", seq_lens=np.array([4, 5]))
 
