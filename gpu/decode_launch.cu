@@ -533,7 +533,9 @@ void check_decode_params(const DecodeParams& p) {
   for (const auto& [name, w] : {std::pair{"K", &p.k_window}, std::pair{"V", &p.v_window}})
     if (p.batch > 0 && p.tokens > 0 && w->present() && !w->raw.data)
       throw InputError(fmt::format("decode: the {} window (+w{}) needs its raw values", name, w->tokens));
-  if (total_splits(p) > 1 && (!p.partial_o || !p.partial_lse)) throw InputError("decode: split-K needs partial buffers");
+  // An empty batch has no partials to hold (their sizes are 0), whatever the regions' splits.
+  if (p.batch > 0 && total_splits(p) > 1 && (!p.partial_o || !p.partial_lse))
+    throw InputError("decode: split-K needs partial buffers");
   if (p.block_table && (p.page_tokens <= 0 || p.table_stride < (p.tokens + p.page_tokens - 1) / std::max(p.page_tokens, 1)))
     throw InputError(fmt::format("decode: a block table needs page_tokens > 0 and >= ceil(T / P) entries per sequence "
                                  "(T = {}, P = {}, {} entries)", p.tokens, p.page_tokens, p.table_stride));

@@ -586,7 +586,7 @@ nb::dict decode_py(const Tensor& q, const nb::dict& k, const nb::dict& v, const 
 // What `variant` says about a K/V storage pair at head_dim D before any tensor exists: the reason it
 // cannot read them ("" when it can) and the precision profile of its arithmetic (the gate's tolerance).
 nb::dict decode_support(const std::string& variant, const std::string& k, const std::string& v, const std::string& layout,
-                        int head_dim) {
+                        int head_dim, int page_tokens) {
   const DecodeVariant* var = nullptr;
   for (const auto& d : decode_variants())
     if (d.name == variant) var = &d;
@@ -597,8 +597,8 @@ nb::dict decode_support(const std::string& variant, const std::string& k, const 
   p.batch = p.q_heads = p.kv_heads = p.tokens = 1, p.head_dim = head_dim;
   p.family = var->family;
   const bool fbgemm = layout == "fbgemm";
-  static const int32_t kAnyTable = 0;  // a paged layout: a table (never read here) of pages of 16
-  if (layout == "paged") p.block_table = p.window_block_table = &kAnyTable, p.table_stride = 1, p.page_tokens = 16;
+  static const int32_t kAnyTable = 0;  // a paged layout: a table (never read here) of pages of page_tokens
+  if (layout == "paged") p.block_table = p.window_block_table = &kAnyTable, p.table_stride = 1, p.page_tokens = page_tokens;
   try {
     for (auto [name, op, format, window] : {std::tuple{&k, &p.k, &p.k_format, &p.k_window},
                                             std::tuple{&v, &p.v, &p.v_format, &p.v_window}}) {
@@ -659,7 +659,8 @@ NB_MODULE(_gpu, m) {
   m.def("available", &kvq::cuda_device_available);
   m.def("device", &kvq::device);
   m.def("variants", &kvq::variants);
-  m.def("decode_support", &kvq::decode_support, "variant"_a, "k"_a, "v"_a, "layout"_a, "head_dim"_a);
+  m.def("decode_support", &kvq::decode_support, "variant"_a, "k"_a, "v"_a, "layout"_a, "head_dim"_a,
+        "page_tokens"_a = 16);
   m.def("quantized_sizes", &kvq::sizes_of, "scheme"_a, "batch"_a, "heads"_a, "tokens"_a, "head_dim"_a, "layout"_a);
   m.def("quantize", &kvq::quantize_py, "x"_a, "scheme"_a, "codes"_a, "scales"_a.none(), "zeros"_a.none(),
         "tensor_scale_out"_a.none(), "tensor_scale"_a.none(), "layout"_a, "variant"_a, "seq_lens"_a, "stream"_a, "scratch"_a,

@@ -30,7 +30,7 @@ t_packages=$((SECONDS - t0))
 stamp=.venv/.requirements.sha256
 want=$(cat requirements.txt requirements-nodeps.txt | sha256sum | cut -d' ' -f1)
 if [[ ! -x .venv/bin/python || ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
-  echo "kvq setup: creating .venv from requirements.txt and requirements-nodeps.txt (SmolLM2-135M: a 93 MB download)"
+  echo "kvq setup: creating .venv from requirements.txt and requirements-nodeps.txt (SmolLM2-135M: a 93 MB download; torch with its CUDA libraries: about 2.6 GB)"
   python3 -m venv .venv
   .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt

@@ -19,10 +19,10 @@ from .gate import Kernel
 __all__ = ["kernel"]
 
 
-def _support(variant, k, v, layout, head_dim):
+def _support(variant, k, v, layout, head_dim, page_size=16):
     if not gpu.available():
         raise RuntimeError(f"kvq.gate_kvq: {gpu.why_unavailable()}")
-    return gpu._gpu.decode_support(variant, k, v, layout, head_dim)
+    return gpu._gpu.decode_support(variant, k, v, layout, head_dim, page_size)
 
 
 def _cache(op, layout):
@@ -68,12 +68,12 @@ def kernel(variant="decode-tc", layout="bnsh", splits=0, page_size=16):
         return o, lse
 
     def why_not(spec, k, v):
-        why = _support(variant, k, v, layout, spec.head_dim)["reason"]
+        why = _support(variant, k, v, layout, spec.head_dim, page_size)["reason"]
         return f"{variant}: {why}" if why else ""
 
     def profile(k, v):  # the profile does not depend on D where the variant runs at all
         for d in (128, 64, 256, 8):
-            s = _support(variant, k, v, layout, d)
+            s = _support(variant, k, v, layout, d, page_size)
             if not s["reason"]:
                 return s["profile"]
         return s["profile"] or "fp32-obf16"
