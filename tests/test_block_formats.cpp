@@ -286,7 +286,7 @@ TEST_CASE("mxfp4's code from its neighbours equals ggml's search of all 16 value
   // beyond the largest (errors that round alike), tiny, signed zeros, and values whose v id overflows
   std::vector<float> xs = {0.0f, -0.0f, 3.4e38f, -3.4e38f, 1e-45f, -1e-45f};
   const float halves[] = {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f,
-                          6.0f, 7.0f, 8.0f, 10.0f, 12.0f, 14.0f, 100.0f, 1e6f};
+                          6.0f, 7.0f, 8.0f, 10.0f, 12.0f, 14.0f, 15.0f, 16.0f, 100.0f, 1e6f};
   for (int e = 0; e < 255; ++e) {
     const float id = e8m0_half(e);
     for (float h : halves)
