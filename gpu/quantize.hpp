@@ -176,7 +176,6 @@ bool rowwarp_supports(const Scheme& s, int64_t head_dim);
 // of 8; above 32, a power-of-two multiple of 32): the per-group codec work done by few lanes, two
 // passes over the bytes (the second from L1).
 void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream);
-void launch_quantize_grouphold(const QuantizeParams& p, cudaStream_t stream);
 bool groupthread_supports(const Scheme& s, int64_t head_dim);
 
 // Per-token (token granularity, D a multiple of 8, planar): a team of 1-32 lanes of one warp per

@@ -5,12 +5,6 @@
 // in 8-element chunks (one 16-byte load for 16-bit input) for its statistics; pass 2 reads it
 // again (from L1) and encodes. Consecutive threads own consecutive segments, so a warp covers a
 // contiguous stretch of the row-major input.
-// quantize-grouphold (HOLD): the same walk for 16-bit input, the segment's 16 words held in
-// registers for pass 2 and its statistics taken two elements an instruction (PackedStats16). The
-// kernel is issue-bound (ncu, int8-head: 83 % of issue slots busy, 35 instructions an element), so
-// this trades occupancy (64 registers: 4 blocks an SM, not 5; no spills) for fewer instructions.
-#include <fmt/format.h>
-
 #include <algorithm>
 
 #include "gpu/quantize_chunk.cuh"
@@ -24,10 +18,9 @@ constexpr int kChunk = detail::kChunkElems;
 constexpr int kSegment = 32;  // elements per lane at most: keeps each lane's bytes in L1 between passes
 
 // At least 5 blocks per SM: the register cap keeps 40 warps in flight (ncu: 4 blocks left the
-// memory system under-fed); the 16-bit input kernels still do not spill. HOLD needs 64 registers.
-template <typename Storage, InputDtype DT, bool ASYM, bool HOLD>
-__global__ void __launch_bounds__(kThreads, HOLD ? 4 : 5) groupthread_kernel(QuantizeParams p) {
-  static_assert(!HOLD || DT != InputDtype::kFp32, "fp32 segments are 32 words: read twice instead");
+// memory system under-fed); the 16-bit input kernels still do not spill.
+template <typename Storage, InputDtype DT, bool ASYM>
+__global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams p) {
   const KvShape& s = p.shape;
   Scheme scheme = p.scheme;
   scheme.asymmetric = ASYM;
@@ -60,23 +53,11 @@ __global__ void __launch_bounds__(kThreads, HOLD ? 4 : 5) groupthread_kernel(Qua
     const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0;
 
     GroupStats st;
-    detail::InputChunk<DT> held[HOLD ? kSegment / kChunk : 1];
-    if constexpr (HOLD) {
-      detail::LaneStats<DT> acc;
+    for (int c = 0; active && c < seg; c += kChunk) {
+      detail::InputChunk<DT> chunk;
+      chunk.load(src + c, aligned);
 #pragma unroll
-      for (int k = 0; k < kSegment / kChunk; ++k) {
-        if (!active || k * kChunk >= seg) break;
-        held[k].load(src + k * kChunk, aligned);
-        acc.add(held[k]);
-      }
-      st = acc.finish();
-    } else {
-      for (int c = 0; active && c < seg; c += kChunk) {
-        detail::InputChunk<DT> chunk;
-        chunk.load(src + c, aligned);
-#pragma unroll
-        for (int e = 0; e < kChunk; ++e) st.add(chunk[e]);
-      }
+      for (int e = 0; e < kChunk; ++e) st.add(chunk[e]);
     }
     const bool finite = st.all_finite(ASYM);  // before the merge: this lane's own segment
     st = detail::shuffle_merge(st, parts, ASYM);  // the group's segments
@@ -106,7 +87,9 @@ __global__ void __launch_bounds__(kThreads, HOLD ? 4 : 5) groupthread_kernel(Qua
       }
       codes = p.codes + (r * D + d0) * scheme.bits / 8;
     }
-    auto encode_chunk = [&](const detail::InputChunk<DT>& chunk, int c) {
+    for (int c = 0; c < seg; c += kChunk) {
+      detail::InputChunk<DT> chunk;
+      chunk.load(src + c, aligned);
       uint32_t w[2] = {0, 0};
       if (scheme.bits == 8) {
 #pragma unroll
@@ -119,27 +102,14 @@ __global__ void __launch_bounds__(kThreads, HOLD ? 4 : 5) groupthread_kernel(Qua
                                         encode(chunk[e + 1], gp, scheme))) << (4 * e);
         *reinterpret_cast<uint32_t*>(codes + c / 2) = w[0];  // FBGEMM rows are 4-byte aligned too
       }
-    };
-    if constexpr (HOLD) {
-#pragma unroll
-      for (int k = 0; k < kSegment / kChunk; ++k) {
-        if (k * kChunk >= seg) break;
-        encode_chunk(held[k], k * kChunk);
-      }
-    } else {
-      for (int c = 0; c < seg; c += kChunk) {
-        detail::InputChunk<DT> chunk;
-        chunk.load(src + c, aligned);
-        encode_chunk(chunk, c);
-      }
     }
   }
 }
 
-template <typename Storage, InputDtype DT, bool HOLD>
+template <typename Storage, InputDtype DT>
 void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks) {
-  if (p.scheme.asymmetric) groupthread_kernel<Storage, DT, true, HOLD><<<blocks, kThreads, 0, stream>>>(p);
-  else groupthread_kernel<Storage, DT, false, HOLD><<<blocks, kThreads, 0, stream>>>(p);
+  if (p.scheme.asymmetric) groupthread_kernel<Storage, DT, true><<<blocks, kThreads, 0, stream>>>(p);
+  else groupthread_kernel<Storage, DT, false><<<blocks, kThreads, 0, stream>>>(p);
   KVQ_CHECK_LAUNCH();
 }
 
@@ -152,12 +122,9 @@ bool groupthread_supports(const Scheme& s, int64_t head_dim) {
   return gran && !s.block_format() && G % kChunk == 0 && head_dim % G == 0 && split;  // blocks: quantize_blocks.cu
 }
 
-namespace {
-
-template <bool HOLD>
-void launch_family(const QuantizeParams& p, cudaStream_t stream, const char* name) {
+void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream) {
   if (!groupthread_supports(p.scheme, p.shape.head_dim))
-    throw InputError(fmt::format("{}: needs head or gG granularity with a group size that is a multiple of 8", name));
+    throw InputError("quantize-groupthread: needs head or gG granularity with a group size that is a multiple of 8");
   const int64_t groups = num_groups(p.scheme, p.shape);
   if (groups == 0) return;
   const int64_t G = p.scheme.granularity == Granularity::kHead ? p.shape.head_dim : p.scheme.group;
@@ -170,24 +137,14 @@ void launch_family(const QuantizeParams& p, cudaStream_t stream, const char* nam
     int device = 0, sms = 0;
     KVQ_CUDA_CHECK(cudaGetDevice(&device));
     KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    max_blocks = int64_t(sms) * (HOLD ? 4 : 5) * 8;
+    max_blocks = int64_t(sms) * 5 * 8;
   }
   const int blocks = static_cast<int>(std::min<int64_t>((threads + kThreads - 1) / kThreads, max_blocks));
   switch (p.in_dtype) {
-    case InputDtype::kFp32: launch_typed<float, InputDtype::kFp32, false>(p, stream, blocks); break;
-    case InputDtype::kFp16: launch_typed<uint16_t, InputDtype::kFp16, HOLD>(p, stream, blocks); break;
-    case InputDtype::kBf16: launch_typed<uint16_t, InputDtype::kBf16, HOLD>(p, stream, blocks); break;
+    case InputDtype::kFp32: launch_typed<float, InputDtype::kFp32>(p, stream, blocks); break;
+    case InputDtype::kFp16: launch_typed<uint16_t, InputDtype::kFp16>(p, stream, blocks); break;
+    case InputDtype::kBf16: launch_typed<uint16_t, InputDtype::kBf16>(p, stream, blocks); break;
   }
-}
-
-}  // namespace
-
-void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream) {
-  launch_family<false>(p, stream, "quantize-groupthread");
-}
-
-void launch_quantize_grouphold(const QuantizeParams& p, cudaStream_t stream) {
-  launch_family<true>(p, stream, "quantize-grouphold");
 }
 
 }  // namespace kvq

@@ -72,12 +72,6 @@ const std::vector<QuantizeVariant>& quantize_variants() {
        "16-byte loads in 8-element chunks, two passes over the segment (the second from L1)",
        "head and gG granularities with G a multiple of 8 (above 32: 32 x a power of two); any D that G divides; "
        "planar and FBGEMM layouts; fp32/fp16/bf16 input", false, groupthread_accepts, launch_quantize_groupthread},
-      {"quantize-grouphold",
-       "quantize-groupthread with 16-bit input's segment held in registers between its passes (one read) and its "
-       "statistics two elements an instruction (16x2 SIMD); 64 registers, 4 blocks an SM (fp32 input: groupthread's "
-       "kernel)",
-       "head and gG granularities with G a multiple of 8 (above 32: 32 x a power of two); any D that G divides; "
-       "planar and FBGEMM layouts; fp32/fp16/bf16 input", false, groupthread_accepts, launch_quantize_grouphold},
       {"quantize-tokenteam",
        "one pass: a team of 1-32 lanes of a warp per (b,t) token (the smallest that leaves <= 4 chunks a lane; 8 for "
        "16-bit tokens above 1024 elements, larger ones re-read the rest), 8-element chunks read once into registers "

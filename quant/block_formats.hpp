@@ -129,11 +129,11 @@ KVQ_HD int mxfp4_exponent(float amax) {
 }
 
 // fp32 -> e2m1 code, round to nearest even, saturating at 6 (NVIDIA's cast: the magnitude's midpoints
-// 0.25 .. 5 with ties to the even code), sign bit 8 when x < 0.
+// 0.25 .. 5 with ties to the even code), sign bit 8 when x < 0. The magnitude counts the midpoints
+// passed, without branches (a chain of selects diverged per element on the GPU); NaN passes all 7.
 KVQ_HD int e2m1_code(float x) {
   const float a = fabsf(x);
-  const int m = a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3
-              : a <= 2.5f  ? 4 : a < 3.5f  ? 5 : a <= 5.0f  ? 6 : 7;
+  const int m = !(a <= 0.25f) + !(a < 0.75f) + !(a <= 1.25f) + !(a < 1.75f) + !(a <= 2.5f) + !(a < 3.5f) + !(a <= 5.0f);
   return m | (x < 0.0f ? 8 : 0);
 }
 
@@ -260,18 +260,38 @@ KVQ_HD BlockParams block_params(CodeFormat f, const float* x, float tensor_scale
 // Below 16 id (every block's elements: id is amax's power of two over 8) with 16 id finite, both
 // errors beside the nearest magnitude are exact (multiples of ulp(a) below a), so the walk has
 // nothing to do and is skipped: the quantizer's codes take 7 compares each.
-KVQ_HD int mxfp4_encode(float x, float id) {
+// A block's grid (mxfp4_grid) is computed once and its elements coded against it (mxfp4_code).
+struct Mxfp4Grid {
+  float id;        // the doubled values' scale 2^(e-128)
+  float mid[7];    // the exact midpoints of neighbouring magnitudes, times id
+  bool walk_free;  // 16 id is finite: below it the walk has nothing to do
+  float top;       // 16 id
+};
+
+KVQ_HD Mxfp4Grid mxfp4_grid(float id) {
+  Mxfp4Grid g;
+  g.id = id;
+  KVQ_UNROLL
+  for (int m = 0; m < 7; ++m) g.mid[m] = 0.5f * static_cast<float>(e2m1_doubled(m) + e2m1_doubled(m + 1)) * id;
+  g.top = 16.0f * id;
+  g.walk_free = g.top <= 3.40282347e38f;
+  return g;
+}
+
+KVQ_HD int mxfp4_code(float x, const Mxfp4Grid& g) {
   const float a = fabsf(x);
   if (!(a <= 3.40282347e38f)) return 0;  // Inf / NaN (quantizers reject them first): the search keeps code 0
-  const auto err = [&](int k) { return fabsf(static_cast<float>(e2m1_doubled(k)) * id - a); };
   int k = 0;
   KVQ_UNROLL
-  for (int m = 0; m < 7; ++m) k += a > 0.5f * static_cast<float>(e2m1_doubled(m) + e2m1_doubled(m + 1)) * id ? 1 : 0;
-  const float top = 16.0f * id;
-  if (!(a < top && top <= 3.40282347e38f))
+  for (int m = 0; m < 7; ++m) k += a > g.mid[m] ? 1 : 0;
+  if (!(a < g.top && g.walk_free)) {
+    const auto err = [&](int j) { return fabsf(static_cast<float>(e2m1_doubled(j)) * g.id - a); };
     while (k > 0 && err(k - 1) <= err(k)) --k;
+  }
   return k > 0 && x < 0.0f ? k + 8 : k;
 }
+
+KVQ_HD int mxfp4_encode(float x, float id) { return mxfp4_code(x, mxfp4_grid(id)); }
 
 // One element's code: q8_0 the int8 value (-127..127), otherwise the unsigned value ggml stores.
 KVQ_HD int block_encode(CodeFormat f, float x, const BlockParams& p) {

@@ -251,6 +251,18 @@ TEST_CASE("e2m1 rounding and iq4_nl's index against brute force") {
     CAPTURE(x);
     REQUIRE(e2m1_code(x) == (best | (x < 0 ? 8 : 0)));
   }
+  // the branch-free count against NVIDIA's chain of compares as written, on every float whose low 12
+  // bits are 0, each midpoint and its neighbours, infinities and NaNs
+  auto chain = [](float v) {
+    const float a = std::fabs(v);
+    const int m = a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3
+                : a <= 2.5f  ? 4 : a < 3.5f  ? 5 : a <= 5.0f  ? 6 : 7;
+    return m | (v < 0.0f ? 8 : 0);
+  };
+  for (uint64_t b = 0; b <= 0xffffffffu; b += 0x1000) REQUIRE(e2m1_code(bits_float(uint32_t(b))) == chain(bits_float(uint32_t(b))));
+  for (float mid : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, INFINITY, NAN})
+    for (float v : {mid, -mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY), -std::nextafter(mid, 0.0f)})
+      REQUIRE(e2m1_code(v) == chain(v));
   // iq4_nl's table, read from packed words: ggml's kvalues_iq4nl, and an index's low 4 bits only
   const int kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
   for (int i = 0; i < 32; ++i) REQUIRE(iq4nl_value(i) == kvalues_iq4nl[i % 16]);
