@@ -3,7 +3,8 @@
 fake shapes are checked against the CPU codec's output for each storage, and a serving step (append
 then decode, contiguous and paged, windows and chan-t<N>) traces with torch.compile(fullgraph=True)
 on meta tensors: no graph breaks, every op in the graph. test_ops.py checks the same ops against
-the kernels on a device (torch.library.opcheck)."""
+the kernels on a device (torch.library.opcheck). Also what kvq._gpu answers without a device: which
+storages a decode variant reads (decode_support, as kvq.gate_kvq asks it)."""
 import numpy as np
 import pytest
 
@@ -135,3 +136,13 @@ def test_append_checks_its_shapes_under_tracing():
         step(q, bad, v_new, positions)
     with pytest.raises(Exception, match="new tokens have shape"):  # dynamo wraps the error it traced
         torch.compile(step, backend="eager", fullgraph=True)(q, bad, v_new, positions)
+
+
+def test_decode_support_judges_the_page_size_it_is_asked_about():
+    from kvq._gpu import decode_support
+    # chan-t32 K needs pages that hold whole token groups: refused in pages of 16, read in pages of 64
+    why16 = decode_support("decode-tc", "int4-chan-t32-asym", "int8-head", "paged", 128, 16)["reason"]
+    assert "N dividing P" in why16, why16
+    assert decode_support("decode-tc", "int4-chan-t32-asym", "int8-head", "paged", 128, 64)["reason"] == ""
+    assert "power of two" in decode_support("decode-tc", "int8-head", "int8-head", "paged", 128, 24)["reason"]
+    assert decode_support("decode-tc", "int8-head", "int8-head", "bnsh", 128)["reason"] == ""
