@@ -262,10 +262,9 @@ KVQ_HD BlockParams block_params(CodeFormat f, const float* x, float tensor_scale
 // nothing to do and is skipped: the quantizer's codes take 7 compares each.
 // A block's grid (mxfp4_grid) is computed once and its elements coded against it (mxfp4_code).
 struct Mxfp4Grid {
-  float id;        // the doubled values' scale 2^(e-128)
-  float mid[7];    // the exact midpoints of neighbouring magnitudes, times id
-  bool walk_free;  // 16 id is finite: below it the walk has nothing to do
-  float top;       // 16 id
+  float id;      // the doubled values' scale 2^(e-128)
+  float mid[7];  // the exact midpoints of neighbouring magnitudes, times id
+  float top;     // 16 id, below which the walk has nothing to do; 0 (always walk) where 16 id overflows
 };
 
 KVQ_HD Mxfp4Grid mxfp4_grid(float id) {
@@ -273,18 +272,17 @@ KVQ_HD Mxfp4Grid mxfp4_grid(float id) {
   g.id = id;
   KVQ_UNROLL
   for (int m = 0; m < 7; ++m) g.mid[m] = 0.5f * static_cast<float>(e2m1_doubled(m) + e2m1_doubled(m + 1)) * id;
-  g.top = 16.0f * id;
-  g.walk_free = g.top <= 3.40282347e38f;
+  g.top = is_finite_float(16.0f * id) ? 16.0f * id : 0.0f;
   return g;
 }
 
 KVQ_HD int mxfp4_code(float x, const Mxfp4Grid& g) {
   const float a = fabsf(x);
-  if (!(a <= 3.40282347e38f)) return 0;  // Inf / NaN (quantizers reject them first): the search keeps code 0
+  if (!is_finite_float(x)) return 0;  // Inf / NaN (quantizers reject them first): the search keeps code 0
   int k = 0;
   KVQ_UNROLL
   for (int m = 0; m < 7; ++m) k += a > g.mid[m] ? 1 : 0;
-  if (!(a < g.top && g.walk_free)) {
+  if (!(a < g.top)) {
     const auto err = [&](int j) { return fabsf(static_cast<float>(e2m1_doubled(j)) * g.id - a); };
     while (k > 0 && err(k - 1) <= err(k)) --k;
   }
