@@ -97,11 +97,16 @@ KVQ_HD float round_half_even(float x) {
 // |y| 2^-22 of fl(v / s) (three roundings of at most 2^-24 each), so when y is farther than
 // |y| 2^-21 from every half-integer both round to the same integer; otherwise (ties, overflow,
 // NaN: the comparison fails) the IEEE division decides. y - nearbyint(y) is exact (Sterbenz).
-KVQ_HD float divide_and_round(float v, float s, float inv_s) {
+// round_by_reciprocal: r = nearbyint(y), and whether it is nearbyint(fl(v / s)) for sure.
+KVQ_HD bool round_by_reciprocal(float v, float inv_s, float& r) {
   const float y = v * inv_s;
-  const float r = round_half_even(y);
-  const float distance_to_tie = fabsf(fabsf(y - r) - 0.5f);
-  if (distance_to_tie > fabsf(y) * 0x1p-21f) return r;
+  r = round_half_even(y);
+  return fabsf(fabsf(y - r) - 0.5f) > fabsf(y) * 0x1p-21f;
+}
+
+KVQ_HD float divide_and_round(float v, float s, float inv_s) {
+  float r;
+  if (round_by_reciprocal(v, inv_s, r)) return r;
   return round_half_even(ieee_div(v, s));
 }
 
@@ -239,6 +244,16 @@ KVQ_HD int encode(float x, const GroupParams& p, const Scheme& s) {
   if (s.fp8()) return encode_fp8(x, p.scale, s.format);
   return s.asymmetric ? encode_asymmetric(x, p.scale, p.inv_scale, p.zero, s.levels())
                       : encode_symmetric(x, p.scale, p.inv_scale, s.qmax());
+}
+
+// An integer scheme's code by the reciprocal alone: true when q is encode(x, p, s) for sure; else
+// (x near a tie, a zero scale, overflow) the caller takes encode(). A quantizer that codes a run of
+// elements this way falls back once for the run, not a branch per element.
+KVQ_HD bool encode_integer_by_reciprocal(float x, const GroupParams& p, const Scheme& s, int& q) {
+  float r;
+  const bool sure = round_by_reciprocal(s.asymmetric ? x - p.zero : x, p.inv_scale, r);
+  q = s.asymmetric ? clamp_code(r, 0, s.levels()) : clamp_code(r, -s.qmax(), s.qmax());
+  return sure && p.scale != 0.0f;
 }
 
 KVQ_HD float decode(int q, const GroupParams& p, const Scheme& s) {

@@ -233,6 +233,55 @@ TEST_CASE("divide_and_round equals nearbyint of the IEEE quotient, ties and extr
   CHECK(checked > 9'000'000);
 }
 
+namespace {
+// DESIGN.md's integer code as written: the IEEE quotient rounded half to even, clamped; scale 0: 0.
+int literal_code(float x, const GroupParams& p, const Scheme& s) {
+  if (p.scale == 0.0f) return 0;
+  const float r = round_half_even(ieee_div(s.asymmetric ? x - p.zero : x, p.scale));
+  return s.asymmetric ? clamp_code(r, 0, s.levels()) : clamp_code(r, -s.qmax(), s.qmax());
+}
+}  // namespace
+
+TEST_CASE("an integer code by the reciprocal is encode()'s wherever it says so, and says so mostly") {
+  std::mt19937 rng(22);
+  std::uniform_int_distribution<uint32_t> bits;
+  std::uniform_int_distribution<int> code(-300, 300);
+  for (const char* name : {"int8-head", "int8-head-asym", "int4-g32", "int4-g32-asym", "int8-head-fp32",
+                           "int4-g32-asym-fp32"}) {
+    CAPTURE(name);
+    const Scheme scheme = parse_scheme(name);
+    int64_t sure = 0, total = 0;
+    for (int i = 0; i < 200'000; ++i) {
+      GroupStats st;
+      float x[8];
+      const float s = round_to_fp16(std::ldexp(1.0f + (bits(rng) % 1024) / 1024.0f, int(bits(rng) % 30) - 20));
+      for (float& v : x) {  // on, next to and between the half-steps of a scale like s
+        const float tie = (static_cast<float>(code(rng)) + 0.5f) * s;
+        const int kind = static_cast<int>(bits(rng) % 4);
+        v = kind == 0 ? tie : kind == 1 ? std::nextafter(tie, INFINITY) : kind == 2 ? static_cast<float>(code(rng)) * s
+                                                                                     : tie * 0.37f;
+        st.add(v);
+      }
+      const GroupParams p = i % 50 == 0 ? GroupParams{} : group_params(st, scheme);  // a zero scale now and then
+      // ... and on, next to and between the half-steps of the group's own scale (its ties)
+      const float zero = scheme.asymmetric ? p.zero : 0.0f;
+      const float k = static_cast<float>(code(rng) & 0xff) - (scheme.asymmetric ? 0.0f : 128.0f);
+      const float own = zero + (k + 0.5f) * p.scale;
+      for (float v : {x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], own, std::nextafter(own, INFINITY),
+                      std::nextafter(own, -INFINITY), zero + k * p.scale}) {
+        int q = 0;
+        if (encode_integer_by_reciprocal(v, p, scheme, q)) {
+          REQUIRE(q == literal_code(v, p, scheme));
+          REQUIRE(q == encode(v, p, scheme));
+          ++sure;
+        }
+        ++total;
+      }
+    }
+    CHECK(sure > total / 2);
+  }
+}
+
 TEST_CASE("group statistics expose any non-finite element") {
   for (bool asym : {false, true}) {
     CAPTURE(asym);
