@@ -124,7 +124,7 @@ __device__ __forceinline__ void encode_chunk(uint8_t* dst, const InputChunk<DT>&
     sure &= encode_integer_by_reciprocal(c[e], gp, s, q);
     return q;
   });
-  if (!sure) w = pack([&](int e) { return encode(c[e], gp, s); });
+  if (!sure) w = pack([&](int e) { return encode_integer_exact(c[e], gp, s); });
   if constexpr (BITS == 8) *reinterpret_cast<uint2*>(dst) = w;
   else *reinterpret_cast<uint32_t*>(dst) = w.x;
 }

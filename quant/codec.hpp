@@ -256,6 +256,15 @@ KVQ_HD bool encode_integer_by_reciprocal(float x, const GroupParams& p, const Sc
   return sure && p.scale != 0.0f;
 }
 
+// encode() of an integer scheme by the IEEE division alone, the same codes (divide_and_round gives the
+// division's rounding whenever it uses the reciprocal): a quantizer's fallback for a run of elements
+// that encode_integer_by_reciprocal was not sure of, without repeating its tests.
+KVQ_HD int encode_integer_exact(float x, const GroupParams& p, const Scheme& s) {
+  const float r = round_half_even(ieee_div(s.asymmetric ? x - p.zero : x, p.scale));
+  const int q = s.asymmetric ? clamp_code(r, 0, s.levels()) : clamp_code(r, -s.qmax(), s.qmax());
+  return p.scale == 0.0f ? 0 : q;
+}
+
 KVQ_HD float decode(int q, const GroupParams& p, const Scheme& s) {
   if (s.fp8()) return decode_fp8(q, p.scale, s.format);
   return s.asymmetric ? decode_asymmetric(q, p.scale, p.zero) : decode_symmetric(q, p.scale);

@@ -269,6 +269,7 @@ TEST_CASE("an integer code by the reciprocal is encode()'s wherever it says so, 
       const float own = zero + (k + 0.5f) * p.scale;
       for (float v : {x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], own, std::nextafter(own, INFINITY),
                       std::nextafter(own, -INFINITY), zero + k * p.scale}) {
+        REQUIRE(encode_integer_exact(v, p, scheme) == encode(v, p, scheme));
         int q = 0;
         if (encode_integer_by_reciprocal(v, p, scheme, q)) {
           REQUIRE(q == literal_code(v, p, scheme));
