@@ -169,6 +169,10 @@ __global__ void __launch_bounds__(kThreads) block_quantize_kernel(QuantizeParams
     if constexpr (F == CodeFormat::kMxfp4) {  // the block's midpoints once, not per element
       const Mxfp4Grid grid = mxfp4_grid(bp.encode_scale);
       store_codes<F>(row, s.head_dim, at.d0, [&](int e) { return mxfp4_code(x[e], grid); });
+    } else if constexpr (F == CodeFormat::kNvfp4) {  // the zero divisor tested once a block
+      const float id = bp.encode_scale;
+      if (id == 0.0f) store_codes<F>(row, s.head_dim, at.d0, [](int) { return 0; });
+      else store_codes<F>(row, s.head_dim, at.d0, [&](int e) { return nvfp4_code(x[e], id); });
     } else {
       store_codes<F>(row, s.head_dim, at.d0, [&](int e) { return block_encode(F, x[e], bp); });
     }

@@ -129,11 +129,18 @@ KVQ_HD int mxfp4_exponent(float amax) {
 }
 
 // fp32 -> e2m1 code, round to nearest even, saturating at 6 (NVIDIA's cast: the magnitude's midpoints
-// 0.25 .. 5 with ties to the even code), sign bit 8 when x < 0. The magnitude counts the midpoints
-// passed, without branches (a chain of selects diverged per element on the GPU); NaN passes all 7.
+// 0.25 .. 5 with ties to the even code), sign bit 8 when x < 0. The magnitude is the number of
+// midpoints passed, found by a three-step binary search without branches (a chain of selects diverged
+// per element on the GPU). "Passed" is !(a < t): a midpoint that rounds down (to the even code below)
+// is passed only above it, so its t is the next float up; NaN passes all 7.
 KVQ_HD int e2m1_code(float x) {
   const float a = fabsf(x);
-  const int m = !(a <= 0.25f) + !(a < 0.75f) + !(a <= 1.25f) + !(a < 1.75f) + !(a <= 2.5f) + !(a < 3.5f) + !(a <= 5.0f);
+  constexpr float t1 = 0x1.000002p-2f, t2 = 0.75f, t3 = 0x1.400002p0f, t4 = 1.75f, t5 = 0x1.400002p1f, t6 = 3.5f,
+                  t7 = 0x1.400002p2f;  // 0.25+, 0.75, 1.25+, 1.75, 2.5+, 3.5, 5+
+  const bool b2 = !(a < t4);
+  const bool b1 = !(a < (b2 ? t6 : t2));
+  const bool b0 = !(a < (b2 ? (b1 ? t7 : t5) : (b1 ? t3 : t1)));
+  const int m = (b2 ? 4 : 0) | (b1 ? 2 : 0) | (b0 ? 1 : 0);
   return m | (x < 0.0f ? 8 : 0);
 }
 
@@ -291,6 +298,10 @@ KVQ_HD int mxfp4_code(float x, const Mxfp4Grid& g) {
 
 KVQ_HD int mxfp4_encode(float x, float id) { return mxfp4_code(x, mxfp4_grid(id)); }
 
+// nvfp4's code for a divisor id != 0: block_encode's without its zero test (a quantizer tests a
+// block's divisor once).
+KVQ_HD int nvfp4_code(float x, float id) { return e2m1_code(ieee_div(x, id)); }
+
 // One element's code: q8_0 the int8 value (-127..127), otherwise the unsigned value ggml stores.
 KVQ_HD int block_encode(CodeFormat f, float x, const BlockParams& p) {
   const float id = p.encode_scale;
@@ -302,7 +313,7 @@ KVQ_HD int block_encode(CodeFormat f, float x, const BlockParams& p) {
     case CodeFormat::kQ5_1: return truncate_at_most((x - p.encode_min) * id + 0.5f, 31);  // ggml: no MIN, never > 31
     case CodeFormat::kIq4Nl: return id == 0.0f ? 0 : iq4nl_best_index(id * x);
     case CodeFormat::kMxfp4: return mxfp4_encode(x, id);
-    case CodeFormat::kNvfp4: return id == 0.0f ? 0 : e2m1_code(ieee_div(x, id));
+    case CodeFormat::kNvfp4: return id == 0.0f ? 0 : nvfp4_code(x, id);
     default: return 0;
   }
 }
