@@ -286,9 +286,11 @@ KVQ_HD Mxfp4Grid mxfp4_grid(float id) {
 KVQ_HD int mxfp4_code(float x, const Mxfp4Grid& g) {
   const float a = fabsf(x);
   if (!is_finite_float(x)) return 0;  // Inf / NaN (quantizers reject them first): the search keeps code 0
-  int k = 0;
-  KVQ_UNROLL
-  for (int m = 0; m < 7; ++m) k += a > g.mid[m] ? 1 : 0;
+  // the number of midpoints below a, by a three-step binary search (the midpoints increase)
+  const bool b2 = a > g.mid[3];
+  const bool b1 = a > (b2 ? g.mid[5] : g.mid[1]);
+  const bool b0 = a > (b2 ? (b1 ? g.mid[6] : g.mid[4]) : (b1 ? g.mid[2] : g.mid[0]));
+  int k = (b2 ? 4 : 0) | (b1 ? 2 : 0) | (b0 ? 1 : 0);
   if (!(a < g.top)) {
     const auto err = [&](int j) { return fabsf(static_cast<float>(e2m1_doubled(j)) * g.id - a); };
     while (k > 0 && err(k - 1) <= err(k)) --k;
