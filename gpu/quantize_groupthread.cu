@@ -90,10 +90,18 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
     for (int c = 0; c < seg; c += kChunk) {
       detail::InputChunk<DT> chunk;
       chunk.load(src + c, aligned);
-      if (scheme.bits == 8)  // FBGEMM rows hold int4 only
-        detail::encode_chunk<ASYM, 8>(codes + c, chunk, gp, detail::fixed_scheme<ASYM, 8>(scheme));
-      else  // 4-byte aligned in FBGEMM rows too
-        detail::encode_chunk<ASYM, 4>(codes + c / 2, chunk, gp, detail::fixed_scheme<ASYM, 4>(scheme));
+      uint32_t w[2] = {0, 0};
+      if (scheme.bits == 8) {
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) w[e / 4] |= uint32_t(code_to_byte(encode(chunk[e], gp, scheme))) << (8 * (e % 4));
+        *reinterpret_cast<uint2*>(codes + c) = make_uint2(w[0], w[1]);  // FBGEMM rows hold int4 only
+      } else {
+#pragma unroll
+        for (int e = 0; e < kChunk; e += 2)
+          w[0] |= uint32_t(pack_nibbles(encode(chunk[e], gp, scheme),
+                                        encode(chunk[e + 1], gp, scheme))) << (4 * e);
+        *reinterpret_cast<uint32_t*>(codes + c / 2) = w[0];  // FBGEMM rows are 4-byte aligned too
+      }
     }
   }
 }
