@@ -8,33 +8,46 @@
 #
 # KVQ_SHAPES, KVQ_SCHEMES, KVQ_DECODE_VARIANTS (default ^decode-tc$) narrow the cases; KVQ_AB_ROUNDS
 # (default 2) sets the interleaved rounds. KVQ_AB_BENCH=quantize times `kvq bench-quantize` instead
-# (KVQ_SCHEMES its --schemes regex). Writes $OUT/ab_<side>_<round>.csv and $OUT/ab.txt.
+# (KVQ_SCHEMES its --schemes regex); KVQ_AB_BENCH=paged builds each tree's Python module and runs its
+# experiments/bench/bench_paged.py with the arguments in KVQ_PAGED_ARGS (e.g. "--shapes smollm2
+# --pairs int8-head --pages 16 64 --layout nhd"), printing both trees' paged times and paged /
+# contiguous ratios. Writes $OUT/ab_<side>_<round>.csv and $OUT/ab.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:?usage: scripts/device_ab.sh BASE_TREE}
 [[ -f $base/CMakeLists.txt ]] || { echo "device_ab: $base: not a kvq tree (no CMakeLists.txt)" >&2; exit 2; }
 OUT=${OUT:-results/ab}
 mkdir -p "$OUT"
+bench=${KVQ_AB_BENCH:-decode}
 build() {  # build SRC DIR
+  local module=(-DKVQ_PYTHON_MODULE=OFF) targets=(kvq)
+  [[ $bench == paged ]] && module=(-DKVQ_PYTHON_MODULE=ON -DKVQ_PYTHON="${KVQ_PYTHON:-python3}") targets=(_core _gpu)
   cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" \
-        -DKVQ_PYTHON_MODULE=OFF > "$OUT/build_$(basename "$2").log" 2>&1 &&
-    cmake --build "$2" -j "$(nproc)" --target kvq >> "$OUT/build_$(basename "$2").log" 2>&1
+        "${module[@]}" > "$OUT/build_$(basename "$2").log" 2>&1 &&
+    cmake --build "$2" -j "$(nproc)" --target "${targets[@]}" >> "$OUT/build_$(basename "$2").log" 2>&1
 }
 echo "device_ab: building the base ($base) and this tree" >&2
 build "$base" build-ab-base & pid=$!
 build . build-ab-head
 wait $pid
-bench=${KVQ_AB_BENCH:-decode}
 case $bench in
   decode) args=(bench --shapes "${KVQ_SHAPES:-llama8b/B1/}" --variant "${KVQ_DECODE_VARIANTS:-^decode-tc\$}")
           [[ -n ${KVQ_SCHEMES:-} ]] && args+=(--schemes "$KVQ_SCHEMES") ;;
   quantize) args=(bench-quantize --schemes "${KVQ_SCHEMES:-.}") ;;
-  *) echo "device_ab: KVQ_AB_BENCH=$bench: expected decode or quantize" >&2; exit 2 ;;
+  paged) read -r -a args <<< "${KVQ_PAGED_ARGS:---shapes smollm2 --pairs int8-head}" ;;
+  *) echo "device_ab: KVQ_AB_BENCH=$bench: expected decode, quantize or paged" >&2; exit 2 ;;
 esac
 for round in $(seq 1 "${KVQ_AB_ROUNDS:-2}"); do
   for side in base head; do
     echo "device_ab: round $round, $side" >&2
-    "build-ab-$side/experiments/kvq" "${args[@]}" --csv "$OUT/ab_${side}_${round}.csv" > "$OUT/ab_${side}_${round}.log"
+    csv=$OUT/ab_${side}_${round}.csv log=$OUT/ab_${side}_${round}.log
+    if [[ $bench == paged ]]; then  # each tree's own script over its own module
+      tree=$([[ $side == base ]] && echo "$base" || echo .)
+      PYTHONPATH="build-ab-$side/python" KVQ_COMMIT="${KVQ_COMMIT:-unknown}-$side" \
+        python3 "$tree/experiments/bench/bench_paged.py" --out "$csv" "${args[@]}" > "$log" 2>&1
+    else
+      "build-ab-$side/experiments/kvq" "${args[@]}" --csv "$csv" > "$log"
+    fi
   done
 done
 python3 - "$OUT" "${KVQ_AB_ROUNDS:-2}" "$bench" << 'EOF' | tee "$OUT/ab.txt"
@@ -43,20 +56,30 @@ out, rounds, bench = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def key_of(row):
     if bench == "quantize":
         return (row["scheme"], row["layout"], row["variant"], "Hkv" + row["HKV"])
+    if bench == "paged":
+        return (row["layout"], row["shape"], row["B"], row["T"], row["k"], row["v"], row["page_tokens"])
     return (row["shape"], row["B"], row["T"], row["kernel"], row["k_scheme"], row["v_scheme"], row.get("layout", ""))
 def label_of(key):
     if bench == "quantize":
         return " ".join(key)
+    if bench == "paged":
+        return f"{key[0]} {key[4]}/{key[5]} {key[1]}/B{key[2]}/T{key[3]} P={key[6]}"
     return f"{key[3]} {key[4]}/{key[5]} {key[0]}/B{key[1]}/T{key[2]}" + (f" [{key[6]}]" if key[6] else "")
-def rows(side):
+def rows(side, column):
     t = {}
     for r in range(1, rounds + 1):
         for row in csv.DictReader(open(f"{out}/ab_{side}_{r}.csv")):
-            t.setdefault(key_of(row), []).append(float(row["median_us"]))
+            t.setdefault(key_of(row), []).append(float(row[column]))
     return {k: statistics.median(v) for k, v in t.items()}
-base, head = rows("base"), rows("head")
-print(f"{'case':<70} {'base us':>9} {'this us':>9} {'this/base':>9}")
+time = "paged_us" if bench == "paged" else "median_us"
+base, head = rows("base", time), rows("head", time)
+extra = bench == "paged"  # the paged / contiguous ratio each tree measured in its own runs
+if extra:
+    base_ratio, head_ratio = rows("base", "paged_over_contiguous"), rows("head", "paged_over_contiguous")
+print(f"{'case':<70} {'base us':>9} {'this us':>9} {'this/base':>9}" + ("  P/C base  P/C this" if extra else ""))
 for key in sorted(base.keys() & head.keys()):
-    label = label_of(key)
-    print(f"{label:<70} {base[key]:9.2f} {head[key]:9.2f} {head[key] / base[key]:9.3f}")
+    line = f"{label_of(key):<70} {base[key]:9.2f} {head[key]:9.2f} {head[key] / base[key]:9.3f}"
+    if extra:
+        line += f" {base_ratio[key]:9.3f} {head_ratio[key]:9.3f}"
+    print(line)
 EOF
