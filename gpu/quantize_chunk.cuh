@@ -119,10 +119,11 @@ __device__ __forceinline__ void encode_chunk(uint8_t* dst, const InputChunk<DT>&
     }
     return make_uint2(w[0], w[1]);
   };
-  if (s.fp8()) {  // FP8 codes have no tie to test: the codec's encode() per element
-    const uint2 w = pack([&](int e) { return encode(c[e], gp, s); });
-    if constexpr (BITS == 8) *reinterpret_cast<uint2*>(dst) = w;
-    return;
+  if constexpr (BITS == 8) {
+    if (s.fp8()) {  // FP8 codes have no tie to test: the codec's encode() per element
+      *reinterpret_cast<uint2*>(dst) = pack([&](int e) { return encode(c[e], gp, s); });
+      return;
+    }
   }
   bool sure = true;
   uint2 w = pack([&](int e) {

@@ -247,8 +247,8 @@ KVQ_HD int encode(float x, const GroupParams& p, const Scheme& s) {
 }
 
 // An integer scheme's code by the reciprocal alone: true when q is encode(x, p, s) for sure; else
-// (x near a tie, a zero scale, overflow) the caller takes encode(). A quantizer that codes a run of
-// elements this way falls back once for the run, not a branch per element.
+// (x near a tie, a zero scale, overflow) the caller takes encode() or encode_integer_exact(). A
+// quantizer that codes a run of elements this way falls back once for the run, not a branch per element.
 KVQ_HD bool encode_integer_by_reciprocal(float x, const GroupParams& p, const Scheme& s, int& q) {
   float r;
   const bool sure = round_by_reciprocal(s.asymmetric ? x - p.zero : x, p.inv_scale, r);
