@@ -246,13 +246,18 @@ KVQ_HD int encode(float x, const GroupParams& p, const Scheme& s) {
                       : encode_symmetric(x, p.scale, p.inv_scale, s.qmax());
 }
 
+// An integer scheme's code range applied to a rounded quotient r.
+KVQ_HD int clamp_integer_code(float r, const Scheme& s) {
+  return s.asymmetric ? clamp_code(r, 0, s.levels()) : clamp_code(r, -s.qmax(), s.qmax());
+}
+
 // An integer scheme's code by the reciprocal alone: true when q is encode(x, p, s) for sure; else
 // (x near a tie, a zero scale, overflow) the caller takes encode() or encode_integer_exact(). A
 // quantizer that codes a run of elements this way falls back once for the run, not a branch per element.
 KVQ_HD bool encode_integer_by_reciprocal(float x, const GroupParams& p, const Scheme& s, int& q) {
   float r;
   const bool sure = round_by_reciprocal(s.asymmetric ? x - p.zero : x, p.inv_scale, r);
-  q = s.asymmetric ? clamp_code(r, 0, s.levels()) : clamp_code(r, -s.qmax(), s.qmax());
+  q = clamp_integer_code(r, s);
   return sure && p.scale != 0.0f;
 }
 
@@ -260,8 +265,7 @@ KVQ_HD bool encode_integer_by_reciprocal(float x, const GroupParams& p, const Sc
 // division's rounding whenever it uses the reciprocal): a quantizer's fallback for a run of elements
 // that encode_integer_by_reciprocal was not sure of, without repeating its tests.
 KVQ_HD int encode_integer_exact(float x, const GroupParams& p, const Scheme& s) {
-  const float r = round_half_even(ieee_div(s.asymmetric ? x - p.zero : x, p.scale));
-  const int q = s.asymmetric ? clamp_code(r, 0, s.levels()) : clamp_code(r, -s.qmax(), s.qmax());
+  const int q = clamp_integer_code(round_half_even(ieee_div(s.asymmetric ? x - p.zero : x, p.scale)), s);
   return p.scale == 0.0f ? 0 : q;
 }
 
