@@ -52,24 +52,23 @@ for round in $(seq 1 "${KVQ_AB_ROUNDS:-2}"); do
 done
 python3 - "$OUT" "${KVQ_AB_ROUNDS:-2}" "$bench" << 'EOF' | tee "$OUT/ab.txt"
 import csv, statistics, sys
+sys.path.insert(0, "experiments/bench")
+from compare_runs import label, row_key  # the regression check's rows: the same keys and names
 out, rounds, bench = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+PAGED_KEY = ("layout", "shape", "B", "T", "k", "v", "page_tokens")
 def key_of(row):
-    if bench == "quantize":
-        return (row["scheme"], row["layout"], row["variant"], "Hkv" + row["HKV"])
+    return tuple(row[f] for f in PAGED_KEY) if bench == "paged" else row_key(bench, row)
+def label_of(key, row):
     if bench == "paged":
-        return (row["layout"], row["shape"], row["B"], row["T"], row["k"], row["v"], row["page_tokens"])
-    return (row["shape"], row["B"], row["T"], row["kernel"], row["k_scheme"], row["v_scheme"], row.get("layout", ""))
-def label_of(key):
-    if bench == "quantize":
-        return " ".join(key)
-    if bench == "paged":
-        return f"{key[0]} {key[4]}/{key[5]} {key[1]}/B{key[2]}/T{key[3]} P={key[6]}"
-    return f"{key[3]} {key[4]}/{key[5]} {key[0]}/B{key[1]}/T{key[2]}" + (f" [{key[6]}]" if key[6] else "")
+        return f"{row['layout']} {row['k']}/{row['v']} {row['shape']}/B{row['B']}/T{row['T']} P={row['page_tokens']}"
+    return label(key, row)
+examples = {}  # a row of each key, for its label
 def rows(side, column):
     t = {}
     for r in range(1, rounds + 1):
         for row in csv.DictReader(open(f"{out}/ab_{side}_{r}.csv")):
             t.setdefault(key_of(row), []).append(float(row[column]))
+            examples.setdefault(key_of(row), row)
     return {k: statistics.median(v) for k, v in t.items()}
 time = "paged_us" if bench == "paged" else "median_us"
 base, head = rows("base", time), rows("head", time)
@@ -78,7 +77,7 @@ if extra:
     base_ratio, head_ratio = rows("base", "paged_over_contiguous"), rows("head", "paged_over_contiguous")
 print(f"{'case':<70} {'base us':>9} {'this us':>9} {'this/base':>9}" + ("  P/C base  P/C this" if extra else ""))
 for key in sorted(base.keys() & head.keys()):
-    line = f"{label_of(key):<70} {base[key]:9.2f} {head[key]:9.2f} {head[key] / base[key]:9.3f}"
+    line = f"{label_of(key, examples[key]):<70} {base[key]:9.2f} {head[key]:9.2f} {head[key] / base[key]:9.3f}"
     if extra:
         line += f" {base_ratio[key]:9.3f} {head_ratio[key]:9.3f}"
     print(line)
