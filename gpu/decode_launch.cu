@@ -495,6 +495,8 @@ std::string paged_unsupported_reason(const DecodeParams& p) {
       (p.v_window.present() && !p.k_window.present() && !is_quantized(p.k_format)))
     return "paged caches: a raw (bf16 / fp16) K or V beside a +wW window on the other operand is not read (give both "
            "windows or neither)";
+  if (p.batch * p.table_stride >= (int64_t{1} << 31))  // the kernels index entries in 32 bits
+    return fmt::format("block tables of 2^31 entries or more (B = {}, {} entries a sequence)", p.batch, p.table_stride);
   if (p.k.mode == ParamMode::kChannel && (p.k.group <= 0 || P % p.k.group != 0))
     return fmt::format("K chan-t{} in pages of {} tokens: a token group must lie in one page (N dividing P)", p.k.group, P);
   std::vector<std::pair<const char*, const KvOperand*>> operands = {{"K", &p.k}, {"V", &p.v}};

@@ -155,19 +155,34 @@ __device__ __forceinline__ void copy_param_words(uint32_t* dst, const uint8_t* l
 struct PageShift {
   int64_t rows[2] = {0, 0}, params[2] = {0, 0};
 };
-// The half's first key is token `in_page` of page `id`.
+// The half's first key is token `in_page` of page `id`. kChannel: chan-tN parameters, one unit a
+// token group (the other operands' units are tokens: no shift to apply per step).
+template <bool kChannel = false>
 __device__ __forceinline__ void set_page_shift(PageShift& ps, int half, const TcOperandPlan& pl, int id, int in_page) {
-  ps.rows[half] = static_cast<int64_t>(id) * pl.page_bytes + in_page * pl.page_row_bytes;
-  ps.params[half] = static_cast<int64_t>(id) * pl.param_page_bytes + (in_page >> pl.param_in_page_shift) * pl.param_unit_bytes;
+  // both terms as 32 x 32 -> 64-bit products: two wide multiply-adds, no sign extension between them
+  ps.rows[half] = static_cast<int64_t>(id) * pl.page_bytes + static_cast<int64_t>(in_page) * pl.page_row_bytes;
+  const int unit = kChannel ? in_page >> pl.param_in_page_shift : in_page;
+  ps.params[half] = static_cast<int64_t>(id) * pl.param_page_bytes + static_cast<int64_t>(unit) * pl.param_unit_bytes;
 }
 
-// A paged step's parameter span: its halves' words (chunk_words each) from their pages.
-__device__ __forceinline__ void copy_paged_param_words(uint32_t* dst, const uint8_t* lane_src, int words, int chunk_words,
-                                                       const PageShift& ps, int lane) {
-  const int64_t second = ps.params[1] - 4 * chunk_words;  // lane_src has passed the first half's words
+// A paged step's parameter span: each half's chunk_words words from its page (half h's word u from
+// lane_src - 4 lane + 4 u + ps.params[h]). Up to 8 parameter bytes a key, a lane copies one word a half.
+__device__ __forceinline__ void copy_paged_param_words(uint32_t* dst, const uint8_t* lane_src, bool two_halves,
+                                                       int chunk_words, const PageShift& ps, int lane) {
+  if (chunk_words <= 32) {
+    if (lane < chunk_words) {
+      cp_async4(smem_address(dst + lane), lane_src + ps.params[0], true);
+      if (two_halves) cp_async4(smem_address(dst + chunk_words + lane), lane_src + ps.params[1], true);
+    }
+    return;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // unrolled: ps.params[h] stays in registers
+    if (h == 1 && !two_halves) break;
 #pragma unroll 1
-  for (int w = lane; w < words; w += 32, lane_src += 128)
-    cp_async4(smem_address(dst + w), lane_src + (w < chunk_words ? ps.params[0] : second), true);
+    for (int w = lane; w < chunk_words; w += 32)
+      cp_async4(smem_address(dst + h * chunk_words + w), lane_src + 4 * (w - lane) + ps.params[h], true);
+  }
 }
 
 // Rows [t0, t0 + n) in copies of kUnit words: inline parameters to `params`, codes to `codes`.
@@ -232,9 +247,10 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
   }
   if (kPaged && !kChannel && s.scale_lane) {  // a paged step: each half from its page
     // (a half without keys copies nothing: its table entry may name no page)
-    const int chunk_words = 4 * s.param_row_bytes, words = (n > 16 ? kStepTokens : 16) * s.param_row_bytes / 4;
-    copy_paged_param_words(params, s.scale_lane, words, chunk_words, ps, lane);
-    if (s.asymmetric) copy_paged_param_words(params + s.param_words, s.zero_lane, words, chunk_words, ps, lane);
+    const int chunk_words = 4 * s.param_row_bytes;  // 16 keys' parameter words
+    const bool two_halves = kStepTokens > 16 && n > 16;
+    copy_paged_param_words(params, s.scale_lane, two_halves, chunk_words, ps, lane);
+    if (s.asymmetric) copy_paged_param_words(params + s.param_words, s.zero_lane, two_halves, chunk_words, ps, lane);
   } else if (s.scale_lane) {  // whole spans: rows past n copy their neighbours' parameters, never used
     // (paged chan-tN: the step's token group in the step's page, whose groups are whole: N divides P)
     const int64_t advance = kPaged     ? ps.params[0]

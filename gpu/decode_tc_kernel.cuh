@@ -193,10 +193,12 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   // Paged caches: the pages of a step's halves. Their ids are read from the block table one step
   // before the step is issued (a dependent load in front of the copies would stall the warp).
   constexpr bool paged = kPaged;
-  const int32_t* page_row = p.block_table + b * p.table_stride;
+  // Entries are indexed in 32 bits (tables of fewer than 2^31 entries: paged_unsupported_reason), so
+  // a step's table address is one 32-bit add from the row's first entry, not a 64-bit product of b.
+  const int row0 = static_cast<int>(b) * static_cast<int>(p.table_stride);
   constexpr bool kTwoTables = paged && (Tr::K::kQuantized != Tr::V::kQuantized);
   const bool two_tables = kTwoTables && p.v_block_table != nullptr;
-  const int32_t* v_page_row = two_tables ? p.v_block_table + b * p.table_stride : page_row;
+  const int32_t* v_table = two_tables ? p.v_block_table : p.block_table;
   struct PageIds {
     int first = 0, second = 0, v_first = 0, v_second = 0;  // v_*: V's pages (kTwoTables kernels only)
   };
@@ -204,15 +206,15 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     PageShift k, v;
   };
   // The ids of the pages of keys [t0, t0 + n) (the second half's only when it has keys in another page).
-  auto page_ids = [&](int64_t t0, int n) {
+  auto page_ids = [&](int t0, int n) {
     PageIds r;
     if constexpr (paged) {
-      const int i0 = static_cast<int>(t0) >> plan.page_shift, i1 = (static_cast<int>(t0) + 16) >> plan.page_shift;
-      r.first = __ldg(page_row + i0);
-      r.second = kST > 16 && n > 16 && i1 != i0 ? __ldg(page_row + i1) : r.first;
+      const int i0 = t0 >> plan.page_shift, i1 = (t0 + 16) >> plan.page_shift;
+      r.first = __ldg(p.block_table + (row0 + i0));
+      r.second = kST > 16 && n > 16 && i1 != i0 ? __ldg(p.block_table + (row0 + i1)) : r.first;
       if constexpr (kTwoTables) {
-        r.v_first = two_tables ? __ldg(v_page_row + i0) : r.first;
-        r.v_second = !two_tables ? r.second : kST > 16 && n > 16 && i1 != i0 ? __ldg(v_page_row + i1) : r.v_first;
+        r.v_first = two_tables ? __ldg(v_table + (row0 + i0)) : r.first;
+        r.v_second = !two_tables ? r.second : kST > 16 && n > 16 && i1 != i0 ? __ldg(v_table + (row0 + i1)) : r.v_first;
       }
     }
     return r;
@@ -223,10 +225,10 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     if constexpr (paged) {
       const int mask = (1 << plan.page_shift) - 1, in0 = static_cast<int>(t0) & mask;
       const int v_first = kTwoTables ? ids.v_first : ids.first, v_second = kTwoTables ? ids.v_second : ids.second;
-      set_page_shift(r.k, 0, plan.k, ids.first, in0), set_page_shift(r.v, 0, plan.v, v_first, in0);
+      set_page_shift<kChanK>(r.k, 0, plan.k, ids.first, in0), set_page_shift(r.v, 0, plan.v, v_first, in0);
       if constexpr (kST > 16) {
         const int in1 = (static_cast<int>(t0) + 16) & mask;
-        set_page_shift(r.k, 1, plan.k, ids.second, in1), set_page_shift(r.v, 1, plan.v, v_second, in1);
+        set_page_shift<kChanK>(r.k, 1, plan.k, ids.second, in1), set_page_shift(r.v, 1, plan.v, v_second, in1);
       }
     }
     return r;
@@ -239,11 +241,17 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   const uint32_t k_magic = plan.k.units_magic, v_magic = plan.v.units_magic;
   auto step_start = [&](int s) { return t_begin + (static_cast<int64_t>(s) * Tr::kWarps + warp) * kST; };
   // n_lo > 0 only for step 0 (kAlignedSteps), issued before the loop: the loop's copies carry no lower mask.
+  // Paged kernels count keys in 32 bits (tokens + kMaxSplits < 2^31: decode_launch.cu checks), so
+  // their steps' key counts and page indices take no 64-bit arithmetic.
+  const int t_end32 = static_cast<int>(t_end);
+  auto step_keys = [&](int64_t t0) {
+    return paged ? min(t_end32 - static_cast<int>(t0), kST) : static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
+  };
   auto issue = [&](int s, int n_lo, PageIds ids) {
     if (s < my_steps) {
       uint32_t* st = ring + (s % kS) * lay.stage_words;
       const int64_t t0 = step_start(s);
-      const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
+      const int n = step_keys(t0);
       const StepPages pages = page_shifts(t0, ids);  // contiguous: no page arithmetic (copy_step<.., false>)
       copy_step<Tr::kKRowWords, typename Tr::KRows, kST, kChanK, kPaged>(st, st + lay.k_params, ks, t0, n_lo, n, lane,
                                                                          k_magic, pages.k);
@@ -253,8 +261,9 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     cp_async_commit();  // empty groups keep the count uniform
   };
   auto step_page_ids = [&](int s) {
-    const int64_t t0 = step_start(s);
-    return s < my_steps ? page_ids(t0, static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST)) : PageIds{};
+    if (s >= my_steps) return PageIds{};
+    const int t0 = static_cast<int>(step_start(s));
+    return page_ids(t0, min(t_end32 - t0, kST));
   };
   // The first stages' copies (and the pages they read) are issued before the prologue, whose Q loads
   // and conversions then overlap them: the stages lie past the prologue's shared memory.
@@ -273,7 +282,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     const uint8_t* row = vs.rows + t_begin * vs.stride_t;
     int64_t param_index = vs.first_param + t_begin * vs.groups;
     if constexpr (paged) {
-      const int64_t id = __ldg(v_page_row + (t_begin >> plan.page_shift)), in_page = t_begin & ((1 << plan.page_shift) - 1);
+      const int64_t id = __ldg(v_table + (row0 + (static_cast<int>(t_begin) >> plan.page_shift))), in_page = t_begin & ((1 << plan.page_shift) - 1);
       row = vs.rows + id * plan.v.page_bytes + in_page * vs.stride_t;
       param_index = vs.first_param + id * p.v.param_stride_page + in_page * vs.groups;
     }
@@ -321,7 +330,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     const uint32_t* kc = st;
     const uint32_t* vc = st + kST * Tr::kKStride;
     const int64_t t0 = step_start(s);
-    const int n = static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
+    const int n = step_keys(t0);
     // Rows [n_lo, n) are keys; n_lo > 0 only in the first step of a region that starts mid-group
     // or mid-page (kAlignedSteps), masked under a branch of its own.
     const int n_lo = s == 0 && warp == 0 ? first_masked : 0;
