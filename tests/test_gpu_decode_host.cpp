@@ -210,6 +210,11 @@ TEST_CASE("paged windows: each region reads each operand through its own pages' 
   CHECK(paged_unsupported_reason(p).find("window_block_table") != std::string::npos);
   p.window_block_table = window_table;
   CHECK(paged_unsupported_reason(p) == "");
+  DecodeParams huge = p;  // the kernels index table entries in 32 bits
+  huge.batch = 1 << 16, huge.table_stride = 1 << 15;
+  CHECK(paged_unsupported_reason(huge).find("2^31 entries") != std::string::npos);
+  huge.table_stride = (1 << 15) - 1;
+  CHECK(paged_unsupported_reason(huge) == "");
   const int32_t lens[1] = {64};
   p.seq_lens = lens;
   for (const DecodeParams& r : decode_regions(p)) {
