@@ -205,16 +205,19 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   struct StepPages {
     PageShift k, v;
   };
-  // The ids of the pages of keys [t0, t0 + n) (the second half's only when it has keys in another page).
+  // The ids of the pages of keys [t0, t0 + n). The second half's entry is chosen by its index, never by
+  // a value chosen from the first load: such a select waits for that load where it is issued, a full
+  // memory latency in every step (ncu's top stall of the paged step). Where both halves lie in one page
+  // (or the second has no keys) the second load reads the first's entry again, from L1.
   auto page_ids = [&](int t0, int n) {
     PageIds r;
     if constexpr (paged) {
-      const int i0 = t0 >> plan.page_shift, i1 = (t0 + 16) >> plan.page_shift;
+      const int i0 = t0 >> plan.page_shift, i1 = kST > 16 && n > 16 ? (t0 + 16) >> plan.page_shift : i0;
       r.first = __ldg(p.block_table + (row0 + i0));
-      r.second = kST > 16 && n > 16 && i1 != i0 ? __ldg(p.block_table + (row0 + i1)) : r.first;
+      if constexpr (kST > 16) r.second = __ldg(p.block_table + (row0 + i1));
       if constexpr (kTwoTables) {
-        r.v_first = two_tables ? __ldg(v_table + (row0 + i0)) : r.first;
-        r.v_second = !two_tables ? r.second : kST > 16 && n > 16 && i1 != i0 ? __ldg(v_table + (row0 + i1)) : r.v_first;
+        r.v_first = __ldg(v_table + (row0 + i0));
+        if constexpr (kST > 16) r.v_second = __ldg(v_table + (row0 + i1));
       }
     }
     return r;
