@@ -125,6 +125,11 @@ KVQ_HD void key_region_bounds(KeyRegion r, const KvWindow& kw, const KvWindow& v
 inline constexpr int kMaxSplits = 128;
 inline constexpr int kDecodeChunk = 8;  // elements of one row a lane dequantizes at once
 
+// Where a split decode's partials merge (tensor cores, one key region). kAuto: in a CTA cluster where
+// the clusters fit, else in the last split where that measured faster than the merge kernel, else the
+// merge kernel. The others force one way (the gate checks that all give the same bits; A/Bs).
+enum class SplitMerge { kAuto, kMergeKernel, kLastSplit };
+
 struct DecodeParams {
   int64_t batch = 0, q_heads = 0, kv_heads = 0, tokens = 0;  // B, Hq, Hkv, T (cache capacity)
   int head_dim = 0;                                         // D in {8, 64, 128, 256}
@@ -149,6 +154,11 @@ struct DecodeParams {
   int heads_per_cta = 0;  // query heads sharing one CTA's K/V reads: 1, 2, 4 or 8
   float* partial_o = nullptr;    // [splits, B, Hq, D] when splits > 1
   float* partial_lse = nullptr;  // [splits, B, Hq]
+  // Tensor cores, one key region: the last split of each (b, KV head, head block) to finish merges the
+  // splits (a counter each, zero before and after the launch), so no merge kernel runs. launch_decode
+  // sets it from a set of counters per (device, stream) where split_merge asks for it.
+  unsigned* split_counters = nullptr;
+  SplitMerge split_merge = SplitMerge::kAuto;
   // A paged cache (tensor-core family): sequence b's tokens [i*P, (i+1)*P) lie in page
   // block_table[b * table_stride + i]; P = page_tokens, a power of two >= 16. T is the longest
   // sequence the table can hold (table_stride >= ceil(T / P)). nullptr: contiguous K and V.

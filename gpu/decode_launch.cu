@@ -89,6 +89,51 @@ __global__ void merge_splits_kernel(const DecodeParams p) {
 
 const void* kernel_of(const DecodeParams& p);
 
+// Where the last split's merge measured faster than the merge kernel (H100, experiments/results/.../
+// last-split-merge): many splits (the merge kernel's threads then read them in a chain of round
+// trips, 8 splits each) over a head block of few rows (<= 256 values: the last CTA's one pass). SmolLM2
+// B = 1 T = 8K (44 splits, 3 x 64): 0.85-0.95x; llama8b B = 1 T = 8K (16 splits, 4 x 128) 1.06-1.09x,
+// T = 32K (29-43 splits, 4 x 128) 1.03-1.17x, seed000 B = 32 (8-11 splits, 8 x 128) 1.05-1.15x.
+bool last_split_merge_pays(const DecodeParams& p) {
+  const int64_t rows = std::min<int64_t>(p.q_heads / p.kv_heads, 8) * p.head_dim;
+  return p.splits > 16 && rows <= 256;
+}
+
+// Zeroed counters for the last-split merge (DecodeParams::split_counters), `count` of them, one set per
+// (device, stream): every launch leaves them zero again, and stream order keeps two launches from
+// sharing them at once. (A graph captured on stream S and replayed elsewhere uses S's set: replays
+// concurrent with decodes on S would share it.) Sets are never freed: a captured graph holds the
+// pointer. A set is allocated on first use, also while the stream captures a graph: this thread's
+// capture mode relaxed for the allocation, the zeroing on a stream of its own (not in the graph).
+unsigned* split_counters(cudaStream_t stream, int64_t count) {
+  static std::map<std::pair<int, cudaStream_t>, std::pair<unsigned*, int64_t>> held;
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  int device = 0;
+  KVQ_CUDA_CHECK(cudaGetDevice(&device));
+  auto& [counters, size] = held[{device, stream}];
+  if (size >= count) return counters;
+  int64_t n = 4096;
+  while (n < count) n *= 2;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  KVQ_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  unsigned* fresh = nullptr;
+  cudaStream_t side = nullptr;
+  cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&fresh), n * sizeof(unsigned));
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaMemsetAsync(fresh, 0, n * sizeof(unsigned), side);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(side);
+  if (side) cudaStreamDestroy(side);
+  if (e != cudaSuccess && fresh) cudaFree(fresh);
+  KVQ_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  if (e != cudaSuccess) {  // out of memory, or a capture that forbids it: the merge kernel runs
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  counters = fresh, size = n;  // a smaller set stays allocated: a captured graph may use it
+  return counters;
+}
+
 // The tensor-core kernels of p's K and V formats.
 TcEntry tc_entry_of(const DecodeParams& p) {
   switch (tc_codes(p.k_format)) {
@@ -660,9 +705,16 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (p.family == DecodeFamily::kTensorCore) {
     const std::string why = tensor_core_unsupported_reason(p);
     if (!why.empty()) throw InputError("decode (tensor cores): " + why);
-    const bool in_clusters = regions.size() == 1 && detail::tc_cluster_merge_fits(regions.front());
+    const bool auto_merge = p.split_merge == SplitMerge::kAuto;
+    const bool in_clusters = auto_merge && regions.size() == 1 && detail::tc_cluster_merge_fits(regions.front());
     for (DecodeParams& region : regions) region.cluster_merge = in_clusters;
     merged = merged || in_clusters;
+    if (!merged && regions.size() == 1 &&
+        (p.split_merge == SplitMerge::kLastSplit || (auto_merge && detail::last_split_merge_pays(regions.front())))) {
+      DecodeParams& one = regions.front();
+      one.split_counters = detail::split_counters(stream, one.batch * one.kv_heads * ((one.q_heads / one.kv_heads + 7) / 8));
+      merged = one.split_counters != nullptr;
+    }
     detail::launch_regions(regions, stream);
   } else if (const std::string why = cuda_core_unsupported_reason(p); !why.empty()) {
     throw InputError("decode (CUDA cores): " + why);

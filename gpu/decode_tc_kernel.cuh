@@ -592,6 +592,17 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   }
   if (p.cluster_merge) return merge_cluster_splits<Tr::kThreads>(p, cluster_o, head_lse, heads, D, row);
   if (threadIdx.x < heads) (direct ? p.lse[row + threadIdx.x] : p.partial_lse[slot_row + threadIdx.x]) = head_lse[threadIdx.x];
+  // The stages (the warps' partials, stored above) hold the last split's merge: its LSEs, its O so far
+  // and at least one split's O rows.
+  constexpr int kStageFloats = Tr::kWarps * Tr::kStages * Tr::kCodeWords;
+  static_assert(kStageFloats >= 16 + Tr::kHeads * kMaxSplits + 2 * Tr::kHeads * D, "the last split's merge fits in the stages");
+  if (p.split_counters) {  // (b, KV head, head block) of blockIdx.x taken apart again: nothing held through the loop
+    const uint32_t cta_again = blockIdx.x, by_blocks = plan.by_head_blocks.div(cta_again);
+    const uint32_t group = plan.by_splits.div(by_blocks), block = cta_again - by_blocks * static_cast<uint32_t>(plan.head_blocks);
+    const LastSplitMerge m{p.partial_o, p.partial_lse, p.out, p.lse, p.batch * p.q_heads, p.splits};
+    merge_as_last_split<Tr::kThreads>(m, p.split_counters + group * static_cast<uint32_t>(plan.head_blocks) + block, row,
+                                      heads, D, reinterpret_cast<float*>(stages), kStageFloats);
+  }
 }
 
 }  // namespace kvq::detail

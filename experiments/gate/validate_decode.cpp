@@ -342,6 +342,18 @@ struct Gate {
       }
       run.run(planned);
       const std::vector<float> out = run.output(), lse = run.lse();
+      // The splits' partials merged each way (the merge kernel, the last split's CTA; the planned way may
+      // be a cluster): the same arithmetic in the same order, so the same bits (NaN rows included).
+      int64_t merge_differs = 0;
+      if (planned.family == DecodeFamily::kTensorCore && planned.splits > 1)
+        for (SplitMerge way : {SplitMerge::kMergeKernel, SplitMerge::kLastSplit}) {
+          DecodeParams forced = planned;
+          forced.split_merge = way;
+          run.run(forced);
+          const std::vector<float> out2 = run.output(), lse2 = run.lse();
+          for (size_t i = 0; i < out.size(); ++i) merge_differs += std::memcmp(&out[i], &out2[i], sizeof(float)) != 0;
+          for (size_t i = 0; i < lse.size(); ++i) merge_differs += std::memcmp(&lse[i], &lse2[i], sizeof(float)) != 0;
+        }
 
       AttentionProblem p;
       p.batch = s.batch, p.q_heads = s.q_heads, p.kv_heads = s.kv_heads, p.q_len = 1, p.head_dim = s.head_dim;
@@ -377,7 +389,9 @@ struct Gate {
         r.values = static_cast<int64_t>(judged_out.size());
       }
       const ToleranceCheck t = check_tolerance(judged_out, judged_lse, ref.o, ref.lse, mimic.o, mimic.lse);
-      r.ok = t.ok, r.detail = t.detail;
+      r.ok = t.ok && merge_differs == 0, r.detail = t.detail;
+      if (merge_differs)
+        r.detail += fmt::format("; {} values differ between the split merges (merge kernel, last split, planned)", merge_differs);
       add(r);
       return out;
     } catch (const std::exception& e) {  // a launch or input error fails the case, and the gate goes on

@@ -85,6 +85,26 @@ def test_decode_in_a_cuda_graph_replays_with_new_inputs():
         assert torch.equal(o_graph, o_eager) and torch.equal(lse_graph, lse_eager)
 
 
+def test_last_split_merge_first_used_inside_a_capture_replays_as_eager():
+    # 32 splits over a head block of 3 x 64 values: the last split merges (no merge kernel). The
+    # capture stream's counters are allocated while it captures; the replays must leave them zero
+    # (a counter left at 1 would make the wrong CTA merge next time).
+    q, k, v, lens = problem(B=2, Hq=9, Hkv=3, T=4096, D=64, seed=31)
+    kc, vc = kvq.ops.quantize(k, "int8-head"), kvq.ops.quantize(v, "int4-g32-asym")
+    static_q = q.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # no warm-up: the first decode on this stream is captured
+        o_graph, lse_graph = kvq.gpu.decode(static_q, kc, vc, seq_lens=lens, splits=32)
+    for seed in (32, 33, 34):
+        new_q = random_kv(tuple(q.shape), seed)
+        static_q.copy_(new_q)
+        graph.replay()
+        o_eager, lse_eager, launch = kvq.gpu.decode(new_q, kc, vc, seq_lens=lens, splits=32, info=True)
+        torch.cuda.synchronize()
+        assert launch["splits"] == 32
+        assert torch.equal(o_graph, o_eager) and torch.equal(lse_graph, lse_eager)
+
+
 def test_quantize_and_decode_compile_without_graph_breaks():
     q, k, v, lens = problem(seed=21)
 
