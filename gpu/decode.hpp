@@ -127,7 +127,8 @@ inline constexpr int kDecodeChunk = 8;  // elements of one row a lane dequantize
 
 // Where a split decode's partials merge (tensor cores, one key region). kAuto: in a CTA cluster where
 // the clusters fit, else in the last split where that measured faster than the merge kernel, else the
-// merge kernel. The others force one way (the gate checks that all give the same bits; A/Bs).
+// merge kernel. The others force one way (the gate checks that all give the same bits; A/Bs); the
+// last split copies partial_o 16 bytes at a time, so a less aligned buffer gets the merge kernel.
 enum class SplitMerge { kAuto, kMergeKernel, kLastSplit };
 
 struct DecodeParams {

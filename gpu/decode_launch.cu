@@ -98,6 +98,8 @@ bool last_split_merge_pays(const DecodeParams& p) {
   const int64_t rows = std::min<int64_t>(p.q_heads / p.kv_heads, 8) * p.head_dim;
   return p.splits > 16 && rows <= 256;
 }
+// The last split copies the partial O rows 16 bytes at a time (a caller's buffer may be less aligned).
+bool last_split_merge_fits(const DecodeParams& p) { return reinterpret_cast<uintptr_t>(p.partial_o) % 16 == 0; }
 
 // Zeroed counters for the last-split merge (DecodeParams::split_counters), `count` of them, one set per
 // (device, stream): every launch leaves them zero again, and stream order keeps two launches from
@@ -709,7 +711,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     const bool in_clusters = auto_merge && regions.size() == 1 && detail::tc_cluster_merge_fits(regions.front());
     for (DecodeParams& region : regions) region.cluster_merge = in_clusters;
     merged = merged || in_clusters;
-    if (!merged && regions.size() == 1 &&
+    if (!merged && regions.size() == 1 && detail::last_split_merge_fits(p) &&
         (p.split_merge == SplitMerge::kLastSplit || (auto_merge && detail::last_split_merge_pays(regions.front())))) {
       DecodeParams& one = regions.front();
       one.split_counters = detail::split_counters(stream, one.batch * one.kv_heads * ((one.q_heads / one.kv_heads + 7) / 8));
