@@ -89,6 +89,10 @@ __global__ void merge_splits_kernel(const DecodeParams p) {
 
 const void* kernel_of(const DecodeParams& p);
 
+// The (b, KV head, block of 8 query heads) groups of a tensor-core launch: its CTAs per split, and the
+// last-split merge's counters (the kernel's TcPlan::head_blocks, Tr::kHeads = 8).
+int64_t tc_head_block_groups(const DecodeParams& p) { return p.batch * p.kv_heads * ((p.q_heads / p.kv_heads + 7) / 8); }
+
 // Where the last split's merge measured faster than the merge kernel (H100, experiments/results/.../
 // last-split-merge): many splits (the merge kernel's threads then read them in a chain of round
 // trips, 8 splits each) over a head block of few rows (<= 256 values: the last CTA's one pass). SmolLM2
@@ -242,8 +246,7 @@ void launch_tc(const DecodeParams& p, cudaStream_t stream) {
   const TcEntry& e = tc_prepared_entry(p);
   const void* fn = e.kernel(p);
   if (!fn) throw CudaError(fmt::format("decode-tc: no kernel for head_dim {}", p.head_dim));
-  const int64_t head_blocks = (p.q_heads / p.kv_heads + 7) / 8;
-  const int64_t ctas = p.batch * p.kv_heads * p.splits * head_blocks;
+  const int64_t ctas = tc_head_block_groups(p) * p.splits;
   if (ctas == 0) return;
   // The kernel takes its CTA index and key spans apart with 32-bit dividers (TcPlan's FastDiv).
   constexpr int64_t kLimit = int64_t{1} << 31;
@@ -714,7 +717,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     if (!merged && regions.size() == 1 && detail::last_split_merge_fits(p) &&
         (p.split_merge == SplitMerge::kLastSplit || (auto_merge && detail::last_split_merge_pays(regions.front())))) {
       DecodeParams& one = regions.front();
-      one.split_counters = detail::split_counters(stream, one.batch * one.kv_heads * ((one.q_heads / one.kv_heads + 7) / 8));
+      one.split_counters = detail::split_counters(stream, detail::tc_head_block_groups(one));
       merged = one.split_counters != nullptr;
     }
     detail::launch_regions(regions, stream);

@@ -27,13 +27,14 @@ inline constexpr int kMaxClusterSplits = 8;
 #if defined(__CUDACC__)
 __device__ __forceinline__ float exp_natural(float x) { return exp2f(x * kLog2e); }
 
-// The merged LSE of splits whose LSEs are `lse[0 .. splits)` and whose max is `mx`.
-template <int kMax>
-__device__ __forceinline__ float merged_lse(const float (&lse)[kMax], int splits, float mx) {
+// The merged LSE of the `splits` LSEs in `lse` (a register array, its loop unrolled kUnroll times, or
+// shared memory with kUnroll = 0) whose max is `mx`: the sum in split order.
+template <int kUnroll, class Lse>
+__device__ __forceinline__ float merged_lse(const Lse& lse, int splits, float mx) {
   if (mx == -INFINITY) return -INFINITY;
   float sum = 0.0f;
 #pragma unroll
-  for (int s = 0; s < kMax; ++s)
+  for (int s = 0; s < (kUnroll > 0 ? kUnroll : splits); ++s)
     if (s < splits) sum += exp_natural(lse[s] - mx);
   return mx + logf(sum);
 }
@@ -61,7 +62,7 @@ __device__ void merge_cluster_splits(const DecodeParams& p, const float* cta_o, 
       o_s[s] = s < splits ? *cluster.map_shared_rank(cta_o + idx, s) : 0.0f;
       mx = fmaxf(mx, lse[s]);
     }
-    const float total = merged_lse(lse, splits, mx);
+    const float total = merged_lse<kMaxClusterSplits>(lse, splits, mx);
     float o = 0.0f;
     if (total != -INFINITY)
 #pragma unroll
@@ -128,12 +129,7 @@ __device__ __noinline__ void merge_as_last_split(LastSplitMerge m, unsigned* cou
     float* ws = w + threadIdx.x * splits;
     float mx = -INFINITY;
     for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ws[s]);
-    float lse = -INFINITY;
-    if (mx != -INFINITY) {
-      float sum = 0.0f;
-      for (int s = 0; s < splits; ++s) sum += exp_natural(ws[s] - mx);
-      lse = mx + logf(sum);
-    }
+    const float lse = merged_lse<0>(ws, splits, mx);
     for (int s = 0; s < splits; ++s) ws[s] = exp_natural(ws[s] - lse);
     row_lse[threadIdx.x] = lse;
     m.lse[row + threadIdx.x] = lse;
