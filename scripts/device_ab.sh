@@ -6,7 +6,8 @@
 #   git archive e7be665 | (mkdir -p .ab/base && tar -x -C .ab/base)     # where git is; .ab/ is ignored
 #   OUT=... KVQ_SHAPES='llama8b/B1/' KVQ_SCHEMES=bf16,int8-head bash scripts/device_ab.sh .ab/base
 #
-# KVQ_SHAPES, KVQ_SCHEMES, KVQ_DECODE_VARIANTS (default ^decode-tc$) narrow the cases; KVQ_AB_ROUNDS
+# KVQ_SHAPES (a regex over labels such as seed000/B128/T8192), KVQ_SCHEMES (a comma list of storages, as
+# `kvq bench --schemes`), KVQ_DECODE_VARIANTS (default ^decode-tc$) narrow the cases; KVQ_AB_ROUNDS
 # (default 2) sets the interleaved rounds. KVQ_AB_BENCH=quantize times `kvq bench-quantize` instead
 # (KVQ_SCHEMES its --schemes regex); KVQ_AB_BENCH=paged builds each tree's Python module and runs its
 # experiments/bench/bench_paged.py with the arguments in KVQ_PAGED_ARGS (e.g. "--shapes smollm2
