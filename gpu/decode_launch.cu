@@ -174,6 +174,9 @@ const TcEntry& tc_prepared_entry(const DecodeParams& p) {
   return prepared.emplace(key, e).first->second;
 }
 
+// The multiple of keys p's tensor-core kernel gives each split.
+int tc_split_round(const DecodeParams& p) { return tc_prepared_entry(p).split_round(p); }
+
 // Resident CTAs per SM of the kernel p runs (1 if unknown).
 int ctas_per_sm(const DecodeParams& p) {
   int per_sm = 1;
@@ -639,6 +642,13 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
           p.splits = q.splits;
           break;
         }
+    }
+    // The kernel rounds a split's keys up to whole rounds of steps: the count that leaves no split
+    // empty (H100, SmolLM2 B = 1 T = 8K: 44 splits of 256 keys, 12 of them empty CTAs and partials).
+    if (!windowed && p.splits > 1) {
+      const int64_t round = detail::tc_split_round(p);
+      const int64_t per_split = ((p.tokens + p.splits - 1) / p.splits + round - 1) / round * round;
+      p.splits = static_cast<int>((p.tokens + per_split - 1) / per_split);
     }
   } else if (p.splits == 0) {
     const int per_sm = detail::ctas_per_sm(p);

@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   key_region_bounds(p.region, p.k_window, p.v_window, len, lo, hi);
   constexpr bool kAlignedSteps = kChanK || (kPaged && !Tr::kQuantized);  // paged both-quantized regions start at 0
   const int64_t base = kAlignedSteps ? lo / kST * kST : lo, span = hi > base ? hi - base : 0;
-  constexpr int kRound = Tr::kWarps * kST;
+  constexpr int kRound = Tr::kSplitRound;
   // span < 2^31 (plan_decode checks T): the split's keys by the plan's divider
   const int64_t per_split =
       (static_cast<int64_t>(plan.by_splits.div(static_cast<uint32_t>(span + p.splits - 1))) + kRound - 1) / kRound * kRound;

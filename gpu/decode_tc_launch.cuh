@@ -113,6 +113,7 @@ TcPlan tc_plan(const DecodeParams& p) {
 struct TcEntry {
   const void* (*kernel)(const DecodeParams&) = nullptr;
   int (*smem_bytes)(const DecodeParams&) = nullptr;
+  int (*split_round)(const DecodeParams&) = nullptr;  // a split's keys are a multiple of it
   TcPlan (*plan)(const DecodeParams&) = nullptr;
   // Every kernel of the pair, for the one-time shared-memory opt-in.
   std::vector<const void*> (*kernels)() = nullptr;
@@ -200,6 +201,14 @@ TcEntry tc_entry() {
       case 256: return tc_smem_bytes<FK, FV, 256>(p);
     }
     return 0;
+  };
+  e.split_round = [](const DecodeParams& p) {
+    switch (p.head_dim) {
+      case 64: return TcTraits<FK, FV, 64>::kSplitRound;
+      case 128: return TcTraits<FK, FV, 128>::kSplitRound;
+      case 256: return TcTraits<FK, FV, 256>::kSplitRound;
+    }
+    return 1;
   };
   e.plan = [](const DecodeParams& p) {
     switch (p.head_dim) {

@@ -83,6 +83,8 @@ struct TcTraits {
   // memory saved buys a third CTA per SM at 168 registers (fewer registers spill).
   static constexpr int kStepTokens = KVQ_TC_STEP_TOKENS > 0 ? KVQ_TC_STEP_TOKENS : kQuantized ? 32 : 16;
   static constexpr int kMTiles = kStepTokens / 16;
+  // A split's keys are whole rounds of steps (every warp of a CTA gets the same number of steps).
+  static constexpr int kSplitRound = kWarps * kStepTokens;
   static constexpr int kCodeWords = kStepTokens * (kKStride + kVStride);
   static constexpr int kStages = KVQ_TC_STAGES > 0 ? KVQ_TC_STAGES : kQuantized ? 2 : 3;
   // The register budget __launch_bounds__ asks for: CTAs per SM, 3 (168 registers) for the
