@@ -47,30 +47,41 @@ FLASHINFER_WORKSPACE = 256 << 20  # FlashInfer's split-KV scratch (it recommends
 def time_graphs(make_call, sets, reps, warmup=5, calls_per_graph=1):
     """make_call(i) returns a no-argument function enqueueing the work for input set i. Graph g
     captures calls on sets g, g+1, ...; the times returned are per call."""
+    return time_graphs_interleaved([make_call], sets, reps, warmup, calls_per_graph)[0]
+
+
+def time_graphs_interleaved(make_calls, sets, reps, warmup=5, calls_per_graph=1):
+    """time_graphs for several kinds of call at once, their graphs replayed in turn (a, b, a, b, ...):
+    clock and thermal drift fall on every kind alike, so rep i of each kind is a fair pair. Returns
+    one list of per-call times a kind."""
     stream = torch.cuda.Stream()
-    graphs = []
-    calls = [make_call(i) for i in range(sets)]
-    with torch.cuda.stream(stream):
-        for call in calls:
-            call()  # warm-up outside the capture (kernel selection, workspace, argument checks)
-        torch.cuda.synchronize()
-        for i in range(sets):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=stream):
-                for c in range(calls_per_graph):
-                    calls[(i + c) % sets]()
-            graphs.append(g)
+    graphs = []  # [kind][set]
+    for make_call in make_calls:
+        calls = [make_call(i) for i in range(sets)]
+        with torch.cuda.stream(stream):
+            for call in calls:
+                call()  # warm-up outside the capture (kernel selection, workspace, argument checks)
+            torch.cuda.synchronize()
+            graphs.append([])
+            for i in range(sets):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, stream=stream):
+                    for c in range(calls_per_graph):
+                        calls[(i + c) % sets]()
+                graphs[-1].append(g)
     for i in range(warmup):
-        graphs[i % sets].replay()
+        for kind in graphs:
+            kind[i % sets].replay()
     torch.cuda.synchronize()
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    us = []
+    us = [[] for _ in graphs]
     for i in range(reps):
-        start.record()
-        graphs[i % sets].replay()
-        stop.record()
-        stop.synchronize()
-        us.append(start.elapsed_time(stop) * 1e3 / calls_per_graph)
+        for kind, times in zip(graphs, us):
+            start.record()
+            kind[i % sets].replay()
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop) * 1e3 / calls_per_graph)
     return us
 
 
