@@ -220,8 +220,13 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta = 8
 
 // Key splits of a tensor-core launch with `base_ctas` CTAs per split on a device of `sm_count` SMs
 // holding `resident_ctas` at once: the fewest (each at least 128 keys) whose last wave is >= 85%
-// full; for tiny grids (<= 16 CTAs per split) whose splits stay <= 1024 keys, one CTA per SM.
-int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens, int64_t sm_count);
+// full; for tiny grids (<= 16 CTAs per split) whose splits stay <= 1024 keys, one CTA per SM. The
+// kernel gives each split a multiple of `round` keys (default 1): counts are those that leave no
+// split empty, and waves are counted with them.
+int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens, int64_t sm_count, int64_t round = 1);
+
+// The splits that hold keys when `tokens` keys are cut into `splits` splits of a multiple of `round`.
+int nonempty_splits(int64_t tokens, int64_t splits, int64_t round);
 
 // The launches of a planned `p`: one (region kAll) without windows; with windows one per region an
 // operand pair can have, p.splits divided over them by their expected share of the keys (at

@@ -596,17 +596,26 @@ void check_decode_params(const DecodeParams& p) {
                                  "(T = {}, P = {}, {} entries)", p.tokens, p.page_tokens, p.table_stride));
 }
 
-int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens, int64_t sm_count) {
+int nonempty_splits(int64_t tokens, int64_t splits, int64_t round) {
+  if (tokens <= 0 || splits <= 1) return 1;
+  round = std::max<int64_t>(round, 1);
+  const int64_t per_split = ((tokens + splits - 1) / splits + round - 1) / round * round;
+  return static_cast<int>((tokens + per_split - 1) / per_split);
+}
+
+int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens, int64_t sm_count, int64_t round) {
   // Each split re-reads Q and pays a prologue and a merge: at least 128 keys (one step per warp)
   // per split. Among the counts allowed, the first whose last wave is at least 85% full; else the
-  // fullest.
+  // fullest. Waves are counted with the splits that hold keys (H100, SmolLM2 B = 8 T = 8K int8:
+  // 15 asked, 13 held keys, 0.79 of a wave; 16 fill it: 21.0 -> 20.1 us, int4-g32 22.5 -> 20.0).
   const int64_t most = std::clamp<int64_t>(tokens / 128, 1, kMaxSplits);
   int best = 1;
   double best_fill = 0;
   for (int64_t s = 1; s <= most && base_ctas > 0 && resident_ctas > 0; ++s) {
-    const double waves = static_cast<double>(base_ctas * s) / static_cast<double>(resident_ctas);
+    const int n = nonempty_splits(tokens, s, round);
+    const double waves = static_cast<double>(base_ctas * n) / static_cast<double>(resident_ctas);
     const double fill = waves / std::ceil(waves);  // useful fraction of the waves the grid occupies
-    if (fill > best_fill + 1e-9) best_fill = fill, best = static_cast<int>(s);
+    if (fill > best_fill + 1e-9) best_fill = fill, best = n;
     if (fill >= 0.85) break;
   }
   // A tiny grid (B = 1 or 2: at most 16 CTAs per split) whose splits stay short (<= 1024 keys) is a
@@ -614,8 +623,8 @@ int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens,
   // CTAs only slow each other (H100, llama8b B=1 T=8K: 16 splits 17.0 us vs 29 splits 19.3 us for
   // int8-head; at T=32K the resident slots win again for INT4).
   if (base_ctas > 0 && base_ctas <= 16 && sm_count > 0) {
-    const int64_t one_per_sm = std::clamp<int64_t>(sm_count / base_ctas, 1, most);
-    if (one_per_sm < best && tokens / one_per_sm <= 1024) best = static_cast<int>(one_per_sm);
+    const int one_per_sm = nonempty_splits(tokens, std::clamp<int64_t>(sm_count / base_ctas, 1, most), round);
+    if (one_per_sm < best && tokens / one_per_sm <= 1024) best = one_per_sm;
   }
   return best;
 }
@@ -628,13 +637,15 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
   p.heads_per_cta = hpc;
   if (p.splits == 0 && p.family == DecodeFamily::kTensorCore) {
     const int64_t base = p.batch * p.kv_heads * ((group + hpc - 1) / hpc);
-    p.splits = tensor_core_splits(base, sm_count * detail::ctas_per_sm(p), p.tokens, sm_count);
+    // A windowed decode shares its splits among key regions of other lengths: counted as asked.
+    const bool windowed = p.k_window.present() || p.v_window.present();
+    const int round = windowed ? 1 : detail::tc_split_round(p);
+    p.splits = tensor_core_splits(base, sm_count * detail::ctas_per_sm(p), p.tokens, sm_count, round);
     // Short splits are a latency chain, and merging them in clusters saves the merge kernel's launch
     // (~2.5 us at B = 1): where the count's clusters do not all fit at once, the largest count up to
     // it whose clusters do, if its splits stay within 512 keys (H100, llama8b B = 8 T = 1K: 2-3
     // splits in clusters instead of 4-6 merged by the kernel, 0.91-1.00x; with 1024-key splits at
     // T = 8K int4-g32 and int8 were up to 1.22x slower).
-    const bool windowed = p.k_window.present() || p.v_window.present();
     if (!windowed && p.batch > 0 && p.splits > 1 && !detail::tc_cluster_merge_fits(p)) {
       DecodeParams q = p;
       for (q.splits = std::min(p.splits, detail::kMaxClusterSplits); q.splits >= 2 && p.tokens / q.splits <= 512; --q.splits)
@@ -645,11 +656,7 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
     }
     // The kernel rounds a split's keys up to whole rounds of steps: the count that leaves no split
     // empty (H100, SmolLM2 B = 1 T = 8K: 44 splits of 256 keys, 12 of them empty CTAs and partials).
-    if (!windowed && p.splits > 1) {
-      const int64_t round = detail::tc_split_round(p);
-      const int64_t per_split = ((p.tokens + p.splits - 1) / p.splits + round - 1) / round * round;
-      p.splits = static_cast<int>((p.tokens + per_split - 1) / per_split);
-    }
+    p.splits = nonempty_splits(p.tokens, p.splits, round);
   } else if (p.splits == 0) {
     const int per_sm = detail::ctas_per_sm(p);
     const int64_t base = p.batch * p.kv_heads * ((group + hpc - 1) / hpc);

@@ -360,6 +360,24 @@ TEST_CASE("tensor-core split counts fill whole waves with splits of at least 128
   CHECK(tensor_core_splits(64, 396, 1024, 132) == 6);    // B=8, Hkv=8: not tiny, the fill rule
 }
 
+TEST_CASE("tensor-core split counts leave no split empty where the kernel rounds a split's keys") {
+  CHECK(nonempty_splits(8192, 44, 128) == 32);  // 187 keys a split rounded to 256: 12 splits would be empty
+  CHECK(nonempty_splits(8192, 44, 64) == 43);
+  CHECK(nonempty_splits(8192, 15, 128) == 13);
+  CHECK(nonempty_splits(8192, 16, 128) == 16);
+  CHECK(nonempty_splits(1000, 8, 128) == 8);    // 7 splits of 128 and one of 104
+  CHECK(nonempty_splits(100, 2, 128) == 1);
+  CHECK(nonempty_splits(0, 4, 128) == 1);
+  CHECK(nonempty_splits(8192, 5, 1) == 5);
+  // Waves are counted with the splits that hold keys: SmolLM2 B=8 (24 CTAs a split, 396 resident)
+  CHECK(tensor_core_splits(24, 396, 8192, 132) == 15);       // no rounding: 360 CTAs, 91% of a wave
+  CHECK(tensor_core_splits(24, 396, 8192, 132, 128) == 16);  // 15 hold 13 (79%); 16 hold 16 (97%)
+  // The tiny-grid rule's one CTA per SM, as held: SmolLM2 B=1 (Hkv=3)
+  CHECK(tensor_core_splits(3, 396, 8192, 132, 128) == 32);
+  CHECK(tensor_core_splits(3, 396, 8192, 132, 64) == 43);
+  CHECK(tensor_core_splits(8, 396, 1024, 132, 128) == 8);
+}
+
 TEST_CASE("decode parameters are checked before a launch") {
   DecodeParams p;
   p.batch = 1, p.q_heads = 6, p.kv_heads = 4, p.tokens = 8, p.head_dim = 128, p.splits = 1, p.heads_per_cta = 1;
