@@ -28,7 +28,7 @@ import kvq.gpu  # noqa: E402
 
 PAIRS = (("bf16", "bf16"), ("int8-head", "int8-head"), ("int4-g32-asym", "int4-g32-asym"), ("fp8-e4m3", "fp8-e4m3"),
          ("q4_0", "q8_0"))
-COLUMNS = ("layout,shape,B,HQ,HKV,T,D,k,v,page_tokens,contiguous_us,paged_us,paged_over_contiguous,contiguous_p10,"
+COLUMNS = ("layout,pool_order,shape,B,HQ,HKV,T,D,k,v,page_tokens,contiguous_us,paged_us,paged_over_contiguous,contiguous_p10,"
            "contiguous_p90,paged_p10,paged_p90,splits,bitwise_equal,input_sets,calls_per_graph,gpu,driver,commit").split(",")
 
 
@@ -71,12 +71,12 @@ def paged_operand(c, perm, P, hnd=False):
                          to_pool(shaped(c.zero_points), perm, P, True), layout="paged", tensor_scale=c.tensor_scale)
 
 
-def one_set(shape, pair, P, gen, hnd=False):
+def one_set(shape, pair, P, gen, hnd=False, in_order=False):
     B, H, T, D = shape.B, shape.HKV, shape.T, shape.D
     q = torch.randn(B, shape.HQ, D, device="cuda", generator=gen).to(torch.bfloat16)
     caches, paged = [], []
     pages = B * T // P
-    perm = torch.randperm(pages, device="cuda", generator=gen)
+    perm = torch.arange(pages, device="cuda") if in_order else torch.randperm(pages, device="cuda", generator=gen)
     for storage in pair:
         c = operand(torch.randn(B, H, T, D, device="cuda", generator=gen).to(torch.bfloat16), storage)
         caches.append(c)
@@ -99,6 +99,9 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--layout", choices=("nhd", "hnd"), default="nhd",
                     help="the pool's codes: [pages, P, Hkv, row] (vLLM's, FlashInfer's NHD) or [pages, Hkv, P, row]")
+    ap.add_argument("--pool-order", choices=("shuffled", "in-order"), default="shuffled",
+                    help="where a sequence's pages lie in the pool: a random permutation (an allocator after many "
+                         "requests) or in order (a sequence's pages adjacent: the paged cost without the scattering)")
     ap.add_argument("--profile", action="store_true",
                     help="no timing: per row one contiguous decode, then one paged decode (for ncu -k decode_tc_kernel)")
     args = ap.parse_args()
@@ -115,10 +118,11 @@ def main():
     for n, (shape, pair, P) in enumerate(todo, 1):
         gen = torch.Generator(device="cuda").manual_seed(n)
         hnd = args.layout == "hnd"
-        first = one_set(shape, pair, P, gen, hnd)
+        in_order = args.pool_order == "in-order"
+        first = one_set(shape, pair, P, gen, hnd, in_order)
         set_bytes = bytes_of(first[1][0].data, first[1][0].scales, first[1][1].data, first[1][1].scales) * 2
         sets = 1 if args.profile else input_sets(set_bytes, l2, props.total_memory)
-        data = [first] + [one_set(shape, pair, P, gen, hnd) for _ in range(sets - 1)]
+        data = [first] + [one_set(shape, pair, P, gen, hnd, in_order) for _ in range(sets - 1)]
         q, caches, paged, table, lens = first
         o_c, l_c, launch_c = kvq.gpu.decode(q, caches[0], caches[1], seq_lens=lens, variant="decode-tc", info=True)
         o_p, l_p, launch_p = kvq.gpu.decode(q, paged[0], paged[1], seq_lens=lens, variant="decode-tc", block_table=table,
@@ -152,7 +156,8 @@ def main():
         ratio = statistics.median(p / c for c, p in zip(tc, tp))
         q10 = lambda us: statistics.quantiles(us, n=10)[0]  # noqa: E731
         q90 = lambda us: statistics.quantiles(us, n=10)[-1]  # noqa: E731
-        rows.append({"layout": args.layout, "shape": shape.name, "B": shape.B, "HQ": shape.HQ, "HKV": shape.HKV, "T": shape.T, "D": shape.D,
+        rows.append({"layout": args.layout, "pool_order": args.pool_order, "shape": shape.name, "B": shape.B,
+                     "HQ": shape.HQ, "HKV": shape.HKV, "T": shape.T, "D": shape.D,
                      "k": pair[0], "v": pair[1], "page_tokens": P, "contiguous_us": f"{mc:.2f}", "paged_us": f"{mp:.2f}",
                      "paged_over_contiguous": f"{ratio:.3f}", "contiguous_p10": f"{q10(tc):.2f}",
                      "contiguous_p90": f"{q90(tc):.2f}", "paged_p10": f"{q10(tp):.2f}", "paged_p90": f"{q90(tp):.2f}",
@@ -178,7 +183,7 @@ def summary(rows, limit=1.05):
         at = [r for r in rows if int(r["page_tokens"]) == P]
         big = [r for r in at if int(r["B"]) >= 8]
         ratio = lambda r: float(r["paged_over_contiguous"])  # noqa: E731
-        line = f"{rows[0]['layout']} P={P}:"
+        line = f"{rows[0]['layout']} ({rows[0]['pool_order']} pool) P={P}:"
         if big:
             worst = max(big, key=ratio)
             line += (f" B>=8 median {statistics.median(map(ratio, big)):.3f}, max {ratio(worst):.3f} ({worst['shape']} "
