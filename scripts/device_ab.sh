@@ -12,7 +12,9 @@
 # (KVQ_SCHEMES its --schemes regex); KVQ_AB_BENCH=paged builds each tree's Python module and runs its
 # experiments/bench/bench_paged.py with the arguments in KVQ_PAGED_ARGS (e.g. "--shapes smollm2
 # --pairs int8-head --pages 16 64 --layout nhd"), printing both trees' paged times and paged /
-# contiguous ratios. Writes $OUT/ab_<side>_<round>.csv and $OUT/ab.txt.
+# contiguous ratios. KVQ_AB_CMAKE_BASE / KVQ_AB_CMAKE_HEAD add cmake arguments to one tree's configure:
+# the same sources with other tile knobs, e.g. KVQ_AB_CMAKE_HEAD='-DKVQ_TC_TUNING=KVQ_TC_STAGES=3' over a
+# base that is this commit. Writes $OUT/ab_<side>_<round>.csv and $OUT/ab.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:?usage: scripts/device_ab.sh BASE_TREE}
@@ -20,16 +22,17 @@ base=${1:?usage: scripts/device_ab.sh BASE_TREE}
 OUT=${OUT:-results/ab}
 mkdir -p "$OUT"
 bench=${KVQ_AB_BENCH:-decode}
-build() {  # build SRC DIR
-  local module=(-DKVQ_PYTHON_MODULE=OFF) targets=(kvq)
+build() {  # build SRC DIR EXTRA_CMAKE_ARGS (the tuning knobs reset first: a reused build dir keeps its cache)
+  local module=(-DKVQ_PYTHON_MODULE=OFF) targets=(kvq) extra
+  read -r -a extra <<< "$3"
   [[ $bench == paged ]] && module=(-DKVQ_PYTHON_MODULE=ON -DKVQ_PYTHON="${KVQ_PYTHON:-python3}") targets=(_core _gpu)
   cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" \
-        "${module[@]}" > "$OUT/build_$(basename "$2").log" 2>&1 &&
+        "${module[@]}" -DKVQ_TC_TUNING= "${extra[@]}" > "$OUT/build_$(basename "$2").log" 2>&1 &&
     cmake --build "$2" -j "$(nproc)" --target "${targets[@]}" >> "$OUT/build_$(basename "$2").log" 2>&1
 }
 echo "device_ab: building the base ($base) and this tree" >&2
-build "$base" build-ab-base & pid=$!
-build . build-ab-head
+build "$base" build-ab-base "${KVQ_AB_CMAKE_BASE:-}" & pid=$!
+build . build-ab-head "${KVQ_AB_CMAKE_HEAD:-}"
 wait $pid
 case $bench in
   decode) args=(bench --shapes "${KVQ_SHAPES:-llama8b/B1/}" --variant "${KVQ_DECODE_VARIANTS:-^decode-tc\$}")
