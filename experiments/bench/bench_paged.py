@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """decode-tc over a paged cache beside the same cache contiguous (issue 33): per shape, storage pair and
 page size, the median time of both (CUDA-graph replays, rotating input sets >= 4x L2, as bench_peers.py
-times; the two kinds' graphs replayed in turn) and the median of each rep's paged / contiguous ratio. The paged pool holds the contiguous cache's pages in a shuffled order (a serving
-engine's allocator after many requests); the paged output must equal the contiguous one bit for bit
-(same splits, same arithmetic), which is checked per row before timing.
+times; the two kinds' graphs replayed in turn) and the median of each rep's paged / contiguous ratio.
+The paged pool holds the contiguous cache's pages in a shuffled order (a serving engine's allocator
+after many requests; --pool-order in-order keeps a sequence's pages adjacent); the paged output must
+equal the contiguous one bit for bit (same splits, same arithmetic), which is checked per row before
+timing.
 
     python3 experiments/bench/bench_paged.py --out results/paged/paged.csv [--shapes llama8b] [--pages 16 64]
 
