@@ -369,6 +369,17 @@ TEST_CASE("tensor-core split counts leave no split empty where the kernel rounds
   CHECK(nonempty_splits(100, 2, 128) == 1);
   CHECK(nonempty_splits(0, 4, 128) == 1);
   CHECK(nonempty_splits(8192, 5, 1) == 5);
+  // Whatever was asked, the count the kernel then gets covers every key and leaves no split empty:
+  // its splits of ceil(T / n) keys rounded up to `round`.
+  int bad = 0;
+  for (int64_t round : {1, 64, 128})
+    for (int64_t tokens = 1; tokens <= 4096; ++tokens)
+      for (int64_t asked = 1; asked <= 64; ++asked) {
+        const int64_t n = nonempty_splits(tokens, asked, round);
+        const int64_t per_split = ((tokens + n - 1) / n + round - 1) / round * round;
+        bad += n < 1 || n > asked || n * per_split < tokens || (n - 1) * per_split >= tokens;
+      }
+  CHECK(bad == 0);
   // Waves are counted with the splits that hold keys: SmolLM2 B=8 (24 CTAs a split, 396 resident)
   CHECK(tensor_core_splits(24, 396, 8192, 132) == 15);       // no rounding: 360 CTAs, 91% of a wave
   CHECK(tensor_core_splits(24, 396, 8192, 132, 128) == 16);  // 15 hold 13 (79%); 16 hold 16 (97%)
