@@ -229,8 +229,9 @@ int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens,
 int nonempty_splits(int64_t tokens, int64_t splits, int64_t round);
 
 // The launches of a planned `p`: one (region kAll) without windows; with windows one per region an
-// operand pair can have, p.splits divided over them by their expected share of the keys (at
-// least one each), partial slots consecutive. Their splits sum to total_splits(p).
+// operand pair can have (no K-only / V-only region where both windows start alike in every
+// sequence), p.splits divided over them by their expected share of the keys (at least one each),
+// partial slots consecutive. Their splits sum to total_splits(p).
 std::vector<DecodeParams> decode_regions(const DecodeParams& p);
 int total_splits(const DecodeParams& p);
 

@@ -673,8 +673,12 @@ std::vector<DecodeParams> decode_regions(const DecodeParams& p) {
   all.region = KeyRegion::kAll, all.split_base = 0;
   if (!p.k_window.present() && !p.v_window.present()) return {all};
   std::vector<KeyRegion> regions = {KeyRegion::kBothQuantized};
-  if (p.k_window.present()) regions.push_back(KeyRegion::kKRaw);
-  if (p.v_window.present()) regions.push_back(KeyRegion::kVRaw);
+  // Windows of the same length and rounding start at the same key in every sequence: no key has one
+  // operand raw and the other quantized, whatever the lengths on the device (`+wW` on K and V alike).
+  const bool same_windows = p.k_window.present() && p.v_window.present() && p.k_window.tokens == p.v_window.tokens &&
+                            p.k_window.round_to == p.v_window.round_to;
+  if (p.k_window.present() && !same_windows) regions.push_back(KeyRegion::kKRaw);
+  if (p.v_window.present() && !same_windows) regions.push_back(KeyRegion::kVRaw);
   if (p.k_window.present() && p.v_window.present()) regions.push_back(KeyRegion::kBothRaw);
   std::vector<DecodeParams> out;
   int base = 0;

@@ -192,6 +192,18 @@ TEST_CASE("window starts and key regions follow quantized_length, per operand") 
   }
   CHECK(total_splits(p) == base);
   CHECK(partial_lse_floats(p) == base * 2 * 8);
+  // The same window on K and V (+w128 on both): K and V turn raw at the same key in every sequence,
+  // so only the both-quantized and both-raw regions are launched, lengths on the device or not.
+  DecodeParams same = p;
+  same.v_window = scheme_window(parse_scheme("int4-g32-asym+w128"), none, KvFormat::kBf16);
+  same.k_window = same.v_window;
+  for (const int32_t* device_lens : {static_cast<const int32_t*>(nullptr), lens}) {
+    same.seq_lens = device_lens;
+    const std::vector<DecodeParams> two = decode_regions(same);
+    REQUIRE(two.size() == 2);
+    CHECK((two[0].region == KeyRegion::kBothQuantized && two[1].region == KeyRegion::kBothRaw));
+    CHECK((two[0].splits == 9 && two[1].splits == 1 && two[1].split_base == 9 && two[1].region_count == 2));
+  }
 }
 
 TEST_CASE("paged windows: each region reads each operand through its own pages' table") {
