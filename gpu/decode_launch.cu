@@ -635,8 +635,8 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
   while (hpc < group && hpc < max_heads_per_cta && hpc < p.head_dim / kDecodeChunk) hpc *= 2;
   if (p.family == DecodeFamily::kTensorCore) hpc = 8;  // the MMA's N: padded heads cost nothing that matters
   p.heads_per_cta = hpc;
+  const int64_t base = p.batch * p.kv_heads * ((group + hpc - 1) / hpc);  // CTAs per split
   if (p.splits == 0 && p.family == DecodeFamily::kTensorCore) {
-    const int64_t base = p.batch * p.kv_heads * ((group + hpc - 1) / hpc);
     // A windowed decode shares its splits among key regions of other lengths: counted as asked.
     const bool windowed = p.k_window.present() || p.v_window.present();
     const int round = windowed ? 1 : detail::tc_split_round(p);
@@ -659,7 +659,6 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
     p.splits = nonempty_splits(p.tokens, p.splits, round);
   } else if (p.splits == 0) {
     const int per_sm = detail::ctas_per_sm(p);
-    const int64_t base = p.batch * p.kv_heads * ((group + hpc - 1) / hpc);
     const double wanted = waves * sm_count * per_sm;
     int64_t splits = base > 0 ? static_cast<int64_t>(std::ceil(wanted / static_cast<double>(base))) : 1;
     splits = std::min<int64_t>(splits, std::max<int64_t>(1, p.tokens / 256));
