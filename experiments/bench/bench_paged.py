@@ -117,10 +117,9 @@ def main():
     pairs = [p for p in PAIRS if re.search(args.pairs, f"{p[0]}/{p[1]}")]
     todo = [(s, p, P) for s in shapes for p in pairs for P in args.pages if s.T % P == 0]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    hnd, in_order = args.layout == "hnd", args.pool_order == "in-order"
     for n, (shape, pair, P) in enumerate(todo, 1):
         gen = torch.Generator(device="cuda").manual_seed(n)
-        hnd = args.layout == "hnd"
-        in_order = args.pool_order == "in-order"
         first = one_set(shape, pair, P, gen, hnd, in_order)
         set_bytes = bytes_of(first[1][0].data, first[1][0].scales, first[1][1].data, first[1][1].scales) * 2
         sets = 1 if args.profile else input_sets(set_bytes, l2, props.total_memory)
