@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -559,7 +560,9 @@ std::string paged_unsupported_reason(const DecodeParams& p) {
     const int64_t pb = op->param_bytes();
     const bool per_row = op->mode == ParamMode::kToken || op->mode == ParamMode::kHead || op->mode == ParamMode::kGroup ||
                          op->mode == ParamMode::kChannel;
-    if (op->stride_page % 4 != 0 || (per_row && ((op->param_stride_page * pb) % 4 != 0 || (op->param_stride_h * pb) % 4 != 0)))
+    const auto misaligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 != 0; };
+    if (op->stride_page % 4 != 0 || (per_row && ((op->param_stride_page * pb) % 4 != 0 || (op->param_stride_h * pb) % 4 != 0 ||
+                                                 misaligned(op->scales) || misaligned(op->zeros))))
       return fmt::format("{} pages or their parameters are not 4-byte aligned (tensor-core kernels copy words)", name);
     constexpr int64_t kMax = int64_t{1} << 31;  // the kernels' page arithmetic is 32 x 32 -> 64 bits
     if (op->stride_page >= kMax || P * op->stride_t >= kMax || op->param_stride_page * pb >= kMax)

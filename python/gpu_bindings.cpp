@@ -46,6 +46,11 @@ constexpr auto kInt64 = make(nb::dlpack::dtype_code::Int, 64);
 }  // namespace dt
 
 std::string shape_of(const Tensor& t) { return shape_string(AnyArray(t)); }
+std::string strides_of(const Tensor& t) {
+  std::vector<int64_t> strides;
+  for (size_t i = 0; i < t.ndim(); ++i) strides.push_back(t.stride(i));
+  return fmt::format("[{}]", fmt::join(strides, ", "));
+}
 
 // Checks that `t` is a CUDA tensor on the current device, of one of `dtypes` and rank `rank`
 // (-1: any) with a unit stride on its last axis; InputError naming `what` otherwise.
@@ -87,6 +92,31 @@ void require_buffer(const Tensor& t, const std::string& what, int64_t bytes) {
   if (static_cast<int64_t>(t.nbytes()) != bytes)
     throw InputError(fmt::format("{}: {} bytes (shape {}, {}), expected {}", what, t.nbytes(), shape_of(t),
                                  dtype_name(t.dtype()), bytes));
+}
+
+// A paged cache's per-row parameters (or chan-tN's): `pages` x `page_bytes` bytes, contiguous (a pool
+// of their own, any shape), or [pages, ...] whose pages lie apart by the first stride, each page's
+// own contiguous: views into a pool that keeps each page's parameters beside its codes (kvq.gpu.one_pool,
+// one allocation a page as lmdeploy's blocks). Returns the bytes from one page's parameters to the next.
+int64_t paged_params(const Tensor& t, const std::string& what, int64_t pages, int64_t page_bytes) {
+  require(t, what, {dt::kUint8, dt::kInt8, dt::kFp16, dt::kFp32, dt::kBf16}, -1);
+  if (contiguous(t) && static_cast<int64_t>(t.nbytes()) == pages * page_bytes) return page_bytes;
+  const int64_t item = static_cast<int64_t>(t.itemsize());
+  if (t.ndim() < 1 || static_cast<int64_t>(t.shape(0)) != pages || static_cast<int64_t>(t.nbytes()) != pages * page_bytes)
+    throw InputError(fmt::format("{}: shape {} ({}, {} bytes), expected [pages = {}, ...] of {} bytes a page", what,
+                                 shape_of(t), dtype_name(t.dtype()), t.nbytes(), pages, page_bytes));
+  int64_t want = 1;
+  for (size_t i = t.ndim(); i-- > 1;) {
+    if (t.shape(i) != 1 && t.stride(i) != want)
+      throw InputError(fmt::format("{}: a page's parameters must be contiguous (shape {}, strides {} elements)", what,
+                                   shape_of(t), strides_of(t)));
+    want *= static_cast<int64_t>(t.shape(i));
+  }
+  if (pages < 2) return page_bytes;
+  const int64_t stride = static_cast<int64_t>(t.stride(0)) * item;
+  if (stride < page_bytes)
+    throw InputError(fmt::format("{}: pages {} bytes apart overlap their {} bytes of parameters", what, stride, page_bytes));
+  return stride;
 }
 
 void check_dim(const Tensor& t, const std::string& what, size_t axis, int64_t want, const char* name) {
@@ -237,7 +267,8 @@ void append_rows_py(const Tensor& src_codes, const Tensor& dst_codes, nb::object
       throw InputError(fmt::format("append: the new tokens and the cache disagree on having {}", what));
     if (src_obj.is_none()) continue;
     const Tensor src = nb::cast<Tensor>(src_obj), dst = nb::cast<Tensor>(dst_obj);
-    if (src.dtype() != dst.dtype() || !contiguous(src) || !contiguous(dst))
+    // (a paged cache's pages of parameters may lie anywhere: paged_params)
+    if (src.dtype() != dst.dtype() || !contiguous(src) || (!paged && !contiguous(dst)))
       throw InputError(fmt::format("append: {}: the new and the cache's must be contiguous, of one dtype", what));
     const int64_t per_row = static_cast<int64_t>(src.size()) / (B * param_heads * t);  // parameters per (b, h', token)
     if (per_row * B * param_heads * t != static_cast<int64_t>(src.size()) ||
@@ -247,7 +278,10 @@ void append_rows_py(const Tensor& src_codes, const Tensor& dst_codes, nb::object
     const int64_t bytes = per_row * src.itemsize();
     a.src = static_cast<const uint8_t*>(src.data()), a.dst = static_cast<uint8_t*>(dst.data());
     a.heads = param_heads, a.row_bytes = static_cast<int>(bytes);
-    (paged ? a.stride_page : a.stride_b) = param_heads * slots * bytes;
+    if (paged)
+      a.stride_page = paged_params(dst, fmt::format("append: cache {}", what), n0, param_heads * slots * bytes);
+    else
+      a.stride_b = param_heads * slots * bytes;
     a.stride_h = slots * bytes, a.stride_t = bytes;
   }
   require(status, "status", {dt::kInt64}, 1);
@@ -318,18 +352,27 @@ void flush_channel_groups_py(const Tensor& x, const std::string& storage, const 
   // parameters: planar per channel, (ceil(slots / N)) groups of D per (b or page, h)
   const int64_t groups = (slots + N - 1) / N, n0 = codes.shape(0);
   const nb::dlpack::dtype param_dtype = s.scale_dtype == ScaleDtype::kFp32 ? dt::kFp32 : dt::kFp16;
+  int64_t page_stride = H * groups * D;  // paged: elements from a page's parameters to the next's
   auto params_of = [&](const Tensor& a, const char* what) {
     require(a, what, {param_dtype}, -1);
-    if (!contiguous(a) || static_cast<int64_t>(a.size()) != n0 * H * groups * D)
+    if (static_cast<int64_t>(a.size()) != n0 * H * groups * D || (!paged && !contiguous(a)))
       throw InputError(fmt::format("flush_channel_groups: {}: {} values, expected contiguous [{}, {}, {}, {}] ({})", what,
                                    a.size(), n0, H, groups, D, paged ? "pages, H, P / N, D" : "B, H, ceil(T / N), D"));
+    if (paged) {  // pages of parameters may lie anywhere (paged_params); scales' and zero points' alike
+      const int64_t item = static_cast<int64_t>(a.itemsize());
+      page_stride = paged_params(a, fmt::format("flush_channel_groups: {}", what), n0, H * groups * D * item) / item;
+    }
     return a.data();
   };
   p.scales = params_of(scales, "scales");
   if (s.asymmetric != !zeros.is_none())
     throw InputError(fmt::format("flush_channel_groups: {}: zero points {}", storage, s.asymmetric ? "missing" : "given"));
+  const int64_t scale_stride = page_stride;
   if (s.asymmetric) p.zeros = params_of(nb::cast<Tensor>(zeros), "zero_points");
-  (paged ? p.param_strides.page : p.param_strides.b) = H * groups * D;
+  if (page_stride != scale_stride)
+    throw InputError(fmt::format("flush_channel_groups: scales' pages {} and zero points' {} elements apart: one stride "
+                                 "serves both", scale_stride, page_stride));
+  (paged ? p.param_strides.page : p.param_strides.b) = page_stride;
   p.param_strides.h = groups * D, p.param_strides.t = D;
   require(status, "status", {dt::kInt64}, 1);
   check_dim(status, "status", 0, 3, "3 flags");
@@ -440,6 +483,7 @@ Operand operand(const nb::dict& d, const char* which, int64_t head_dim) {
   const int64_t row = !s ? head_dim : fbgemm ? fbgemm_row_bytes(*s, head_dim) : code_bytes_per_row(*s, head_dim);
   check_dim(data, what, 3, row, !s ? "D" : "bytes per row");
   const int64_t bytes = static_cast<int64_t>(data.itemsize());
+  int64_t param_page_stride = -1;  // paged: bytes from a page's parameters to the next's (scales' and zero points')
   if (!s) {
     r.op.data = static_cast<const uint8_t*>(data.data());
   } else {
@@ -455,7 +499,16 @@ Operand operand(const nb::dict& d, const char* which, int64_t head_dim) {
         if (!d.contains(key) || d[key].is_none())
           throw InputError(fmt::format("{}: {} needs {} ({} bytes)", which, storage, key, want));
         const Tensor t = nb::cast<Tensor>(d[key]);
-        require_buffer(t, fmt::format("{} {}", which, key), want);
+        const std::string name = fmt::format("{} {}", which, key);
+        if (r.paged && std::string_view(key) != "tensor_scale") {  // pages of parameters, wherever each page lies
+          const int64_t stride = paged_params(t, name, r.batch, want / std::max<int64_t>(r.batch, 1));
+          if (param_page_stride >= 0 && stride != param_page_stride)
+            throw InputError(fmt::format("{}: scales' pages {} bytes apart, zero points' {}: the kernels read both "
+                                         "with one stride", which, param_page_stride, stride));
+          param_page_stride = stride;
+        } else {
+          require_buffer(t, name, want);
+        }
         *ptr = t.data();
       }
     }
@@ -463,9 +516,16 @@ Operand operand(const nb::dict& d, const char* which, int64_t head_dim) {
                              static_cast<const uint8_t*>(data.data()), scales, zeros, static_cast<const float*>(tensor_scale));
   }
   const int b_axis = 0, h_axis = bsnh ? 2 : 1, t_axis = bsnh ? 1 : 2;
-  if (r.paged) {  // parameter strides of the contiguous [pages, H, P, groups]; code strides the tensor's
+  if (r.paged) {  // parameter strides within a page those of [H, P, groups]; code strides the tensor's
     r.op = paged_operand(r.op, r.heads, static_cast<int>(r.tokens), static_cast<int>(head_dim), row * bytes);
     r.op.stride_page = data.stride(0) * bytes;
+    const int64_t pb = r.op.param_bytes();
+    if (param_page_stride > 0) {
+      if (param_page_stride % pb != 0)
+        throw InputError(fmt::format("{}: parameter pages {} bytes apart, not a multiple of a {}-byte parameter", which,
+                                     param_page_stride, pb));
+      r.op.param_stride_page = param_page_stride / pb;
+    }
   }
   r.op.stride_b = r.paged ? 0 : data.stride(b_axis) * bytes, r.op.stride_h = data.stride(h_axis) * bytes;
   r.op.stride_t = data.stride(t_axis) * bytes;

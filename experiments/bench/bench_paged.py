@@ -30,7 +30,7 @@ import kvq.gpu  # noqa: E402
 
 PAIRS = (("bf16", "bf16"), ("int8-head", "int8-head"), ("int4-g32-asym", "int4-g32-asym"), ("fp8-e4m3", "fp8-e4m3"),
          ("q4_0", "q8_0"))
-COLUMNS = ("layout,pool_order,shape,B,HQ,HKV,T,D,k,v,page_tokens,contiguous_us,paged_us,paged_over_contiguous,contiguous_p10,"
+COLUMNS = ("layout,pool_order,params,shape,B,HQ,HKV,T,D,k,v,page_tokens,contiguous_us,paged_us,paged_over_contiguous,contiguous_p10,"
            "contiguous_p90,paged_p10,paged_p90,splits,bitwise_equal,input_sets,calls_per_graph,gpu,driver,commit").split(",")
 
 
@@ -59,21 +59,25 @@ def to_pool(a, perm, P, head_major):
     return pool.contiguous()
 
 
-def paged_operand(c, perm, P, hnd=False):
+def paged_operand(c, perm, P, hnd=False, params_in_page=False):
     """The contiguous Cache `c` as a paged one: its pages at perm's places in a pool; hnd: the pool's
-    codes (values) [pages, Hkv, P, row] (each page a small BNSH cache), read as their transposed view."""
+    codes (values) [pages, Hkv, P, row] (each page a small BNSH cache), read as their transposed view;
+    params_in_page: a page's scales and zero points in the codes' page (kvq.gpu.one_pool), else pools of their own."""
     B, H, T = c.data.shape[:3]
 
     def shaped(a):  # kvq.gpu.quantize's flat parameters: [B, H, T, groups], per token [B, T], per tensor as is
         if a is None or a.numel() < B * T:
             return a
         return a.view(B, T) if a.numel() == B * T and H > 1 else a.view(B, H, T, -1)
-    data = to_pool(c.data, perm, P, True).transpose(1, 2) if hnd else to_pool(c.data, perm, P, False)
-    return kvq.gpu.Cache(c.storage, data, to_pool(shaped(c.scales), perm, P, True),
-                         to_pool(shaped(c.zero_points), perm, P, True), layout="paged", tensor_scale=c.tensor_scale)
+    data = to_pool(c.data, perm, P, hnd)
+    scales, zeros = to_pool(shaped(c.scales), perm, P, True), to_pool(shaped(c.zero_points), perm, P, True)
+    if params_in_page and scales is not None and scales.dim() > 1:
+        data, scales, zeros = kvq.gpu.one_pool(data, scales, zeros)
+    return kvq.gpu.Cache(c.storage, data.transpose(1, 2) if hnd else data, scales, zeros, layout="paged",
+                         tensor_scale=c.tensor_scale)
 
 
-def one_set(shape, pair, P, gen, hnd=False, in_order=False):
+def one_set(shape, pair, P, gen, hnd=False, in_order=False, params_in_page=False):
     B, H, T, D = shape.B, shape.HKV, shape.T, shape.D
     q = torch.randn(B, shape.HQ, D, device="cuda", generator=gen).to(torch.bfloat16)
     caches, paged = [], []
@@ -82,7 +86,7 @@ def one_set(shape, pair, P, gen, hnd=False, in_order=False):
     for storage in pair:
         c = operand(torch.randn(B, H, T, D, device="cuda", generator=gen).to(torch.bfloat16), storage)
         caches.append(c)
-        paged.append(paged_operand(c, perm, P, hnd))
+        paged.append(paged_operand(c, perm, P, hnd, params_in_page))
     table = perm.reshape(B, T // P).to(torch.int32).contiguous()
     lens = torch.full((B,), T, dtype=torch.int32, device="cuda")
     return q, caches, paged, table, lens
@@ -104,6 +108,9 @@ def main():
     ap.add_argument("--pool-order", choices=("shuffled", "in-order"), default="shuffled",
                     help="where a sequence's pages lie in the pool: a random permutation (an allocator after many "
                          "requests) or in order (a sequence's pages adjacent: the paged cost without the scattering)")
+    ap.add_argument("--params", choices=("pooled", "in-page"), default="pooled",
+                    help="where a page's scales and zero points lie: pools of their own ([pages, Hkv, P, groups], "
+                         "kvq.ops.empty_paged_cache's default) or in the codes' page, after its codes (one pool)")
     ap.add_argument("--profile", action="store_true",
                     help="no timing: per row one contiguous decode, then one paged decode (for ncu -k decode_tc_kernel)")
     args = ap.parse_args()
@@ -117,13 +124,13 @@ def main():
     pairs = [p for p in PAIRS if re.search(args.pairs, f"{p[0]}/{p[1]}")]
     todo = [(s, p, P) for s in shapes for p in pairs for P in args.pages if s.T % P == 0]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    hnd, in_order = args.layout == "hnd", args.pool_order == "in-order"
+    hnd, in_order, in_pg = args.layout == "hnd", args.pool_order == "in-order", args.params == "in-page"
     for n, (shape, pair, P) in enumerate(todo, 1):
         gen = torch.Generator(device="cuda").manual_seed(n)
-        first = one_set(shape, pair, P, gen, hnd, in_order)
+        first = one_set(shape, pair, P, gen, hnd, in_order, in_pg)
         set_bytes = bytes_of(first[1][0].data, first[1][0].scales, first[1][1].data, first[1][1].scales) * 2
         sets = 1 if args.profile else input_sets(set_bytes, l2, props.total_memory)
-        data = [first] + [one_set(shape, pair, P, gen, hnd, in_order) for _ in range(sets - 1)]
+        data = [first] + [one_set(shape, pair, P, gen, hnd, in_order, in_pg) for _ in range(sets - 1)]
         q, caches, paged, table, lens = first
         o_c, l_c, launch_c = kvq.gpu.decode(q, caches[0], caches[1], seq_lens=lens, variant="decode-tc", info=True)
         o_p, l_p, launch_p = kvq.gpu.decode(q, paged[0], paged[1], seq_lens=lens, variant="decode-tc", block_table=table,
@@ -157,7 +164,7 @@ def main():
         ratio = statistics.median(p / c for c, p in zip(tc, tp))
         q10 = lambda us: statistics.quantiles(us, n=10)[0]  # noqa: E731
         q90 = lambda us: statistics.quantiles(us, n=10)[-1]  # noqa: E731
-        rows.append({"layout": args.layout, "pool_order": args.pool_order, "shape": shape.name, "B": shape.B,
+        rows.append({"layout": args.layout, "pool_order": args.pool_order, "params": args.params, "shape": shape.name, "B": shape.B,
                      "HQ": shape.HQ, "HKV": shape.HKV, "T": shape.T, "D": shape.D,
                      "k": pair[0], "v": pair[1], "page_tokens": P, "contiguous_us": f"{mc:.2f}", "paged_us": f"{mp:.2f}",
                      "paged_over_contiguous": f"{ratio:.3f}", "contiguous_p10": f"{q10(tc):.2f}",
@@ -184,7 +191,7 @@ def summary(rows, limit=1.05):
         at = [r for r in rows if int(r["page_tokens"]) == P]
         big = [r for r in at if int(r["B"]) >= 8]
         ratio = lambda r: float(r["paged_over_contiguous"])  # noqa: E731
-        line = f"{rows[0]['layout']} ({rows[0]['pool_order']} pool) P={P}:"
+        line = f"{rows[0]['layout']} ({rows[0]['pool_order']} pool, {rows[0]['params']} parameters) P={P}:"
         if big:
             worst = max(big, key=ratio)
             line += (f" B>=8 median {statistics.median(map(ratio, big)):.3f}, max {ratio(worst):.3f} ({worst['shape']} "

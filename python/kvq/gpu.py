@@ -22,7 +22,7 @@ except ImportError as e:  # a CPU-only build
     _gpu, _IMPORT_ERROR = None, e
 
 __all__ = ["Cache", "available", "why_unavailable", "device", "variants", "quantize", "dequantize", "decode", "raw",
-           "new_status", "check_status"]
+           "new_status", "check_status", "one_pool"]
 
 
 def why_unavailable():
@@ -98,6 +98,31 @@ def raw(x, layout="bnsh"):
     if x.dtype not in names:
         raise InputError(f"kvq.gpu.raw: dtype {x.dtype}, expected torch.bfloat16 or torch.float16")
     return Cache(names[x.dtype], x, layout=layout)
+
+
+def one_pool(*pools, align=128):
+    """Pools of pages [pages, ...] (a paged Cache's codes, scales, zero points; None stays None) copied
+    into one pool whose page holds each of theirs in turn, each part starting `align` bytes into the
+    page (a multiple of 16; 128: the parts' rows keep whole cache lines); returns views of the given shapes and
+    dtypes into it, which decode and kvq.ops.append read and write as they do the separate pools. One
+    allocation a page, as engines that keep a block's parameters beside its codes (lmdeploy) do."""
+    import torch
+    held = [a for a in pools if a is not None]
+    if not held or align % 16 or any(a.dim() < 1 or a.shape[0] != held[0].shape[0] for a in held):
+        raise InputError(f"kvq.gpu.one_pool: pools of one page count (shapes {[tuple(a.shape) for a in held]}) and an "
+                         f"align that is a multiple of 16 (got {align})")
+    sizes = [a[0].numel() * a.element_size() for a in held]
+    offsets, page_bytes = [], 0
+    for n in sizes:
+        offsets.append(page_bytes)
+        page_bytes += -(-n // align) * align
+    pool = torch.empty(held[0].shape[0], page_bytes, dtype=torch.uint8, device=held[0].device)
+    views = iter([pool[:, o:o + n].view(a.dtype).view(a.shape) for a, o, n in zip(held, offsets, sizes)])
+    out = tuple(None if a is None else next(views) for a in pools)
+    for view, a in zip(out, pools):
+        if a is not None:
+            view.copy_(a)
+    return out
 
 
 def _stream(torch, x):

@@ -222,7 +222,7 @@ def empty_cache(scheme, batch, heads, capacity, head_dim, *, device="cuda", tens
 
 
 def empty_paged_cache(scheme, pages, page_tokens, heads, head_dim, *, device="cuda", tensor_scale=None,
-                      window_pages=None):
+                      window_pages=None, params_in_page=False):
     """A paged K or V cache (a token-local scheme or raw "bf16" / "fp16", see append): a pool of `pages`
     pages of `page_tokens` tokens (a power of two >= 16), every slot zero. Codes (values) [pages, P,
     heads, row bytes (D)] (NHD, as vLLM's and FlashInfer's pools), scales and zero points head-major in
@@ -230,7 +230,9 @@ def empty_paged_cache(scheme, pages, page_tokens, heads, head_dim, *, device="cu
     which append and decode take with the block table. +w<W> schemes: a pool of `window_pages`
     (default `pages`) bf16 pages [window_pages, P, heads, D] for the window's raw tokens (Cache.window),
     which append and decode take with a window_table: a sequence needs pages only for the window's
-    tokens, ceil(W / P) + 1 at most at a time (a ring of pages), not for its whole length."""
+    tokens, ceil(W / P) + 1 at most at a time (a ring of pages), not for its whole length.
+    params_in_page: one pool, each page its codes then its scales then its zero points (kvq.gpu.one_pool:
+    views of the same shapes), instead of a pool each."""
     f = _facts(scheme, "kvq.ops.empty_paged_cache")
     _check_tensor_scale(f, scheme, tensor_scale, "kvq.ops.empty_paged_cache")
     if f.channel and page_tokens % _group_tokens(scheme):
@@ -246,8 +248,11 @@ def empty_paged_cache(scheme, pages, page_tokens, heads, head_dim, *, device="cu
     if f.window:
         window = torch.zeros(pages if window_pages is None else window_pages, page_tokens, heads, head_dim,
                              dtype=torch.bfloat16, device=device)
-    return gpu.Cache(f.storage, flat.data.transpose(1, 2).contiguous(), flat.scales, flat.zero_points, "paged",
-                     flat.tensor_scale, window)
+    data, scales, zeros = flat.data.transpose(1, 2).contiguous(), flat.scales, flat.zero_points
+    if params_in_page and scales is not None and scales.numel() > 1:
+        shaped = (lambda a: a if a is None else a.view(pages, -1))  # a page's parameters: one row of the pool
+        data, scales, zeros = gpu.one_pool(data, shaped(scales), shaped(zeros))
+    return gpu.Cache(f.storage, data, scales, zeros, "paged", flat.tensor_scale, window)
 
 
 @torch.compiler.assume_constant_result

@@ -224,16 +224,17 @@ def test_append_refuses_what_it_cannot_write_a_token_at_a_time(scheme, why):
         kvq.ops.empty_cache(scheme, 1, 1, 8, 64)
 
 
-def paged_stream(k_scheme, v_scheme, B=3, H=2, D=128, P=16, capacity=96, seed=50):
+def paged_stream(k_scheme, v_scheme, B=3, H=2, D=128, P=16, capacity=96, seed=50, params_in_page=False):
     """Caches appended token by token (after a prefill chunk) both contiguous and paged (pages shuffled
-    through a pool with spare ones); yields (q, contiguous K, V, paged K, V, block table, seq_lens)."""
+    through a pool with spare ones; params_in_page: a page's parameters in its codes' page); yields
+    (q, contiguous K, V, paged K, V, block table, seq_lens)."""
     g = torch.Generator().manual_seed(seed)
     per_seq = capacity // P
     table = torch.randperm(B * per_seq + 3, generator=g)[:B * per_seq].view(B, per_seq).to(torch.int32).cuda()
     k_all, v_all = random_kv((B, H, capacity, D), seed + 1), random_kv((B, H, capacity, D), seed + 2)
     flat = [kvq.ops.empty_cache(s, B, H, capacity, D, tensor_scale=TENSOR_SCALES.get(s)) for s in (k_scheme, v_scheme)]
-    pages = [kvq.ops.empty_paged_cache(s, B * per_seq + 3, P, H, D, tensor_scale=TENSOR_SCALES.get(s))
-             for s in (k_scheme, v_scheme)]
+    pages = [kvq.ops.empty_paged_cache(s, B * per_seq + 3, P, H, D, tensor_scale=TENSOR_SCALES.get(s),
+                                       params_in_page=params_in_page) for s in (k_scheme, v_scheme)]
     q = random_kv((B, 8, D), seed + 3)
     pos = torch.tensor([0, 5, 17][:B], dtype=torch.int32, device="cuda")
     first = 20
@@ -264,6 +265,21 @@ def test_paged_append_and_decode_equal_the_contiguous_cache(k_scheme, v_scheme):
         o_p, lse_p = kvq.ops.decode(q, kp, vp, seq_lens=lens, block_table=table)
         assert torch.equal(o_c, o_p) and torch.equal(lse_c, lse_p), step
     torch.library.opcheck(torch.ops.kvq.decode.default, op_args(q, kp, vp, lens, table))
+
+
+@pytest.mark.parametrize("k_scheme,v_scheme", [("int8-head", "q4_0"), ("int4-g32-asym", "int8-token"),
+                                               ("q8_0+had", "mxfp4")])
+def test_paged_parameters_in_their_codes_pages_append_and_decode_as_their_own_pools(k_scheme, v_scheme):
+    """kvq.gpu.one_pool's pages (codes, then scales, then zero points in one allocation): append writes
+    and decode reads them through the views' page stride, bit for bit the contiguous cache's."""
+    stream = paged_stream(k_scheme, v_scheme, params_in_page=True)
+    for step, (q, kc, vc, kp, vp, table, lens) in enumerate(stream):
+        if step % 13:
+            continue
+        assert kp.data.data_ptr() <= kp.scales.data_ptr() < kp.data.data_ptr() + kp.data.stride(0)  # one pool
+        o_c, lse_c = kvq.ops.decode(q, kc, vc, seq_lens=lens)
+        o_p, lse_p = kvq.ops.decode(q, kp, vp, seq_lens=lens, block_table=table)
+        assert torch.equal(o_c, o_p) and torch.equal(lse_c, lse_p), step
 
 
 def test_paged_decode_replays_in_a_cuda_graph():
@@ -637,11 +653,13 @@ def paged_in_sequence_order(pool, table, per_page):
     return x.transpose(1, 2).flatten(2, 3)
 
 
+@pytest.mark.parametrize("params_in_page", [False, True])
 @pytest.mark.parametrize("scheme", ["int8-chan-t32-asym", "int4-chan-t32", "int8-chan-t64+w40", "int4-chan-t64-asym+w7"])
-def test_chan_t_append_bytes_contiguous_and_paged(scheme):
+def test_chan_t_append_bytes_contiguous_and_paged(scheme, params_in_page):
     """Every chan-t<N> flavour (8 / 4 bits, symmetric / asymmetric, with and without a window), streamed
     in uneven chunks: the quantized groups' codes, scales and zero points are kvq.AppendQuantizer's, in
-    a contiguous cache and, read through the block table, in a paged one."""
+    a contiguous cache and, read through the block table, in a paged one (its parameters in pools of
+    their own or in their codes' pages)."""
     B, H, D, P, capacity = 3, 2, 64, 64, 256
     sch = kvq.parse_scheme(scheme)
     per_seq = capacity // P
@@ -649,7 +667,8 @@ def test_chan_t_append_bytes_contiguous_and_paged(scheme):
     table = torch.randperm(B * per_seq + 2, generator=g)[:B * per_seq].view(B, per_seq).to(torch.int32).cuda()
     window_table = torch.randperm(B * per_seq, generator=g).view(B, per_seq).to(torch.int32).cuda()
     flat = kvq.ops.empty_cache(scheme, B, H, capacity, D)
-    paged = kvq.ops.empty_paged_cache(scheme, B * per_seq + 2, P, H, D, window_pages=B * per_seq)
+    paged = kvq.ops.empty_paged_cache(scheme, B * per_seq + 2, P, H, D, window_pages=B * per_seq,
+                                      params_in_page=params_in_page)
     host = kvq.AppendQuantizer(scheme)
     x = random_kv((B, H, capacity, D), 141)
     zero = torch.zeros(B, dtype=torch.int32, device="cuda")

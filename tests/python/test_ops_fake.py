@@ -146,3 +146,23 @@ def test_decode_support_judges_the_page_size_it_is_asked_about():
     assert decode_support("decode-tc", "int4-chan-t32-asym", "int8-head", "paged", 128, 64)["reason"] == ""
     assert "power of two" in decode_support("decode-tc", "int8-head", "int8-head", "paged", 128, 24)["reason"]
     assert decode_support("decode-tc", "int8-head", "int8-head", "bnsh", 128)["reason"] == ""
+
+
+def test_one_pool_keeps_each_pages_parts_together_at_aligned_offsets():
+    g = torch.Generator().manual_seed(7)
+    codes = torch.randint(0, 256, (5, 16, 2, 72), dtype=torch.uint8, generator=g)  # [pages, P, H, row]
+    scales = torch.randn(5, 2, 16, 3, generator=g).half()
+    zeros = torch.randn(5, 2, 16, 3, generator=g).half()
+    c, s, z = kvq.gpu.one_pool(codes, scales, zeros)
+    for view, want in ((c, codes), (s, scales), (z, zeros)):
+        assert view.shape == want.shape and view.dtype == want.dtype and torch.equal(view, want)
+    page = c.untyped_storage().nbytes() // 5
+    assert c.stride(0) == page and s.stride(0) * 2 == page and z.stride(0) * 2 == page
+    offsets = [t.data_ptr() - c.data_ptr() for t in (c, s, z)]
+    assert offsets == [0, 2304, 2560]  # 2304 bytes of codes, 192 of scales, then of zero points: each at a line
+    assert page == 2816
+    assert kvq.gpu.one_pool(codes, None, scales)[1] is None
+    with pytest.raises(kvq.InputError, match="one page count"):
+        kvq.gpu.one_pool(codes, scales[:4])
+    with pytest.raises(kvq.InputError, match="multiple of 16"):
+        kvq.gpu.one_pool(codes, scales, align=8)
