@@ -606,12 +606,20 @@ int nonempty_splits(int64_t tokens, int64_t splits, int64_t round) {
   return static_cast<int>((tokens + per_split - 1) / per_split);
 }
 
-int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens, int64_t sm_count, int64_t round) {
+int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens, int64_t sm_count, int64_t round,
+                       bool raw_operand) {
   // Each split re-reads Q and pays a prologue and a merge: at least 128 keys (one step per warp)
   // per split. Among the counts allowed, the first whose last wave is at least 85% full; else the
   // fullest. Waves are counted with the splits that hold keys (H100, SmolLM2 B = 8 T = 8K int8:
   // 15 asked, 13 held keys, 0.79 of a wave; 16 fill it: 21.0 -> 20.1 us, int4-g32 22.5 -> 20.0).
   const int64_t most = std::clamp<int64_t>(tokens / 128, 1, kMaxSplits);
+  // A raw bf16 / fp16 operand's CTA (3 stages of 16 keys: 1.5x a quantized CTA's bytes in flight)
+  // keeps an SM's memory busy alone: where one split's CTAs fit on the SMs, one wave of one CTA an SM
+  // (H100 sweeps, decode-split-counts/, this count against the resident slots': SmolLM2 B = 8 T = 8K
+  // 5 splits 25.3 us / 15 27.6, T = 1K 4 10.6 / 8 11.4; llama8b B = 8 T = 1K 2 18.4 / 3 19.4, T = 8K
+  // 2 95.7 / 4 99.5; seed000 B = 64 2 97.7 / 4 101.0; one loss, seed000 B = 32 4 58.8 / 8 55.3).
+  if (raw_operand && base_ctas > 0 && base_ctas <= sm_count)
+    return nonempty_splits(tokens, std::clamp<int64_t>(sm_count / base_ctas, 1, most), round);
   int best = 1;
   double best_fill = 0;
   for (int64_t s = 1; s <= most && base_ctas > 0 && resident_ctas > 0; ++s) {
@@ -643,7 +651,8 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
     // A windowed decode shares its splits among key regions of other lengths: counted as asked.
     const bool windowed = p.k_window.present() || p.v_window.present();
     const int round = windowed ? 1 : detail::tc_split_round(p);
-    p.splits = tensor_core_splits(base, sm_count * detail::ctas_per_sm(p), p.tokens, sm_count, round);
+    const bool raw_operand = !is_quantized(p.k_format) || !is_quantized(p.v_format);
+    p.splits = tensor_core_splits(base, sm_count * detail::ctas_per_sm(p), p.tokens, sm_count, round, raw_operand);
     // Short splits are a latency chain, and merging them in clusters saves the merge kernel's launch
     // (~2.5 us at B = 1): where the count's clusters do not all fit at once, the largest count up to
     // it whose clusters do, if its splits stay within 512 keys (H100, llama8b B = 8 T = 1K: 2-3
