@@ -500,7 +500,8 @@ Operand operand(const nb::dict& d, const char* which, int64_t head_dim) {
           throw InputError(fmt::format("{}: {} needs {} ({} bytes)", which, storage, key, want));
         const Tensor t = nb::cast<Tensor>(d[key]);
         const std::string name = fmt::format("{} {}", which, key);
-        if (r.paged && std::string_view(key) != "tensor_scale") {  // pages of parameters, wherever each page lies
+        // pages of per-row parameters, wherever each page lies (a per-tensor scale is one value)
+        if (r.paged && s->granularity != Granularity::kTensor && std::string_view(key) != "tensor_scale") {
           const int64_t stride = paged_params(t, name, r.batch, want / std::max<int64_t>(r.batch, 1));
           if (param_page_stride >= 0 && stride != param_page_stride)
             throw InputError(fmt::format("{}: scales' pages {} bytes apart, zero points' {}: the kernels read both "
