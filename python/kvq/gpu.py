@@ -73,8 +73,8 @@ class Cache:
     layout: "bnsh" or "bsnh" (raw and planar codes), or "fbgemm"; or "paged": `data` a pool of pages
     [pages, P, Hkv, D] (raw) or [pages, P, Hkv, row bytes] (codes), read through its strides (vLLM's and
     FlashInfer's NHD pools, an HND pool as its transposed view, K or V of a pool that interleaves them),
-    `scales` / `zero_points` contiguous [pages, Hkv, P(, groups)] (per-token schemes [pages, P]):
-    decode takes the block table. +wW schemes: `window`, the raw bf16 / fp16 values the window keeps,
+    `scales` / `zero_points` [pages, Hkv, P(, groups)] (per-token schemes [pages, P]), contiguous or
+    each page's contiguous at a page stride of their own (one_pool's views): decode takes the block table. +wW schemes: `window`, the raw bf16 / fp16 values the window keeps,
     [B, H, T, D] beside bnsh codes (only the window's tokens are read), or a pool of pages [pages', P,
     Hkv, D] beside paged ones, read through decode's window_table (only the window's pages need be
     held)."""
@@ -102,10 +102,11 @@ def raw(x, layout="bnsh"):
 
 def one_pool(*pools, align=128):
     """Pools of pages [pages, ...] (a paged Cache's codes, scales, zero points; None stays None) copied
-    into one pool whose page holds each of theirs in turn, each part starting `align` bytes into the
-    page (a multiple of 16; 128: the parts' rows keep whole cache lines); returns views of the given shapes and
-    dtypes into it, which decode and kvq.ops.append read and write as they do the separate pools. One
-    allocation a page, as engines that keep a block's parameters beside its codes (lmdeploy) do."""
+    into one pool whose page holds each of theirs in turn, each part at a multiple of `align` bytes
+    into the page (a multiple of 16; 128 keeps the parts' rows on whole cache lines); returns views of
+    the given shapes and dtypes into it, which decode and kvq.ops.append read and write as they do the
+    separate pools. One allocation a page, as engines that keep a block's parameters beside its codes
+    (lmdeploy) do; on the H100 not faster than pools of their own (paged-decode/params-in-page/)."""
     import torch
     held = [a for a in pools if a is not None]
     if not held or align % 16 or any(a.dim() < 1 or a.shape[0] != held[0].shape[0] for a in held):
