@@ -613,13 +613,15 @@ int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens,
   // fullest. Waves are counted with the splits that hold keys (H100, SmolLM2 B = 8 T = 8K int8:
   // 15 asked, 13 held keys, 0.79 of a wave; 16 fill it: 21.0 -> 20.1 us, int4-g32 22.5 -> 20.0).
   const int64_t most = std::clamp<int64_t>(tokens / 128, 1, kMaxSplits);
+  // One CTA an SM (at least one split), as the kernel holds it: the count the two rules below may take.
+  const bool grid = base_ctas > 0 && sm_count > 0;
+  const int one_per_sm = grid ? nonempty_splits(tokens, std::clamp<int64_t>(sm_count / base_ctas, 1, most), round) : 1;
   // A raw bf16 / fp16 operand's CTA (3 stages of 16 keys: 1.5x a quantized CTA's bytes in flight)
   // keeps an SM's memory busy alone: where one split's CTAs fit on the SMs, one wave of one CTA an SM
   // (H100 sweeps, decode-split-counts/, this count against the resident slots': SmolLM2 B = 8 T = 8K
   // 5 splits 25.3 us / 15 27.6, T = 1K 4 10.6 / 8 11.4; llama8b B = 8 T = 1K 2 18.4 / 3 19.4, T = 8K
   // 2 95.7 / 4 99.5; seed000 B = 64 2 97.7 / 4 101.0; one loss, seed000 B = 32 4 58.8 / 8 55.3).
-  if (raw_operand && base_ctas > 0 && base_ctas <= sm_count)
-    return nonempty_splits(tokens, std::clamp<int64_t>(sm_count / base_ctas, 1, most), round);
+  if (raw_operand && grid && base_ctas <= sm_count) return one_per_sm;
   int best = 1;
   double best_fill = 0;
   for (int64_t s = 1; s <= most && base_ctas > 0 && resident_ctas > 0; ++s) {
@@ -633,10 +635,7 @@ int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens,
   // latency chain, not a bandwidth problem: one CTA per SM beats filling every resident slot, whose
   // CTAs only slow each other (H100, llama8b B=1 T=8K: 16 splits 17.0 us vs 29 splits 19.3 us for
   // int8-head; at T=32K the resident slots win again for INT4).
-  if (base_ctas > 0 && base_ctas <= 16 && sm_count > 0) {
-    const int one_per_sm = nonempty_splits(tokens, std::clamp<int64_t>(sm_count / base_ctas, 1, most), round);
-    if (one_per_sm < best && tokens / one_per_sm <= 1024) best = one_per_sm;
-  }
+  if (grid && base_ctas <= 16 && one_per_sm < best && tokens / one_per_sm <= 1024) best = one_per_sm;
   return best;
 }
 
