@@ -352,26 +352,29 @@ void flush_channel_groups_py(const Tensor& x, const std::string& storage, const 
   // parameters: planar per channel, (ceil(slots / N)) groups of D per (b or page, h)
   const int64_t groups = (slots + N - 1) / N, n0 = codes.shape(0);
   const nb::dlpack::dtype param_dtype = s.scale_dtype == ScaleDtype::kFp32 ? dt::kFp32 : dt::kFp16;
-  int64_t page_stride = H * groups * D;  // paged: elements from a page's parameters to the next's
-  auto params_of = [&](const Tensor& a, const char* what) {
+  // Checks one parameter array; returns the elements from one page's (sequence's) parameters to the
+  // next's: paged ones may lie anywhere (paged_params).
+  auto stride_of = [&](const Tensor& a, const char* what) -> int64_t {
     require(a, what, {param_dtype}, -1);
     if (static_cast<int64_t>(a.size()) != n0 * H * groups * D || (!paged && !contiguous(a)))
       throw InputError(fmt::format("flush_channel_groups: {}: {} values, expected contiguous [{}, {}, {}, {}] ({})", what,
                                    a.size(), n0, H, groups, D, paged ? "pages, H, P / N, D" : "B, H, ceil(T / N), D"));
-    if (paged) {  // pages of parameters may lie anywhere (paged_params); scales' and zero points' alike
-      const int64_t item = static_cast<int64_t>(a.itemsize());
-      page_stride = paged_params(a, fmt::format("flush_channel_groups: {}", what), n0, H * groups * D * item) / item;
-    }
-    return a.data();
+    if (!paged) return H * groups * D;
+    const int64_t item = static_cast<int64_t>(a.itemsize());
+    return paged_params(a, fmt::format("flush_channel_groups: {}", what), n0, H * groups * D * item) / item;
   };
-  p.scales = params_of(scales, "scales");
+  const int64_t page_stride = stride_of(scales, "scales");
+  p.scales = scales.data();
   if (s.asymmetric != !zeros.is_none())
     throw InputError(fmt::format("flush_channel_groups: {}: zero points {}", storage, s.asymmetric ? "missing" : "given"));
-  const int64_t scale_stride = page_stride;
-  if (s.asymmetric) p.zeros = params_of(nb::cast<Tensor>(zeros), "zero_points");
-  if (page_stride != scale_stride)
-    throw InputError(fmt::format("flush_channel_groups: scales' pages {} and zero points' {} elements apart: one stride "
-                                 "serves both", scale_stride, page_stride));
+  if (s.asymmetric) {
+    const Tensor z = nb::cast<Tensor>(zeros);
+    const int64_t zero_stride = stride_of(z, "zero_points");
+    if (zero_stride != page_stride)
+      throw InputError(fmt::format("flush_channel_groups: scales' pages {} and zero points' {} elements apart: one "
+                                   "stride serves both", page_stride, zero_stride));
+    p.zeros = z.data();
+  }
   (paged ? p.param_strides.page : p.param_strides.b) = page_stride;
   p.param_strides.h = groups * D, p.param_strides.t = D;
   require(status, "status", {dt::kInt64}, 1);
