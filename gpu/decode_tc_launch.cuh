@@ -4,6 +4,7 @@
 // instantiated per K storage in decode_tc_k_<format>.cu).
 #pragma once
 
+#include <type_traits>
 #include <vector>
 
 #include "gpu/decode_tc_kernel.cuh"
@@ -181,42 +182,35 @@ const void* tc_kernel_for(TcGroupShape shape, bool paged) {
   }
 }
 
+// f(std::integral_constant<int, D>{}) for the head dims with kernels (64, 128, 256); `otherwise` else.
+template <class F, class R>
+R with_tc_head_dim(int head_dim, F&& f, R otherwise) {
+  switch (head_dim) {
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+  }
+  return otherwise;
+}
+
 template <KvFormat FK, KvFormat FV>
 TcEntry tc_entry() {
   TcEntry e;
-  e.kernel = [](const DecodeParams& p) -> const void* {
+  e.kernel = [](const DecodeParams& p) {
     const TcGroupShape shape = tc_group_shape(p);
     const bool paged = p.block_table != nullptr;
-    switch (p.head_dim) {
-      case 64: return tc_kernel_for<FK, FV, 64>(shape, paged);
-      case 128: return tc_kernel_for<FK, FV, 128>(shape, paged);
-      case 256: return tc_kernel_for<FK, FV, 256>(shape, paged);
-    }
-    return nullptr;
+    return with_tc_head_dim(
+        p.head_dim, [&](auto d) { return tc_kernel_for<FK, FV, decltype(d)::value>(shape, paged); },
+        static_cast<const void*>(nullptr));
   };
   e.smem_bytes = [](const DecodeParams& p) {
-    switch (p.head_dim) {
-      case 64: return tc_smem_bytes<FK, FV, 64>(p);
-      case 128: return tc_smem_bytes<FK, FV, 128>(p);
-      case 256: return tc_smem_bytes<FK, FV, 256>(p);
-    }
-    return 0;
+    return with_tc_head_dim(p.head_dim, [&](auto d) { return tc_smem_bytes<FK, FV, decltype(d)::value>(p); }, 0);
   };
   e.split_round = [](const DecodeParams& p) {
-    switch (p.head_dim) {
-      case 64: return TcTraits<FK, FV, 64>::kSplitRound;
-      case 128: return TcTraits<FK, FV, 128>::kSplitRound;
-      case 256: return TcTraits<FK, FV, 256>::kSplitRound;
-    }
-    return 1;
+    return with_tc_head_dim(p.head_dim, [](auto d) { return TcTraits<FK, FV, decltype(d)::value>::kSplitRound; }, 1);
   };
   e.plan = [](const DecodeParams& p) {
-    switch (p.head_dim) {
-      case 64: return tc_plan<FK, FV, 64>(p);
-      case 128: return tc_plan<FK, FV, 128>(p);
-      case 256: return tc_plan<FK, FV, 256>(p);
-    }
-    return TcPlan{};
+    return with_tc_head_dim(p.head_dim, [&](auto d) { return tc_plan<FK, FV, decltype(d)::value>(p); }, TcPlan{});
   };
   e.kernels = [] {
     std::vector<const void*> all;
