@@ -467,13 +467,12 @@ __device__ __forceinline__ void channel_dequant(uint32_t (&a)[4], const uint32_t
 template <KvFormat F, typename Rows>
 __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i, int g, const TcSource& s,
                                             uint32_t (&lo)[4], uint32_t (&hi)[4]) {
-  constexpr int kStride = Rows::kStride;
   const bool sym = !s.has_zero;
   const int rows[4] = {key0, key0 + 1, key0 + 8, key0 + 9};
   if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp16) {
     uint2 w[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) w[k] = *reinterpret_cast<const uint2*>(vc + rows[k] * kStride + 16 * i + 2 * g);
+    for (int k = 0; k < 4; ++k) w[k] = *reinterpret_cast<const uint2*>(vc + Rows::word(rows[k], 16 * i + 2 * g));
     // element e of keys (A, B): (A.e, B.e) -- low halves for even e, high halves for odd e
     lo[0] = __byte_perm(w[0].x, w[1].x, 0x5410), lo[1] = __byte_perm(w[0].x, w[1].x, 0x7632);
     lo[2] = __byte_perm(w[2].x, w[3].x, 0x5410), lo[3] = __byte_perm(w[2].x, w[3].x, 0x7632);
@@ -495,7 +494,7 @@ __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i,
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       if constexpr (F == KvFormat::kLut4)
-        w[k] = lut4_lookup(reinterpret_cast<const uint16_t*>(vc)[(rows[k] * kStride + 4 * i) * 2 + g], s.lut) ^ flip;
+        w[k] = lut4_lookup(reinterpret_cast<const uint16_t*>(vc)[Rows::word(rows[k], 4 * i) * 2 + g], s.lut) ^ flip;
       else
         w[k] = vc[Rows::word(rows[k], 8 * i + g)] ^ flip;
     }
@@ -510,7 +509,7 @@ __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i,
     const uint16_t* h = reinterpret_cast<const uint16_t*>(vc);
     uint32_t x[4], f[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) x[k] = h[(rows[k] * kStride + 4 * i) * 2 + g], f[k] = fifth_bits<Rows>(vc, rows[k], 32 * i + 4 * g);
+    for (int k = 0; k < 4; ++k) x[k] = h[Rows::word(rows[k], 4 * i) * 2 + g], f[k] = fifth_bits<Rows>(vc, rows[k], 32 * i + 4 * g);
     const uint32_t a01 = __byte_perm(x[0], x[1], 0x0400), a23 = __byte_perm(x[0], x[1], 0x0501);
     const uint32_t b01 = __byte_perm(x[2], x[3], 0x0400), b23 = __byte_perm(x[2], x[3], 0x0501);
     const uint32_t fa = f[0] | f[1] << 16, fb = f[2] | f[3] << 16;  // element e of keys A, B: bits e, 16 + e
@@ -522,7 +521,7 @@ __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i,
     const uint16_t* h = reinterpret_cast<const uint16_t*>(vc);
     uint32_t x[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) x[k] = h[(rows[k] * kStride + 4 * i) * 2 + g];
+    for (int k = 0; k < 4; ++k) x[k] = h[Rows::word(rows[k], 4 * i) * 2 + g];
     // [A.b0, ., B.b0, .]: nibbles 0 (low) and 1 (high) of keys A, B; [A.b1, ., B.b1, .]: nibbles 2, 3
     const uint32_t a01 = __byte_perm(x[0], x[1], 0x0400), a23 = __byte_perm(x[0], x[1], 0x0501);
     const uint32_t b01 = __byte_perm(x[2], x[3], 0x0400), b23 = __byte_perm(x[2], x[3], 0x0501);

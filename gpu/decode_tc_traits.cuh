@@ -49,14 +49,20 @@ constexpr KvFormat tc_codes(KvFormat f) { return f == KvFormat::kInt4Fbgemm ? Kv
 
 // One operand's rows in a stage. Fragment reads take 8 rows at once (K: keys g, V: keys 2c, 2c + 1,
 // 2c + 8, 2c + 9): padding each row (4 words, 8 for bf16 K) puts every read in 32 different banks.
+// V's padding lies between pairs of rows (8 words after every second row: rows 2c and 2c + 1 land in
+// the same banks, which no read takes together), so that every row starts on a 32-byte sector: a
+// 16-byte copy into the second half of a shared sector made L2 serve its global sector twice (ncu,
+// bf16 seed000 B = 128: 1.25x the L2 sectors of the bytes, cuDNN's kernel 1.00x).
 // 5-bit rows (5D/32 words: 10, 20, 40) need none at D = 64 and 128, 4 words at 256.
 // (An XOR swizzle of 8-bit rows instead saves the padding and fits a third int8 CTA per SM; measured
 // slower on the H100: int8-head seed000 B=128 119 us vs 110 us.)
-template <int kRowWords, int kPad>
+template <int kRowWords, int kPad, bool kPairs = false>
 struct TcRows {
   static constexpr int kWords = kRowWords;
-  static constexpr int kStride = kRowWords + kPad;
-  static KVQ_HD int word(int row, int w) { return row * kStride + w; }
+  static constexpr int kStride = kRowWords + kPad;  // words a row takes, on average
+  static KVQ_HD int word(int row, int w) {
+    return kPairs ? row * kRowWords + (row >> 1) * (2 * kPad) + w : row * kStride + w;
+  }
 };
 
 constexpr int tc_row_pad(int bits, int row_words, bool k) {
@@ -75,7 +81,7 @@ struct TcTraits {
   static constexpr int kKRowWords = D * K::kBits / 32;  // codes of one row
   static constexpr int kVRowWords = D * V::kBits / 32;
   using KRows = TcRows<kKRowWords, tc_row_pad(K::kBits, kKRowWords, true)>;
-  using VRows = TcRows<kVRowWords, tc_row_pad(V::kBits, kVRowWords, false)>;
+  using VRows = TcRows<kVRowWords, tc_row_pad(V::kBits, kVRowWords, false), kVRowWords % 8 == 0>;
   static constexpr int kKStride = KRows::kStride, kVStride = VRows::kStride;
   // Measured on the H100 (experiments/bench/tune_decode_tc.sh): 32 keys per step for int8 and int4 (16
   // when an operand is bf16, whose rows are 4x larger); a warp consumes a step far slower than
@@ -127,7 +133,7 @@ KVQ_HD TcStageLayout tc_stage_layout(const DecodeParams& p) {
   l.k_params = Tr::kCodeWords;
   l.v_params = l.k_params + tc_param_words(p.k, Tr::kStepTokens, D);
   l.stage_words = l.v_params + tc_param_words(p.v, Tr::kStepTokens, D);
-  l.stage_words = (l.stage_words + 3) / 4 * 4;  // stages start 16-byte aligned
+  l.stage_words = (l.stage_words + 7) / 8 * 8;  // stages start on a 32-byte sector (TcRows)
   return l;
 }
 
