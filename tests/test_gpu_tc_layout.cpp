@@ -1,0 +1,130 @@
+// The tensor-core decode kernels' stage rows (gpu/decode_tc_traits.cuh), checked on the host: every
+// element a word of its own, each 16-byte copy on one 32-byte sector of shared memory where the layout
+// puts rows on sectors, and the fragment reads of decode_tc_fragments.cuh each in 32 different banks
+// (or one word shared by lanes).
+#include <doctest/doctest.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gpu/decode_tc_traits.cuh"
+
+using namespace kvq;
+
+namespace {
+
+// One shared-memory load of a warp: the words each lane reads (a 64-bit load: two words).
+using Read = std::vector<std::vector<int>>;
+
+// Conflict-free: no two lanes read different words of one bank. 64-bit loads go in two half-warp passes.
+bool conflict_free(const Read& read) {
+  const bool wide = read[0].size() == 2;
+  for (int pass = 0; pass < (wide ? 2 : 1); ++pass) {
+    std::map<int, int> word_of_bank;
+    for (int lane = wide ? 16 * pass : 0; lane < (wide ? 16 * pass + 16 : 32); ++lane)
+      for (int w : read[lane]) {
+        auto [it, fresh] = word_of_bank.emplace(w % 32, w);
+        if (!fresh && it->second != w) return false;
+      }
+  }
+  return true;
+}
+
+template <typename Rows>
+void check_rows(int rows, bool on_sectors, const std::string& what) {
+  CAPTURE(what);
+  std::set<int> words;
+  for (int r = 0; r < rows; ++r)
+    for (int w = 0; w < Rows::kWords; ++w) words.insert(Rows::word(r, w));
+  CHECK(words.size() == static_cast<size_t>(rows * Rows::kWords));  // no two elements share a word
+  CHECK(*words.rbegin() < rows * Rows::kStride);                    // within the stage's rows
+  if (!on_sectors) return;
+  int off_sector = 0;
+  for (int r = 0; r < rows; ++r)
+    for (int w = 0; w < Rows::kWords; w += 8)
+      off_sector += Rows::word(r, w) % 4 != 0 || Rows::word(r, w + 4) % 4 != 0 ||
+                    Rows::word(r, w) / 8 != Rows::word(r, w + 4) / 8;
+  CHECK(off_sector == 0);
+}
+
+// K: lane (g, c) reads key rows 16 mt + g and + 8 of k-slice j (k_fragment).
+template <KvFormat F, typename Rows>
+void check_k_reads(int slices, const std::string& what) {
+  CAPTURE(what);
+  for (int mt = 0; mt < 2; ++mt)
+    for (int j = 0; j < slices; ++j)
+      for (int half = 0; half < 2; ++half) {
+        Read read(32);
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, c = lane % 4, row = 16 * mt + g + 8 * half;
+          const int bits = detail::TcOperand<F>::kBits;
+          if (bits == 16) read[lane] = {Rows::word(row, 8 * j + 2 * c), Rows::word(row, 8 * j + 2 * c + 1)};
+          else if (bits == 8) read[lane] = {Rows::word(row, 4 * j + c)};
+          else read[lane] = {Rows::word(row, 2 * j + c / 2)};  // 4-bit: a half word
+        }
+        CAPTURE(mt);
+        CAPTURE(j);
+        CAPTURE(half);
+        CHECK(conflict_free(read));
+      }
+}
+
+// V: lane (g, c) reads keys 16 mt + 2c + {0, 1, 8, 9}, one a load, at its columns of m-tile pair i.
+template <KvFormat F, typename Rows>
+void check_v_reads(int pairs, const std::string& what) {
+  CAPTURE(what);
+  for (int mt = 0; mt < 2; ++mt)
+    for (int i = 0; i < pairs; ++i)
+      for (int d : {0, 1, 8, 9}) {
+        Read read(32);
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, c = lane % 4, key0 = 16 * mt + 2 * c;
+          const int bits = detail::TcOperand<F>::kBits;
+          if (bits == 16) read[lane] = {Rows::word(key0 + d, 16 * i + 2 * g), Rows::word(key0 + d, 16 * i + 2 * g + 1)};
+          else if (bits == 8) read[lane] = {Rows::word(key0 + d, 8 * i + g)};
+          else read[lane] = {Rows::word(key0 + d, 4 * i + g / 2)};  // 4-bit: a half word
+        }
+        CAPTURE(mt);
+        CAPTURE(i);
+        CAPTURE(d);
+        CHECK(conflict_free(read));
+      }
+}
+
+template <KvFormat FK, KvFormat FV, int D>
+void check_traits(const std::string& what) {
+  using Tr = detail::TcTraits<FK, FV, D>;
+  // On sectors: V's rows (pairs of rows padded together; 5-bit V at D = 256 only: 10 / 20 words) and
+  // 16-bit K (padded by 8 words). Quantized K rows stay padded by 4 words, off-sector every other row:
+  // an XOR swizzle that put them on sectors measured slower on the H100 (registers, a third CTA an SM;
+  // experiments/results/nvidia-h100-80gb-hbm3/decode-l2-sectors/k-row-swizzle/).
+  constexpr bool k16 = detail::TcOperand<FK>::kBits == 16, v5 = detail::TcOperand<FV>::kBits == 5;
+  check_rows<typename Tr::KRows>(Tr::kStepTokens, k16, what + " K");
+  check_rows<typename Tr::VRows>(Tr::kStepTokens, !v5 || D == 256, what + " V");
+  if constexpr (detail::TcOperand<FK>::kBits != 5) check_k_reads<FK, typename Tr::KRows>(Tr::kSlices, what + " K");
+  if constexpr (detail::TcOperand<FV>::kBits != 5) check_v_reads<FV, typename Tr::VRows>(Tr::kSlices / 2, what + " V");
+}
+
+template <int D>
+void check_head_dim() {
+  const std::string d = " D=" + std::to_string(D);
+  check_traits<KvFormat::kBf16, KvFormat::kBf16, D>("bf16" + d);
+  check_traits<KvFormat::kFp16, KvFormat::kFp16, D>("fp16" + d);
+  check_traits<KvFormat::kInt8, KvFormat::kInt8, D>("int8" + d);
+  check_traits<KvFormat::kFp8E4m3, KvFormat::kFp8E4m3, D>("fp8" + d);
+  check_traits<KvFormat::kInt4, KvFormat::kInt4, D>("int4" + d);
+  check_traits<KvFormat::kLut4, KvFormat::kLut4, D>("lut4" + d);
+  check_traits<KvFormat::kInt5, KvFormat::kInt5, D>("int5" + d);
+  check_traits<KvFormat::kInt8, KvFormat::kBf16, D>("int8/bf16" + d);
+  check_traits<KvFormat::kBf16, KvFormat::kInt4, D>("bf16/int4" + d);
+}
+
+}  // namespace
+
+TEST_CASE("tensor-core stage rows: words of their own, 16-byte copies on 32-byte sectors, reads in 32 banks") {
+  check_head_dim<64>();
+  check_head_dim<128>();
+  check_head_dim<256>();
+}
