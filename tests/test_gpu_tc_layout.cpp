@@ -96,8 +96,8 @@ void check_v_reads(int pairs, const std::string& what) {
 template <KvFormat FK, KvFormat FV, int D>
 void check_traits(const std::string& what) {
   using Tr = detail::TcTraits<FK, FV, D>;
-  // On sectors: V's rows (pairs of rows padded together; 5-bit V at D = 256 only: 10 / 20 words) and
-  // 16-bit K (padded by 8 words). Quantized K rows stay padded by 4 words, off-sector every other row:
+  // On sectors: V's rows (pairs of rows padded together; 5-bit V only at D = 256, its rows of 10 / 20
+  // words at D = 64 / 128 are not whole sectors) and 16-bit K (padded by 8 words). Quantized K rows stay padded by 4 words, off-sector every other row:
   // an XOR swizzle that put them on sectors measured slower on the H100 (registers, a third CTA an SM;
   // experiments/results/nvidia-h100-80gb-hbm3/decode-l2-sectors/k-row-swizzle/).
   constexpr bool k16 = detail::TcOperand<FK>::kBits == 16, v5 = detail::TcOperand<FV>::kBits == 5;
