@@ -53,15 +53,15 @@ void check_rows(int rows, bool on_sectors, const std::string& what) {
 template <KvFormat F, typename Rows>
 void check_k_reads(int slices, const std::string& what) {
   CAPTURE(what);
+  constexpr int bits = detail::TcOperand<F>::kBits;
   for (int mt = 0; mt < 2; ++mt)
     for (int j = 0; j < slices; ++j)
       for (int half = 0; half < 2; ++half) {
         Read read(32);
         for (int lane = 0; lane < 32; ++lane) {
           const int g = lane / 4, c = lane % 4, row = 16 * mt + g + 8 * half;
-          const int bits = detail::TcOperand<F>::kBits;
-          if (bits == 16) read[lane] = {Rows::word(row, 8 * j + 2 * c), Rows::word(row, 8 * j + 2 * c + 1)};
-          else if (bits == 8) read[lane] = {Rows::word(row, 4 * j + c)};
+          if constexpr (bits == 16) read[lane] = {Rows::word(row, 8 * j + 2 * c), Rows::word(row, 8 * j + 2 * c + 1)};
+          else if constexpr (bits == 8) read[lane] = {Rows::word(row, 4 * j + c)};
           else read[lane] = {Rows::word(row, 2 * j + c / 2)};  // 4-bit: a half word
         }
         CAPTURE(mt);
@@ -75,16 +75,17 @@ void check_k_reads(int slices, const std::string& what) {
 template <KvFormat F, typename Rows>
 void check_v_reads(int pairs, const std::string& what) {
   CAPTURE(what);
+  constexpr int bits = detail::TcOperand<F>::kBits;
   for (int mt = 0; mt < 2; ++mt)
     for (int i = 0; i < pairs; ++i)
       for (int d : {0, 1, 8, 9}) {
         Read read(32);
         for (int lane = 0; lane < 32; ++lane) {
           const int g = lane / 4, c = lane % 4, key0 = 16 * mt + 2 * c;
-          const int bits = detail::TcOperand<F>::kBits;
-          if (bits == 16) read[lane] = {Rows::word(key0 + d, 16 * i + 2 * g), Rows::word(key0 + d, 16 * i + 2 * g + 1)};
-          else if (bits == 8) read[lane] = {Rows::word(key0 + d, 8 * i + g)};
-          else read[lane] = {Rows::word(key0 + d, 4 * i + g / 2)};  // 4-bit: a half word
+          const int row = key0 + d;
+          if constexpr (bits == 16) read[lane] = {Rows::word(row, 16 * i + 2 * g), Rows::word(row, 16 * i + 2 * g + 1)};
+          else if constexpr (bits == 8) read[lane] = {Rows::word(row, 8 * i + g)};
+          else read[lane] = {Rows::word(row, 4 * i + g / 2)};  // 4-bit: a half word
         }
         CAPTURE(mt);
         CAPTURE(i);
@@ -97,8 +98,9 @@ template <KvFormat FK, KvFormat FV, int D>
 void check_traits(const std::string& what) {
   using Tr = detail::TcTraits<FK, FV, D>;
   // On sectors: V's rows (pairs of rows padded together; 5-bit V only at D = 256, its rows of 10 / 20
-  // words at D = 64 / 128 are not whole sectors) and 16-bit K (padded by 8 words). Quantized K rows stay padded by 4 words, off-sector every other row:
-  // an XOR swizzle that put them on sectors measured slower on the H100 (registers, a third CTA an SM;
+  // words at D = 64 / 128 are not whole sectors) and 16-bit K (padded by 8 words). Quantized K rows stay
+  // padded by 4 words, off-sector every other row: an XOR swizzle that put them on sectors measured
+  // slower on the H100 (registers, a third CTA an SM;
   // experiments/results/nvidia-h100-80gb-hbm3/decode-l2-sectors/k-row-swizzle/).
   constexpr bool k16 = detail::TcOperand<FK>::kBits == 16, v5 = detail::TcOperand<FV>::kBits == 5;
   check_rows<typename Tr::KRows>(Tr::kStepTokens, k16, what + " K");

@@ -74,10 +74,10 @@ class Cache:
     [pages, P, Hkv, D] (raw) or [pages, P, Hkv, row bytes] (codes), read through its strides (vLLM's and
     FlashInfer's NHD pools, an HND pool as its transposed view, K or V of a pool that interleaves them),
     `scales` / `zero_points` [pages, Hkv, P(, groups)] (per-token schemes [pages, P]), contiguous or
-    each page's contiguous at a page stride of their own (one_pool's views): decode takes the block table. +wW schemes: `window`, the raw bf16 / fp16 values the window keeps,
-    [B, H, T, D] beside bnsh codes (only the window's tokens are read), or a pool of pages [pages', P,
-    Hkv, D] beside paged ones, read through decode's window_table (only the window's pages need be
-    held)."""
+    each page's contiguous at a page stride of their own (one_pool's views): decode takes the block
+    table. +wW schemes: `window`, the raw bf16 / fp16 values the window keeps, [B, H, T, D] beside bnsh
+    codes (only the window's tokens are read), or a pool of pages [pages', P, Hkv, D] beside paged ones,
+    read through decode's window_table (only the window's pages need be held)."""
     storage: str
     data: Any
     scales: Any = None
