@@ -55,22 +55,22 @@ struct InputChunk {
 
 // A lane's running statistics of its chunks. 16-bit input: two elements a word with 16x2 SIMD
 // (PackedStats16); fp32: the codec's own accumulator. finish() gives the GroupStats the codec's
-// add() gives over the same elements, every field, so the merged statistics equal the CPU's
-// whatever group_params() reads of them.
-template <InputDtype DT>
+// add() gives over the same elements, every field (kKeys false: amax, and -amax / amax for min and
+// max, all that symmetric schemes read), so the merged statistics give the CPU's group_params().
+template <InputDtype DT, bool kKeys = true>
 struct LaneStats {
   PackedStats16 packed;
   bool any = false;
   __device__ __forceinline__ void add(const InputChunk<DT>& c) {
 #pragma unroll
-    for (int i = 0; i < InputChunk<DT>::kWords; ++i) packed.add(c.w[i]);
+    for (int i = 0; i < InputChunk<DT>::kWords; ++i) packed.add<kKeys>(c.w[i]);
     any = true;
   }
-  __device__ __forceinline__ GroupStats finish() const { return any ? packed.finish(DT) : GroupStats{}; }
+  __device__ __forceinline__ GroupStats finish() const { return any ? packed.finish(DT, kKeys) : GroupStats{}; }
 };
 
-template <>
-struct LaneStats<InputDtype::kFp32> {
+template <bool kKeys>
+struct LaneStats<InputDtype::kFp32, kKeys> {
   GroupStats st;
   __device__ __forceinline__ void add(const InputChunk<InputDtype::kFp32>& c) {
 #pragma unroll
@@ -101,39 +101,57 @@ __device__ __forceinline__ Scheme fixed_scheme(Scheme s) {
   return s;
 }
 
-// Encodes the chunk with the codec and stores its codes at `dst` (planar: 8 bytes for int8 and FP8, 4
-// for int4 with element 2i in the low nibble). An integer code comes from the reciprocal alone
-// (encode_integer_by_reciprocal); only a chunk with an element near a tie is coded again by the
-// division (encode_integer_exact), so the common path has no branch per element (~11 instructions an
-// element's code instead of ~16).
-template <bool ASYM, int BITS, InputDtype DT>
-__device__ __forceinline__ void encode_chunk(uint8_t* dst, const InputChunk<DT>& c, const GroupParams& gp,
-                                             const Scheme& s) {
-  static_assert(BITS == 8 || BITS == 4, "int8 or int4 codes");
-  auto pack = [&](auto code) {
-    uint32_t w[2] = {0, 0};
-#pragma unroll
-    for (int e = 0; e < kChunkElems; ++e) {
-      if constexpr (BITS == 8) w[e / 4] |= uint32_t(code_to_byte(code(e))) << (8 * (e % 4));
-      else w[0] |= uint32_t(code_to_nibble(code(e))) << (4 * e);
-    }
-    return make_uint2(w[0], w[1]);
-  };
-  if constexpr (BITS == 8) {
-    if (s.fp8()) {  // FP8 codes have no tie to test: the codec's encode() per element
-      *reinterpret_cast<uint2*>(dst) = pack([&](int e) { return encode(c[e], gp, s); });
-      return;
-    }
-  }
-  bool sure = true;
-  uint2 w = pack([&](int e) {
-    int q;
-    sure &= encode_integer_by_reciprocal(c[e], gp, s, q);
-    return q;
-  });
-  if (!sure) w = pack([&](int e) { return encode_integer_exact(c[e], gp, s); });
+// The integer coder of a group (IntegerCoder): its statistics bound its values.
+__device__ __forceinline__ IntegerCoder group_coder(const GroupParams& gp, const GroupStats& st, const Scheme& s) {
+  return s.asymmetric ? integer_coder(gp, s, st.lo(), st.hi()) : integer_coder(gp, s, -st.amax, st.amax);
+}
+
+// Planar code words of a chunk: 8 bytes for int8 and FP8, 4 for int4 with element 2i in the low nibble.
+template <int BITS>
+__device__ __forceinline__ void store_chunk_codes(uint8_t* dst, uint2 w) {
   if constexpr (BITS == 8) *reinterpret_cast<uint2*>(dst) = w;
   else *reinterpret_cast<uint32_t*>(dst) = w.x;
+}
+
+template <int BITS, typename Code>
+__device__ __forceinline__ uint2 pack_chunk_codes(Code code) {
+  uint32_t w[2] = {0, 0};
+#pragma unroll
+  for (int e = 0; e < kChunkElems; ++e) {
+    if constexpr (BITS == 8) w[e / 4] |= uint32_t(code_to_byte(code(e))) << (8 * (e % 4));
+    else w[0] |= uint32_t(code_to_nibble(code(e))) << (4 * e);
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+// Encodes the chunk and stores its codes at `dst`. Integer codes come from `coder` (one fma an
+// element, no branch); the result is false when an element was near a tie (or the group may need the
+// clamp: rare), and the caller then codes its chunks again with encode_chunk_exact, outside its hot
+// loop so that the division's registers do not weigh on it. FP8 codes (no tie to test) come from
+// the codec's encode() per element.
+template <bool ASYM, int BITS, InputDtype DT>
+__device__ __forceinline__ bool encode_chunk(uint8_t* dst, const InputChunk<DT>& c, const GroupParams& gp,
+                                             const IntegerCoder& coder, const Scheme& s) {
+  static_assert(BITS == 8 || BITS == 4, "int8 or int4 codes");
+  if constexpr (BITS == 8) {
+    if (s.fp8()) {
+      store_chunk_codes<BITS>(dst, pack_chunk_codes<BITS>([&](int e) { return encode(c[e], gp, s); }));
+      return true;
+    }
+  }
+  bool sure = !coder.clamp;
+  uint32_t m[kChunkElems];
+#pragma unroll
+  for (int e = 0; e < kChunkElems; ++e) m[e] = float_bits(coder.biased_code<ASYM, false>(c[e], sure));
+  if constexpr (BITS == 8) store_chunk_codes<BITS>(dst, make_uint2(pack_low_bytes(m[0], m[1], m[2], m[3]), pack_low_bytes(m[4], m[5], m[6], m[7])));
+  else store_chunk_codes<BITS>(dst, make_uint2(pack_low_nibbles(m), 0));
+  return sure;
+}
+
+// An integer chunk's codes by the IEEE division alone (encode_chunk's fallback).
+template <int BITS, InputDtype DT>
+__device__ __forceinline__ void encode_chunk_exact(uint8_t* dst, const InputChunk<DT>& c, const GroupParams& gp, const Scheme& s) {
+  store_chunk_codes<BITS>(dst, pack_chunk_codes<BITS>([&](int e) { return encode_integer_exact(c[e], gp, s); }));
 }
 
 // Rare path: the flat [B, H, T, D] index of the chunk's first non-finite element into first_bad.

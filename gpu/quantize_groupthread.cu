@@ -2,8 +2,8 @@
 // thread owns one scale group, or a 32-element segment of a larger group (G = 64, 128, 256: 2, 4
 // or 8 neighbouring lanes, merged with xor-shuffles). The codec's per-group work (division, fp16
 // rounding of the scale) is then done by few lanes, not by a whole warp. Pass 1 reads the segment
-// in 8-element chunks (one 16-byte load for 16-bit input) for its statistics; pass 2 reads it
-// again (from L1) and encodes. Consecutive threads own consecutive segments, so a warp covers a
+// in 8-element chunks (one 16-byte load for 16-bit input) for its statistics (16x2 SIMD for
+// 16-bit input); pass 2 reads it again (from L1) and encodes with the codec's IntegerCoder. Consecutive threads own consecutive segments, so a warp covers a
 // contiguous stretch of the row-major input.
 #include <algorithm>
 
@@ -17,10 +17,16 @@ constexpr int kThreads = 256;
 constexpr int kChunk = detail::kChunkElems;
 constexpr int kSegment = 32;  // elements per lane at most: keeps each lane's bytes in L1 between passes
 
-// At least 5 blocks per SM: the register cap keeps 40 warps in flight (ncu: 4 blocks left the
-// memory system under-fed); the 16-bit input kernels still do not spill.
+// Blocks per SM the register cap keeps: 5 (48 registers) fed the memory system best when each
+// element cost ~35 instructions; IntegerCoder's codes spill there (24-76 bytes), 4 (64 registers)
+// do not. KVQ_GROUPTHREAD_MIN_BLOCKS picks one for an A/B.
+#ifndef KVQ_GROUPTHREAD_MIN_BLOCKS
+#define KVQ_GROUPTHREAD_MIN_BLOCKS 4
+#endif
+constexpr int kGroupthreadMinBlocks = KVQ_GROUPTHREAD_MIN_BLOCKS;
+
 template <typename Storage, InputDtype DT, bool ASYM>
-__global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams p) {
+__global__ void __launch_bounds__(kThreads, kGroupthreadMinBlocks) groupthread_kernel(QuantizeParams p) {
   const KvShape& s = p.shape;
   Scheme scheme = p.scheme;
   scheme.asymmetric = ASYM;
@@ -52,14 +58,14 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
     const Storage* src = input + (contiguous ? r * D : detail::element_offset(p, b, h, t, 0)) + d0;
     const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0;
 
-    GroupStats st;
+    detail::LaneStats<DT, ASYM> acc;  // symmetric schemes read amax only
     for (int c = 0; active && c < seg; c += kChunk) {
       detail::InputChunk<DT> chunk;
       chunk.load(src + c, aligned);
-#pragma unroll
-      for (int e = 0; e < kChunk; ++e) st.add(chunk[e]);
+      acc.add(chunk);
     }
-    const bool finite = st.all_finite(ASYM);  // before the merge: this lane's own segment
+    GroupStats st = acc.finish();
+    const bool finite = !active || st.all_finite(ASYM);  // before the merge: this lane's own segment
     st = detail::shuffle_merge(st, parts, ASYM);  // the group's segments
     if (!active) continue;
     if (!finite) {  // rare: report this segment's first bad element (flat index r*D + d)
@@ -68,6 +74,7 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
           atomicMin(p.first_bad, static_cast<unsigned long long>(r * D + d0 + d));
     }
     const GroupParams gp = integer_group_params(st, scheme);  // an active lane added >= 8 elements: never empty
+    const IntegerCoder coder = detail::group_coder(gp, st, scheme);
     const bool leader = part == 0;
     if (gp.overflow && leader) atomicMin(p.first_overflow, static_cast<unsigned long long>(g));
 
@@ -87,21 +94,19 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
       }
       codes = p.codes + (r * D + d0) * scheme.bits / 8;
     }
+    // FBGEMM rows hold int4 only, 4-byte aligned like planar int4
+    bool sure = true;
     for (int c = 0; c < seg; c += kChunk) {
       detail::InputChunk<DT> chunk;
       chunk.load(src + c, aligned);
-      uint32_t w[2] = {0, 0};
-      if (scheme.bits == 8) {
-#pragma unroll
-        for (int e = 0; e < kChunk; ++e) w[e / 4] |= uint32_t(code_to_byte(encode(chunk[e], gp, scheme))) << (8 * (e % 4));
-        *reinterpret_cast<uint2*>(codes + c) = make_uint2(w[0], w[1]);  // FBGEMM rows hold int4 only
-      } else {
-#pragma unroll
-        for (int e = 0; e < kChunk; e += 2)
-          w[0] |= uint32_t(pack_nibbles(encode(chunk[e], gp, scheme),
-                                        encode(chunk[e + 1], gp, scheme))) << (4 * e);
-        *reinterpret_cast<uint32_t*>(codes + c / 2) = w[0];  // FBGEMM rows are 4-byte aligned too
-      }
+      if (scheme.bits == 8) sure &= detail::encode_chunk<ASYM, 8>(codes + c, chunk, gp, coder, scheme);
+      else sure &= detail::encode_chunk<ASYM, 4>(codes + c / 2, chunk, gp, coder, scheme);
+    }
+    for (int c = 0; !sure && c < seg; c += kChunk) {  // rare: the segment again, by the division
+      detail::InputChunk<DT> chunk;
+      chunk.load(src + c, aligned);
+      if (scheme.bits == 8) detail::encode_chunk_exact<8>(codes + c, chunk, gp, scheme);
+      else detail::encode_chunk_exact<4>(codes + c / 2, chunk, gp, scheme);
     }
   }
 }

@@ -69,6 +69,7 @@ __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams 
   for (int i = threadIdx.x; i < plan.partials; i += kThreads) st.merge(p.partials[i]);
   st = detail::block_merge<kThreads>(st, lo, hi, amax);
   const GroupParams gp = p.tensor_scale_given ? given_scale_params(p.given_tensor_scale, scheme) : group_params(st, scheme);
+  const IntegerCoder coder = scheme.fp8() ? IntegerCoder{} : detail::group_coder(gp, st, scheme);
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (gp.overflow) atomicMin(p.first_overflow, 0ull);
     detail::store_param(p.scales, 0, gp.scale, scheme.scale_dtype);
@@ -82,10 +83,15 @@ __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams 
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (i0 + u * stride < plan.chunks) chunk[u].load(input + tensor_chunk_offset(p, plan, last - (i0 + u * stride)));
+    bool sure = true;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = last - (i0 + u * stride);
-      if (c >= 0) detail::encode_chunk<ASYM, BITS>(p.codes + c * BITS, chunk[u], gp, scheme);
+      if (c >= 0) sure &= detail::encode_chunk<ASYM, BITS>(p.codes + c * BITS, chunk[u], gp, coder, scheme);
+    }
+    for (int u = 0; !sure && u < kUnroll; ++u) {  // rare: these chunks again, by the division
+      const int64_t c = last - (i0 + u * stride);
+      if (c >= 0) detail::encode_chunk_exact<BITS>(p.codes + c * BITS, chunk[u], gp, scheme);
     }
   }
 }

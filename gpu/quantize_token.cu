@@ -7,7 +7,7 @@
 // then read once, held in registers, reduced with xor-shuffles inside the team and encoded from the
 // registers. Tokens of more than 32 K chunks (16-bit input: Hkv D > 2048) read their further chunks
 // twice, the second time from L1/L2. Scales and zero points come from the codec's group_params(),
-// codes from encode(). The plan (gpu/quantize_wide_plan.hpp) is tested on the CPU.
+// integer codes from its IntegerCoder (FP8 codes from encode()). The plan (gpu/quantize_wide_plan.hpp) is tested on the CPU.
 #include <algorithm>
 
 #include "gpu/quantize_chunk.cuh"
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
 #pragma unroll
     for (int k = 0; k < K; ++k)  // every load before any arithmetic
       if (k < n) load(cache[k], k);
-    detail::LaneStats<DT> acc;
+    detail::LaneStats<DT, ASYM> acc;  // symmetric schemes (FP8 too) read amax only
 #pragma unroll
     for (int k = 0; k < K; ++k)
       if (k < n) acc.add(cache[k]);
@@ -72,18 +72,26 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
       }
     }
     const GroupParams gp = group_params(st, scheme);
+    const IntegerCoder coder = scheme.fp8() ? IntegerCoder{} : detail::group_coder(gp, st, scheme);
     if (j == 0) {
       if (gp.overflow) atomicMin(p.first_overflow, static_cast<unsigned long long>(token));
       detail::store_param(p.scales, token, gp.scale, scheme.scale_dtype);
       if (ASYM) detail::store_param(p.zeros, token, gp.zero, scheme.scale_dtype);
     }
+    auto codes_of = [&](int k) { return p.codes + flat_index(token_chunk(plan, j, k)) * BITS / 8; };
+    bool sure = true;
 #pragma unroll
     for (int k = 0; k < K; ++k)
-      if (k < n) detail::encode_chunk<ASYM, BITS>(p.codes + flat_index(token_chunk(plan, j, k)) * BITS / 8, cache[k], gp, scheme);
+      if (k < n) sure &= detail::encode_chunk<ASYM, BITS>(codes_of(k), cache[k], gp, coder, scheme);
     for (int k = K; k < n; ++k) {
       Chunk c;
       load(c, k);
-      detail::encode_chunk<ASYM, BITS>(p.codes + flat_index(token_chunk(plan, j, k)) * BITS / 8, c, gp, scheme);
+      sure &= detail::encode_chunk<ASYM, BITS>(codes_of(k), c, gp, coder, scheme);
+    }
+    for (int k = 0; !sure && k < n; ++k) {  // rare: the lane's chunks again, by the division
+      Chunk c;
+      load(c, k);
+      detail::encode_chunk_exact<BITS>(codes_of(k), c, gp, scheme);
     }
   }
 }

@@ -251,22 +251,64 @@ KVQ_HD int clamp_integer_code(float r, const Scheme& s) {
   return s.asymmetric ? clamp_code(r, 0, s.levels()) : clamp_code(r, -s.qmax(), s.qmax());
 }
 
-// An integer scheme's code by the reciprocal alone: true when q is encode(x, p, s) for sure; else
-// (x near a tie, a zero scale, overflow) the caller takes encode() or encode_integer_exact(). A
-// quantizer that codes a run of elements this way falls back once for the run, not a branch per element.
-KVQ_HD bool encode_integer_by_reciprocal(float x, const GroupParams& p, const Scheme& s, int& q) {
-  float r;
-  const bool sure = round_by_reciprocal(s.asymmetric ? x - p.zero : x, p.inv_scale, r);
-  q = clamp_integer_code(r, s);
-  return sure && p.scale != 0.0f;
-}
-
 // encode() of an integer scheme by the IEEE division alone, the same codes (divide_and_round gives the
 // division's rounding whenever it uses the reciprocal): a quantizer's fallback for a run of elements
-// that encode_integer_by_reciprocal was not sure of, without repeating its tests.
+// that IntegerCoder was not sure of, without repeating its tests.
 KVQ_HD int encode_integer_exact(float x, const GroupParams& p, const Scheme& s) {
   const int q = clamp_integer_code(round_half_even(ieee_div(s.asymmetric ? x - p.zero : x, p.scale)), s);
   return p.scale == 0.0f ? 0 : q;
+}
+
+// ---- integer codes by one fma (the quantize kernels' common path) ------------------------------
+// m = fl(v * fl(1/s) + 1.5 * 2^23) rounds the exact product P = v * fl(1/s) half to even (the ulp is
+// 1 in [2^23, 2^24)), so m's low bits hold the code in two's complement: no division, no float-to-int
+// conversion (a quarter-rate instruction on the GPU). P is within |v/s| 2^-23 of fl(v / s); where
+// |v/s| <= 256 the two round to the same integer whenever P is farther than 2^-15 from a half-step,
+// which d = fl(P - nearbyint(P)) tells within 2^-25: an element with 0.5 - |d| <= 2^-13 (about one
+// in 4000), or NaN, is "not sure" and its caller codes it by the division (encode_integer_exact).
+inline constexpr float kRoundingBias = 12582912.0f;  // 1.5 * 2^23
+
+struct IntegerCoder {
+  float inv_scale = 0.0f;  // fl(1 / scale); 0 for a zero scale, whose codes are all 0
+  float zero = 0.0f;       // asymmetric: x - zero first, one fp32 subtraction as in encode()
+  float lo = kRoundingBias, hi = kRoundingBias;  // the code range, biased
+  bool clamp = false;  // a code of the group may leave the range (see integer_coder)
+
+  // x's code biased by kRoundingBias (its bits' low byte or nibble is the stored code); `sure`
+  // turns false unless the code is encode()'s.
+  template <bool kAsym, bool kClamp>
+  KVQ_HD float biased_code(float x, bool& sure) const {
+    const float v = kAsym ? x - zero : x;
+    float m = fused_multiply_add(v, inv_scale, kRoundingBias);
+    const float d = fused_multiply_add(v, inv_scale, -(m - kRoundingBias));
+    const bool apart = 0.5f - fabsf(d) > 0x1p-13f;
+    if (!kClamp) {
+      sure = sure && apart;
+      return m;
+    }
+    // nearbyint(P) past the range means fl(v / s) rounds to its end or past it too (P and fl(v/s)
+    // are far closer than 1 wherever |v/s| < 2^22, and beyond that both are past any code): sure
+    sure = sure && (apart || m < lo || m > hi);
+    return fminf(fmaxf(m, lo), hi);
+  }
+};
+
+// The code a biased_code() holds (|code| < 2^22).
+KVQ_HD int unbiased_code(float m) { return static_cast<int>(float_bits(m)) - static_cast<int>(float_bits(kRoundingBias)); }
+
+// The coder of a group with parameters p whose values lie in [lo, hi] (symmetric: [-amax, amax]
+// will do). Codes are monotone in x, so when the two bounds' codes need no clamp no element's does;
+// the coder then skips the clamp, and |v/s| <= 255.5 holds for the rounding test.
+KVQ_HD IntegerCoder integer_coder(const GroupParams& p, const Scheme& s, float lo, float hi) {
+  IntegerCoder c;
+  const float code_lo = s.asymmetric ? 0.0f : static_cast<float>(-s.qmax());
+  const float code_hi = static_cast<float>(s.asymmetric ? s.levels() : s.qmax());
+  c.lo = kRoundingBias + code_lo, c.hi = kRoundingBias + code_hi;
+  if (p.scale == 0.0f) return c;
+  c.inv_scale = p.inv_scale, c.zero = p.zero;
+  auto unclamped = [&](float x) { return round_half_even(ieee_div(s.asymmetric ? x - p.zero : x, p.scale)); };
+  c.clamp = !(unclamped(lo) >= code_lo && unclamped(hi) <= code_hi);  // NaN: clamp
+  return c;
 }
 
 KVQ_HD float decode(int q, const GroupParams& p, const Scheme& s) {
@@ -290,6 +332,21 @@ KVQ_HD uint8_t pack_nibbles(int q_even, int q_odd) {
 }
 
 KVQ_HD uint8_t code_to_byte(int q) { return static_cast<uint8_t>(q & 0xff); }
+
+// The low bytes of four words, the first lowest: four int8 codes from IntegerCoder's biased bits.
+KVQ_HD uint32_t pack_low_bytes(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);  // 3 PRMT
+#else
+  return (a & 0xffu) | (b & 0xffu) << 8 | (c & 0xffu) << 16 | (d & 0xffu) << 24;
+#endif
+}
+
+// The low nibbles of eight words as int4 storage (element 2i low in byte i).
+KVQ_HD uint32_t pack_low_nibbles(const uint32_t (&w)[8]) {
+  const uint32_t even = pack_low_bytes(w[0], w[2], w[4], w[6]), odd = pack_low_bytes(w[1], w[3], w[5], w[7]);
+  return (even & 0x0f0f0f0fu) | ((odd << 4) & 0xf0f0f0f0u);
+}
 
 // `unsigned_code`: asymmetric integer codes and FP8 bytes; else two's complement.
 KVQ_HD int byte_to_code(uint8_t byte, bool unsigned_code) {

@@ -4,7 +4,10 @@
 
 #include <cmath>
 #include <algorithm>
+#include <iterator>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "quant/codec.hpp"
 #include "test_util.hpp"
@@ -242,7 +245,20 @@ int literal_code(float x, const GroupParams& p, const Scheme& s) {
 }
 }  // namespace
 
-TEST_CASE("an integer code by the reciprocal is encode()'s wherever it says so, and says so mostly") {
+namespace {
+// IntegerCoder's code of v: (biased code, sure).
+template <bool kAsym>
+std::pair<int, bool> coder_code(const IntegerCoder& c, float v) {
+  bool sure = true;
+  const float m = c.clamp ? c.biased_code<kAsym, true>(v, sure) : c.biased_code<kAsym, false>(v, sure);
+  return {unbiased_code(m), sure};
+}
+std::pair<int, bool> coder_code(const IntegerCoder& c, float v, bool asym) {
+  return asym ? coder_code<true>(c, v) : coder_code<false>(c, v);
+}
+}  // namespace
+
+TEST_CASE("IntegerCoder's code is encode()'s wherever it says so, clamped or not, and says so mostly") {
   std::mt19937 rng(22);
   std::uniform_int_distribution<uint32_t> bits;
   std::uniform_int_distribution<int> code(-300, 300);
@@ -250,7 +266,7 @@ TEST_CASE("an integer code by the reciprocal is encode()'s wherever it says so, 
                            "int4-g32-asym-fp32"}) {
     CAPTURE(name);
     const Scheme scheme = parse_scheme(name);
-    int64_t sure = 0, total = 0;
+    int64_t sure = 0, total = 0, clamped_groups = 0;
     for (int i = 0; i < 200'000; ++i) {
       GroupStats st;
       float x[8];
@@ -263,15 +279,23 @@ TEST_CASE("an integer code by the reciprocal is encode()'s wherever it says so, 
         st.add(v);
       }
       const GroupParams p = i % 50 == 0 ? GroupParams{} : group_params(st, scheme);  // a zero scale now and then
-      // ... and on, next to and between the half-steps of the group's own scale (its ties)
+      // ... and on, next to and between the half-steps of the group's own scale (its ties), some of
+      // them outside the group: the coder is then told a wider range and clamps
       const float zero = scheme.asymmetric ? p.zero : 0.0f;
       const float k = static_cast<float>(code(rng) & 0xff) - (scheme.asymmetric ? 0.0f : 128.0f);
       const float own = zero + (k + 0.5f) * p.scale;
-      for (float v : {x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], own, std::nextafter(own, INFINITY),
-                      std::nextafter(own, -INFINITY), zero + k * p.scale}) {
+      const float values[] = {x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], own, std::nextafter(own, INFINITY),
+                              std::nextafter(own, -INFINITY), zero + k * p.scale};
+      const bool inside = i % 2 == 0;  // the group's own range, or one that holds every value tested
+      const float lo = inside ? st.lo() : *std::min_element(std::begin(values), std::end(values));
+      const float hi = inside ? st.hi() : *std::max_element(std::begin(values), std::end(values));
+      const IntegerCoder coder = integer_coder(p, scheme, lo, hi);
+      clamped_groups += coder.clamp;
+      for (float v : values) {
+        if (inside && (v < lo || v > hi)) continue;
         REQUIRE(encode_integer_exact(v, p, scheme) == encode(v, p, scheme));
-        int q = 0;
-        if (encode_integer_by_reciprocal(v, p, scheme, q)) {
+        const auto [q, is_sure] = coder_code(coder, v, scheme.asymmetric);
+        if (is_sure) {
           REQUIRE(q == literal_code(v, p, scheme));
           REQUIRE(q == encode(v, p, scheme));
           ++sure;
@@ -280,6 +304,68 @@ TEST_CASE("an integer code by the reciprocal is encode()'s wherever it says so, 
       }
     }
     CHECK(sure > total / 2);
+    CHECK(clamped_groups > 500);  // both forms were tested
+  }
+}
+
+TEST_CASE("IntegerCoder: saturating scales and huge quotients are clamped right; random values are sure") {
+  std::mt19937 rng(23);
+  std::uniform_int_distribution<uint32_t> bits;
+  for (const char* name : {"int8-tensor", "int8-tensor-asym", "int4-tensor", "int4-tensor-asym"}) {
+    CAPTURE(name);
+    const Scheme scheme = parse_scheme(name);
+    int64_t sure = 0, total = 0;
+    for (int i = 0; i < 100'000; ++i) {
+      // a calibrated scale far below the values' range: most codes saturate, some quotients pass 2^22
+      const GroupParams p = given_scale_params(std::ldexp(1.0f + (bits(rng) % 1024) / 1024.0f, -12), scheme);
+      const IntegerCoder coder = integer_coder(p, scheme, -3e30f, 3e30f);
+      REQUIRE(coder.clamp);
+      const float v = std::ldexp(static_cast<float>(static_cast<int32_t>(bits(rng))) / 2147483648.0f,
+                                 static_cast<int>(bits(rng) % 110) - 10);
+      const auto [q, is_sure] = coder_code(coder, v, scheme.asymmetric);
+      const float quotient = std::fabs(ieee_div(scheme.asymmetric ? v - p.zero : v, p.scale));
+      if (is_sure || quotient > 256.0f) REQUIRE(q == literal_code(v, p, scheme));
+      sure += is_sure;
+      ++total;
+    }
+    CHECK(sure > total - total / 500);
+  }
+  // Values spread over a computed group's range: nearly all are sure (the fallback is rare).
+  for (const char* name : {"int8-head", "int4-g32-asym"}) {
+    CAPTURE(name);
+    const Scheme scheme = parse_scheme(name);
+    int64_t sure = 0, total = 0;
+    for (int i = 0; i < 2'000; ++i) {
+      std::vector<float> x(128);
+      GroupStats st;
+      for (float& v : x) st.add(v = std::ldexp(static_cast<float>(static_cast<int32_t>(bits(rng))) / 2147483648.0f, i % 20 - 10));
+      const GroupParams p = group_params(st, scheme);
+      const IntegerCoder coder = integer_coder(p, scheme, st.lo(), st.hi());
+      for (float v : x) {
+        const auto [q, is_sure] = coder_code(coder, v, scheme.asymmetric);
+        if (is_sure) REQUIRE(q == literal_code(v, p, scheme));
+        sure += is_sure;
+        ++total;
+      }
+    }
+    CHECK(sure > total - total / 500);
+  }
+}
+
+TEST_CASE("packing IntegerCoder's biased codes gives the codec's bytes and nibbles") {
+  std::mt19937 rng(24);
+  for (int i = 0; i < 100'000; ++i) {
+    int q[8];
+    uint32_t m[8];
+    for (int e = 0; e < 8; ++e) {
+      q[e] = static_cast<int>(rng() % 256) - 128;
+      m[e] = float_bits(kRoundingBias + static_cast<float>(q[e]));
+      REQUIRE(unbiased_code(bits_float(m[e])) == q[e]);
+    }
+    const uint32_t bytes = pack_low_bytes(m[0], m[1], m[2], m[3]);
+    for (int e = 0; e < 4; ++e) REQUIRE(uint8_t(bytes >> (8 * e)) == code_to_byte(q[e]));
+    const uint32_t nibbles = pack_low_nibbles(m);
+    for (int b = 0; b < 4; ++b) REQUIRE(uint8_t(nibbles >> (8 * b)) == pack_nibbles(q[2 * b], q[2 * b + 1]));
   }
 }
 

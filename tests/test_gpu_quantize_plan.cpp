@@ -226,3 +226,32 @@ TEST_CASE("packed 16-bit statistics equal the codec's GroupStats for every bf16 
     }
   }
 }
+
+TEST_CASE("packed 16-bit magnitudes alone give the codec's amax, symmetric parameters and bounds") {
+  std::mt19937 rng(4);
+  for (InputDtype dt : {InputDtype::kBf16, InputDtype::kFp16}) {
+    CAPTURE(to_string(dt));
+    for (int group = 0; group < 3000; ++group) {
+      PackedStats16 packed;
+      GroupStats codec;
+      const int words = 1 + group % 64;
+      for (int i = 0; i < words; ++i) {
+        uint32_t w = rng();
+        if (group % 3 == 0) w &= 0x80038003u;       // tiny values and +-0
+        if (group % 3 == 1) w = (w & 0xbfffbfffu);  // no inf or NaN
+        packed.add<false>(w);
+        codec.add(half_value(uint16_t(w & 0xffff), dt));
+        codec.add(half_value(uint16_t(w >> 16), dt));
+      }
+      const GroupStats st = packed.finish(dt, false);
+      REQUIRE(float_bits(st.amax) == float_bits(codec.amax));
+      CHECK(st.all_finite(false) == codec.all_finite(false));
+      if (!codec.all_finite(false)) continue;
+      CHECK(!st.empty());
+      CHECK(st.lo() <= codec.lo());  // bounds of the group's values, as integer_coder needs
+      CHECK(st.hi() >= codec.hi());
+      const Scheme s = parse_scheme("int8-head");
+      CHECK(float_bits(group_params(st, s).scale) == float_bits(group_params(codec, s).scale));
+    }
+  }
+}
