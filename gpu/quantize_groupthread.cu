@@ -17,19 +17,21 @@ constexpr int kThreads = 256;
 constexpr int kChunk = detail::kChunkElems;
 constexpr int kSegment = 32;  // elements per lane at most: keeps each lane's bytes in L1 between passes
 
-// Blocks per SM the register cap keeps: 5 (48 registers) fed the memory system best when each
-// element cost ~35 instructions; IntegerCoder's codes spill there (24-76 bytes), 4 (64 registers)
-// do not. KVQ_GROUPTHREAD_MIN_BLOCKS picks one for an A/B.
+// Blocks per SM the register cap keeps: 5 (48 registers, 40 warps) feeds the memory system best;
+// the kernel is bound by the loads its warps keep in flight (4 blocks without a spill: 13-23 %
+// slower on the H100). The spills at 5 (36-52 bytes) sit around the per-group divisions and the rare
+// fallback. KVQ_GROUPTHREAD_MIN_BLOCKS picks another for an A/B.
 #ifndef KVQ_GROUPTHREAD_MIN_BLOCKS
-#define KVQ_GROUPTHREAD_MIN_BLOCKS 4
+#define KVQ_GROUPTHREAD_MIN_BLOCKS 5
 #endif
 constexpr int kGroupthreadMinBlocks = KVQ_GROUPTHREAD_MIN_BLOCKS;
 
-template <typename Storage, InputDtype DT, bool ASYM>
+template <typename Storage, InputDtype DT, bool ASYM, int BITS>
 __global__ void __launch_bounds__(kThreads, kGroupthreadMinBlocks) groupthread_kernel(QuantizeParams p) {
   const KvShape& s = p.shape;
   Scheme scheme = p.scheme;
   scheme.asymmetric = ASYM;
+  scheme.bits = BITS;
   scheme.format = CodeFormat::kInt;  // integer schemes only (groupthread_accepts): encode() folds its FP8 branch
   const int64_t D = s.head_dim;
   const int G = scheme.granularity == Granularity::kHead ? static_cast<int>(D) : scheme.group;
@@ -99,22 +101,23 @@ __global__ void __launch_bounds__(kThreads, kGroupthreadMinBlocks) groupthread_k
     for (int c = 0; c < seg; c += kChunk) {
       detail::InputChunk<DT> chunk;
       chunk.load(src + c, aligned);
-      if (scheme.bits == 8) sure &= detail::encode_chunk<ASYM, 8>(codes + c, chunk, gp, coder, scheme);
-      else sure &= detail::encode_chunk<ASYM, 4>(codes + c / 2, chunk, gp, coder, scheme);
+      sure &= detail::encode_chunk<ASYM, BITS>(codes + c * BITS / 8, chunk, gp, coder, scheme);
     }
     for (int c = 0; !sure && c < seg; c += kChunk) {  // rare: the segment again, by the division
       detail::InputChunk<DT> chunk;
       chunk.load(src + c, aligned);
-      if (scheme.bits == 8) detail::encode_chunk_exact<8>(codes + c, chunk, gp, scheme);
-      else detail::encode_chunk_exact<4>(codes + c / 2, chunk, gp, scheme);
+      detail::encode_chunk_exact<BITS>(codes + c * BITS / 8, chunk, gp, scheme);
     }
   }
 }
 
 template <typename Storage, InputDtype DT>
 void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks) {
-  if (p.scheme.asymmetric) groupthread_kernel<Storage, DT, true><<<blocks, kThreads, 0, stream>>>(p);
-  else groupthread_kernel<Storage, DT, false><<<blocks, kThreads, 0, stream>>>(p);
+  const bool asym = p.scheme.asymmetric, int8 = p.scheme.bits == 8;
+  if (asym) int8 ? groupthread_kernel<Storage, DT, true, 8><<<blocks, kThreads, 0, stream>>>(p)
+                 : groupthread_kernel<Storage, DT, true, 4><<<blocks, kThreads, 0, stream>>>(p);
+  else int8 ? groupthread_kernel<Storage, DT, false, 8><<<blocks, kThreads, 0, stream>>>(p)
+            : groupthread_kernel<Storage, DT, false, 4><<<blocks, kThreads, 0, stream>>>(p);
   KVQ_CHECK_LAUNCH();
 }
 

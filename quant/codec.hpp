@@ -298,16 +298,19 @@ KVQ_HD int unbiased_code(float m) { return static_cast<int>(float_bits(m)) - sta
 
 // The coder of a group with parameters p whose values lie in [lo, hi] (symmetric: [-amax, amax]
 // will do). Codes are monotone in x, so when the two bounds' codes need no clamp no element's does;
-// the coder then skips the clamp, and |v/s| <= 255.5 holds for the rounding test.
+// the coder then skips the clamp, and |v/s| < 256 holds for the rounding test. The bounds are coded
+// by the coder itself (no division): a sure code inside the range is exact, since it implies
+// |v/s| < 256; one past the range or not sure (near a tie, NaN) sets clamp, which is always safe.
 KVQ_HD IntegerCoder integer_coder(const GroupParams& p, const Scheme& s, float lo, float hi) {
   IntegerCoder c;
-  const float code_lo = s.asymmetric ? 0.0f : static_cast<float>(-s.qmax());
-  const float code_hi = static_cast<float>(s.asymmetric ? s.levels() : s.qmax());
-  c.lo = kRoundingBias + code_lo, c.hi = kRoundingBias + code_hi;
+  c.lo = kRoundingBias + (s.asymmetric ? 0.0f : static_cast<float>(-s.qmax()));
+  c.hi = kRoundingBias + static_cast<float>(s.asymmetric ? s.levels() : s.qmax());
   if (p.scale == 0.0f) return c;
   c.inv_scale = p.inv_scale, c.zero = p.zero;
-  auto unclamped = [&](float x) { return round_half_even(ieee_div(s.asymmetric ? x - p.zero : x, p.scale)); };
-  c.clamp = !(unclamped(lo) >= code_lo && unclamped(hi) <= code_hi);  // NaN: clamp
+  bool sure = true;
+  const float a = s.asymmetric ? c.biased_code<true, false>(lo, sure) : c.biased_code<false, false>(lo, sure);
+  const float b = s.asymmetric ? c.biased_code<true, false>(hi, sure) : c.biased_code<false, false>(hi, sure);
+  c.clamp = !(sure && a >= c.lo && b <= c.hi);
   return c;
 }
 
