@@ -2,9 +2,12 @@
 // thread owns one scale group, or a 32-element segment of a larger group (G = 64, 128, 256: 2, 4
 // or 8 neighbouring lanes, merged with xor-shuffles). The codec's per-group work (division, fp16
 // rounding of the scale) is then done by few lanes, not by a whole warp. Pass 1 reads the segment
-// in 8-element chunks (one 16-byte load for 16-bit input) for its statistics (16x2 SIMD for
-// 16-bit input); pass 2 reads it again (from L1) and encodes with the codec's IntegerCoder. Consecutive threads own consecutive segments, so a warp covers a
-// contiguous stretch of the row-major input.
+// in 8-element chunks (one 16-byte load for 16-bit input) for its statistics; pass 2 reads it
+// again (from L1) and encodes. Consecutive threads own consecutive segments, so a warp covers a
+// contiguous stretch of the row-major input. Codes come from encode() per element: IntegerCoder
+// (quantize_chunk.cuh) spilled here under the 48-register cap and ran 1.09-1.32x slower, or without
+// the spill at 4 blocks an SM 1.13-1.23x (the kernel is bound by the loads its warps keep in flight;
+// results/nvidia-h100-80gb-hbm3/quantize-integer-coder/).
 #include <algorithm>
 
 #include "gpu/quantize_chunk.cuh"
@@ -17,21 +20,13 @@ constexpr int kThreads = 256;
 constexpr int kChunk = detail::kChunkElems;
 constexpr int kSegment = 32;  // elements per lane at most: keeps each lane's bytes in L1 between passes
 
-// Blocks per SM the register cap keeps: 5 (48 registers, 40 warps) feeds the memory system best;
-// the kernel is bound by the loads its warps keep in flight (4 blocks without a spill: 13-23 %
-// slower on the H100). The spills at 5 (36-52 bytes) sit around the per-group divisions and the rare
-// fallback. KVQ_GROUPTHREAD_MIN_BLOCKS picks another for an A/B.
-#ifndef KVQ_GROUPTHREAD_MIN_BLOCKS
-#define KVQ_GROUPTHREAD_MIN_BLOCKS 5
-#endif
-constexpr int kGroupthreadMinBlocks = KVQ_GROUPTHREAD_MIN_BLOCKS;
-
-template <typename Storage, InputDtype DT, bool ASYM, int BITS>
-__global__ void __launch_bounds__(kThreads, kGroupthreadMinBlocks) groupthread_kernel(QuantizeParams p) {
+// At least 5 blocks per SM: the register cap keeps 40 warps in flight (ncu: 4 blocks left the
+// memory system under-fed); the 16-bit input kernels still do not spill.
+template <typename Storage, InputDtype DT, bool ASYM>
+__global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams p) {
   const KvShape& s = p.shape;
   Scheme scheme = p.scheme;
   scheme.asymmetric = ASYM;
-  scheme.bits = BITS;
   scheme.format = CodeFormat::kInt;  // integer schemes only (groupthread_accepts): encode() folds its FP8 branch
   const int64_t D = s.head_dim;
   const int G = scheme.granularity == Granularity::kHead ? static_cast<int>(D) : scheme.group;
@@ -60,14 +55,14 @@ __global__ void __launch_bounds__(kThreads, kGroupthreadMinBlocks) groupthread_k
     const Storage* src = input + (contiguous ? r * D : detail::element_offset(p, b, h, t, 0)) + d0;
     const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0;
 
-    detail::LaneStats<DT, ASYM> acc;  // symmetric schemes read amax only
+    GroupStats st;
     for (int c = 0; active && c < seg; c += kChunk) {
       detail::InputChunk<DT> chunk;
       chunk.load(src + c, aligned);
-      acc.add(chunk);
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) st.add(chunk[e]);
     }
-    GroupStats st = acc.finish();
-    const bool finite = !active || st.all_finite(ASYM);  // before the merge: this lane's own segment
+    const bool finite = st.all_finite(ASYM);  // before the merge: this lane's own segment
     st = detail::shuffle_merge(st, parts, ASYM);  // the group's segments
     if (!active) continue;
     if (!finite) {  // rare: report this segment's first bad element (flat index r*D + d)
@@ -76,7 +71,6 @@ __global__ void __launch_bounds__(kThreads, kGroupthreadMinBlocks) groupthread_k
           atomicMin(p.first_bad, static_cast<unsigned long long>(r * D + d0 + d));
     }
     const GroupParams gp = integer_group_params(st, scheme);  // an active lane added >= 8 elements: never empty
-    const IntegerCoder coder = detail::group_coder(gp, st, scheme);
     const bool leader = part == 0;
     if (gp.overflow && leader) atomicMin(p.first_overflow, static_cast<unsigned long long>(g));
 
@@ -96,28 +90,29 @@ __global__ void __launch_bounds__(kThreads, kGroupthreadMinBlocks) groupthread_k
       }
       codes = p.codes + (r * D + d0) * scheme.bits / 8;
     }
-    // FBGEMM rows hold int4 only, 4-byte aligned like planar int4
-    bool sure = true;
     for (int c = 0; c < seg; c += kChunk) {
       detail::InputChunk<DT> chunk;
       chunk.load(src + c, aligned);
-      sure &= detail::encode_chunk<ASYM, BITS>(codes + c * BITS / 8, chunk, gp, coder, scheme);
-    }
-    for (int c = 0; !sure && c < seg; c += kChunk) {  // rare: the segment again, by the division
-      detail::InputChunk<DT> chunk;
-      chunk.load(src + c, aligned);
-      detail::encode_chunk_exact<BITS>(codes + c * BITS / 8, chunk, gp, scheme);
+      uint32_t w[2] = {0, 0};
+      if (scheme.bits == 8) {
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) w[e / 4] |= uint32_t(code_to_byte(encode(chunk[e], gp, scheme))) << (8 * (e % 4));
+        *reinterpret_cast<uint2*>(codes + c) = make_uint2(w[0], w[1]);  // FBGEMM rows hold int4 only
+      } else {
+#pragma unroll
+        for (int e = 0; e < kChunk; e += 2)
+          w[0] |= uint32_t(pack_nibbles(encode(chunk[e], gp, scheme),
+                                        encode(chunk[e + 1], gp, scheme))) << (4 * e);
+        *reinterpret_cast<uint32_t*>(codes + c / 2) = w[0];  // FBGEMM rows are 4-byte aligned too
+      }
     }
   }
 }
 
 template <typename Storage, InputDtype DT>
 void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks) {
-  const bool asym = p.scheme.asymmetric, int8 = p.scheme.bits == 8;
-  if (asym) int8 ? groupthread_kernel<Storage, DT, true, 8><<<blocks, kThreads, 0, stream>>>(p)
-                 : groupthread_kernel<Storage, DT, true, 4><<<blocks, kThreads, 0, stream>>>(p);
-  else int8 ? groupthread_kernel<Storage, DT, false, 8><<<blocks, kThreads, 0, stream>>>(p)
-            : groupthread_kernel<Storage, DT, false, 4><<<blocks, kThreads, 0, stream>>>(p);
+  if (p.scheme.asymmetric) groupthread_kernel<Storage, DT, true><<<blocks, kThreads, 0, stream>>>(p);
+  else groupthread_kernel<Storage, DT, false><<<blocks, kThreads, 0, stream>>>(p);
   KVQ_CHECK_LAUNCH();
 }
 
