@@ -7,7 +7,7 @@
 // contiguous stretch of the row-major input. Codes come from encode() per element: IntegerCoder
 // (quantize_chunk.cuh) spilled here under the 48-register cap and ran 1.09-1.32x slower, or without
 // the spill at 4 blocks an SM 1.13-1.23x (the kernel is bound by the loads its warps keep in flight;
-// results/nvidia-h100-80gb-hbm3/quantize-integer-coder/).
+// experiments/results/nvidia-h100-80gb-hbm3/quantize-integer-coder/).
 #include <algorithm>
 
 #include "gpu/quantize_chunk.cuh"
