@@ -143,14 +143,18 @@ __device__ __forceinline__ bool encode_chunk(uint8_t* dst, const InputChunk<DT>&
   uint32_t m[kChunkElems];
 #pragma unroll
   for (int e = 0; e < kChunkElems; ++e) m[e] = float_bits(coder.biased_code<ASYM, false>(c[e], sure));
-  if constexpr (BITS == 8) store_chunk_codes<BITS>(dst, make_uint2(pack_low_bytes(m[0], m[1], m[2], m[3]), pack_low_bytes(m[4], m[5], m[6], m[7])));
-  else store_chunk_codes<BITS>(dst, make_uint2(pack_low_nibbles(m), 0));
+  if constexpr (BITS == 8)
+    store_chunk_codes<BITS>(
+        dst, make_uint2(pack_low_bytes(m[0], m[1], m[2], m[3]), pack_low_bytes(m[4], m[5], m[6], m[7])));
+  else
+    store_chunk_codes<BITS>(dst, make_uint2(pack_low_nibbles(m), 0));
   return sure;
 }
 
 // An integer chunk's codes by the IEEE division alone (encode_chunk's fallback).
 template <int BITS, InputDtype DT>
-__device__ __forceinline__ void encode_chunk_exact(uint8_t* dst, const InputChunk<DT>& c, const GroupParams& gp, const Scheme& s) {
+__device__ __forceinline__ void encode_chunk_exact(uint8_t* dst, const InputChunk<DT>& c, const GroupParams& gp,
+                                                   const Scheme& s) {
   store_chunk_codes<BITS>(dst, pack_chunk_codes<BITS>([&](int e) { return encode_integer_exact(c[e], gp, s); }));
 }
 

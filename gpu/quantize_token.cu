@@ -7,7 +7,8 @@
 // then read once, held in registers, reduced with xor-shuffles inside the team and encoded from the
 // registers. Tokens of more than 32 K chunks (16-bit input: Hkv D > 2048) read their further chunks
 // twice, the second time from L1/L2. Scales and zero points come from the codec's group_params(),
-// integer codes from its IntegerCoder (FP8 codes from encode()). The plan (gpu/quantize_wide_plan.hpp) is tested on the CPU.
+// integer codes from its IntegerCoder (FP8 codes from encode()). The plan
+// (gpu/quantize_wide_plan.hpp) is tested on the CPU.
 #include <algorithm>
 
 #include "gpu/quantize_chunk.cuh"

@@ -1,5 +1,6 @@
 // The scalar codec of DESIGN.md: the single source of truth for every quantizer, host and device.
-// fp32 IEEE arithmetic throughout; the only fused operation is the asymmetric decode's fma.
+// fp32 IEEE arithmetic throughout; the fused operations are the asymmetric decode's fma and
+// IntegerCoder's, whose codes are proven equal to the division's where it says so.
 // Every other implementation (CPU tensors, GPU kernels, layout conversions) is tested against
 // these functions byte for byte.
 #pragma once
@@ -294,7 +295,9 @@ struct IntegerCoder {
 };
 
 // The code a biased_code() holds (|code| < 2^22).
-KVQ_HD int unbiased_code(float m) { return static_cast<int>(float_bits(m)) - static_cast<int>(float_bits(kRoundingBias)); }
+KVQ_HD int unbiased_code(float m) {
+  return static_cast<int>(float_bits(m)) - static_cast<int>(float_bits(kRoundingBias));
+}
 
 // The coder of a group with parameters p whose values lie in [lo, hi] (symmetric: [-amax, amax]
 // will do). Codes are monotone in x, so when the two bounds' codes need no clamp no element's does;

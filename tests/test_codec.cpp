@@ -338,7 +338,8 @@ TEST_CASE("IntegerCoder: saturating scales and huge quotients are clamped right;
     for (int i = 0; i < 2'000; ++i) {
       std::vector<float> x(128);
       GroupStats st;
-      for (float& v : x) st.add(v = std::ldexp(static_cast<float>(static_cast<int32_t>(bits(rng))) / 2147483648.0f, i % 20 - 10));
+      for (float& v : x)
+        st.add(v = std::ldexp(static_cast<float>(static_cast<int32_t>(bits(rng))) / 2147483648.0f, i % 20 - 10));
       const GroupParams p = group_params(st, scheme);
       const IntegerCoder coder = integer_coder(p, scheme, st.lo(), st.hi());
       for (float v : x) {
