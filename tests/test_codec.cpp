@@ -308,7 +308,7 @@ TEST_CASE("IntegerCoder's code is encode()'s wherever it says so, clamped or not
   }
 }
 
-TEST_CASE("IntegerCoder: saturating scales and huge quotients are clamped right; random values are sure") {
+TEST_CASE("IntegerCoder: saturating scales and huge quotients are clamped right, and random values are sure") {
   std::mt19937 rng(23);
   std::uniform_int_distribution<uint32_t> bits;
   for (const char* name : {"int8-tensor", "int8-tensor-asym", "int4-tensor", "int4-tensor-asym"}) {
