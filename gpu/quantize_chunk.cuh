@@ -101,8 +101,10 @@ __device__ __forceinline__ Scheme fixed_scheme(Scheme s) {
   return s;
 }
 
-// The integer coder of a group (IntegerCoder): its statistics bound its values.
+// The integer coder of a group (IntegerCoder): its statistics bound its values. FP8 schemes code by
+// encode() and take none.
 __device__ __forceinline__ IntegerCoder group_coder(const GroupParams& gp, const GroupStats& st, const Scheme& s) {
+  if (s.fp8()) return IntegerCoder{};
   return s.asymmetric ? integer_coder(gp, s, st.lo(), st.hi()) : integer_coder(gp, s, -st.amax, st.amax);
 }
 

@@ -71,12 +71,12 @@ struct PackedStats16 {
   // false (add<false>): min and max are given as -amax and amax, bounds that every reader of a
   // symmetric group's statistics (amax, empty(), integer_coder) is content with.
   KVQ_HD GroupStats finish(InputDtype dt, bool keys = true) const {
+    const uint32_t m0 = amax & 0xffff, m1 = amax >> 16;
+    GroupStats seen;
+    seen.amax = detail::half_bits_to_float(static_cast<uint16_t>(m0 > m1 ? m0 : m1), dt);
     if (!keys) {
-      const uint32_t m0 = amax & 0xffff, m1 = amax >> 16;
-      GroupStats st;
-      st.amax = detail::half_bits_to_float(static_cast<uint16_t>(m0 > m1 ? m0 : m1), dt);
-      st.lo_key = GroupStats::key_of(-st.amax), st.hi_key = GroupStats::key_of(st.amax);
-      return st;
+      seen.lo_key = GroupStats::key_of(-seen.amax), seen.hi_key = GroupStats::key_of(seen.amax);
+      return seen;
     }
     auto key_to_float = [dt](uint32_t packed, bool want_min) {
       const int16_t k0 = int16_t(packed & 0xffff), k1 = int16_t(packed >> 16);
@@ -84,11 +84,8 @@ struct PackedStats16 {
       const uint16_t bits = uint16_t(k) ^ (k < 0 ? 0x7fffu : 0u);  // the key map is its own inverse
       return detail::half_bits_to_float(bits, dt);
     };
-    const uint32_t m0 = amax & 0xffff, m1 = amax >> 16;
-    GroupStats seen;
     seen.lo_key = GroupStats::key_of(key_to_float(lo, true));
     seen.hi_key = GroupStats::key_of(key_to_float(hi, false));
-    seen.amax = detail::half_bits_to_float(static_cast<uint16_t>(m0 > m1 ? m0 : m1), dt);
     GroupStats st;  // merged into the empty statistics, as add() compares with them: a group of
     st.merge(seen);  // +NaNs keeps lo at +inf's key (and of -NaNs hi at -inf's), as on the CPU
     return st;

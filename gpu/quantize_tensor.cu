@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams 
   for (int i = threadIdx.x; i < plan.partials; i += kThreads) st.merge(p.partials[i]);
   st = detail::block_merge<kThreads>(st, lo, hi, amax);
   const GroupParams gp = p.tensor_scale_given ? given_scale_params(p.given_tensor_scale, scheme) : group_params(st, scheme);
-  const IntegerCoder coder = scheme.fp8() ? IntegerCoder{} : detail::group_coder(gp, st, scheme);
+  const IntegerCoder coder = detail::group_coder(gp, st, scheme);
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (gp.overflow) atomicMin(p.first_overflow, 0ull);
     detail::store_param(p.scales, 0, gp.scale, scheme.scale_dtype);

@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
       }
     }
     const GroupParams gp = group_params(st, scheme);
-    const IntegerCoder coder = scheme.fp8() ? IntegerCoder{} : detail::group_coder(gp, st, scheme);
+    const IntegerCoder coder = detail::group_coder(gp, st, scheme);
     if (j == 0) {
       if (gp.overflow) atomicMin(p.first_overflow, static_cast<unsigned long long>(token));
       detail::store_param(p.scales, token, gp.scale, scheme.scale_dtype);
