@@ -184,6 +184,15 @@ float half_value(uint16_t bits, InputDtype dt) {
   return dt == InputDtype::kFp16 ? fp16_bits_to_fp32(bits) : bf16_bits_to_fp32(bits);
 }
 
+// A random word of two 16-bit patterns for group `group`: every third group tiny values and +-0
+// only, every third one without inf or NaN.
+uint32_t random_pair(std::mt19937& rng, int group) {
+  uint32_t w = rng();
+  if (group % 3 == 0) w &= 0x80038003u;
+  if (group % 3 == 1) w &= 0xbfffbfffu;
+  return w;
+}
+
 // Field by field, bits and all (NaN amax included).
 void check_same_stats(const GroupStats& packed, const GroupStats& codec) {
   CHECK(packed.lo_key == codec.lo_key);
@@ -215,9 +224,7 @@ TEST_CASE("packed 16-bit statistics equal the codec's GroupStats for every bf16 
       GroupStats codec;
       const int words = 1 + group % 64;
       for (int i = 0; i < words; ++i) {
-        uint32_t w = rng();
-        if (group % 3 == 0) w &= 0x80038003u;          // tiny values and +-0
-        if (group % 3 == 1) w = (w & 0xbfffbfffu);     // no inf or NaN
+        const uint32_t w = random_pair(rng, group);
         packed.add(w);
         codec.add(half_value(uint16_t(w & 0xffff), dt));
         codec.add(half_value(uint16_t(w >> 16), dt));
@@ -236,9 +243,7 @@ TEST_CASE("packed 16-bit magnitudes alone give the codec's amax, symmetric param
       GroupStats codec;
       const int words = 1 + group % 64;
       for (int i = 0; i < words; ++i) {
-        uint32_t w = rng();
-        if (group % 3 == 0) w &= 0x80038003u;       // tiny values and +-0
-        if (group % 3 == 1) w = (w & 0xbfffbfffu);  // no inf or NaN
+        const uint32_t w = random_pair(rng, group);
         packed.add<false>(w);
         codec.add(half_value(uint16_t(w & 0xffff), dt));
         codec.add(half_value(uint16_t(w >> 16), dt));

@@ -49,6 +49,15 @@ void check_rows(int rows, bool on_sectors, const std::string& what) {
   CHECK(off_sector == 0);
 }
 
+// The words a lane loads for the k-th 16-bit pair of an operand row: two words of 16-bit values, one
+// of 8-bit codes (four elements), half of one of 4-bit codes.
+template <int bits, typename Rows>
+std::vector<int> pair_words(int row, int k) {
+  if constexpr (bits == 16) return {Rows::word(row, 2 * k), Rows::word(row, 2 * k + 1)};
+  else if constexpr (bits == 8) return {Rows::word(row, k)};
+  else return {Rows::word(row, k / 2)};
+}
+
 // K: lane (g, c) reads key rows 16 mt + g and + 8 of k-slice j (k_fragment).
 template <KvFormat F, typename Rows>
 void check_k_reads(int slices, const std::string& what) {
@@ -60,9 +69,7 @@ void check_k_reads(int slices, const std::string& what) {
         Read read(32);
         for (int lane = 0; lane < 32; ++lane) {
           const int g = lane / 4, c = lane % 4, row = 16 * mt + g + 8 * half;
-          if constexpr (bits == 16) read[lane] = {Rows::word(row, 8 * j + 2 * c), Rows::word(row, 8 * j + 2 * c + 1)};
-          else if constexpr (bits == 8) read[lane] = {Rows::word(row, 4 * j + c)};
-          else read[lane] = {Rows::word(row, 2 * j + c / 2)};  // 4-bit: a half word
+          read[lane] = pair_words<bits, Rows>(row, 4 * j + c);
         }
         CAPTURE(mt);
         CAPTURE(j);
@@ -81,11 +88,8 @@ void check_v_reads(int pairs, const std::string& what) {
       for (int d : {0, 1, 8, 9}) {
         Read read(32);
         for (int lane = 0; lane < 32; ++lane) {
-          const int g = lane / 4, c = lane % 4, key0 = 16 * mt + 2 * c;
-          const int row = key0 + d;
-          if constexpr (bits == 16) read[lane] = {Rows::word(row, 16 * i + 2 * g), Rows::word(row, 16 * i + 2 * g + 1)};
-          else if constexpr (bits == 8) read[lane] = {Rows::word(row, 8 * i + g)};
-          else read[lane] = {Rows::word(row, 4 * i + g / 2)};  // 4-bit: a half word
+          const int g = lane / 4, c = lane % 4, row = 16 * mt + 2 * c + d;
+          read[lane] = pair_words<bits, Rows>(row, 8 * i + g);
         }
         CAPTURE(mt);
         CAPTURE(i);
