@@ -12,6 +12,7 @@
 
 #include <algorithm>
 
+#include "gpu/quantize_block_geometry.hpp"
 #include "gpu/quantize_chunk.cuh"
 #include "gpu/quantize_common.cuh"
 #include "quant/block_formats.hpp"
@@ -33,16 +34,6 @@ struct BlockTraits {
                                                                  : ScaleDtype::kFp16;
   static_assert(kElems % detail::kChunkElems == 0, "a block is whole 8-element chunks");
 };
-
-// Where block g lies: its (b, h, t) row and its first element along D.
-struct BlockAt {
-  int64_t b, h, t, row, d0;
-};
-
-__device__ __forceinline__ BlockAt block_at(const KvShape& s, int64_t g, int64_t per_row, int elems) {
-  const int64_t r = g / per_row;
-  return {r / (s.tokens * s.heads), (r / s.tokens) % s.heads, r % s.tokens, r, (g % per_row) * elems};
-}
 
 // The block's elements as fp32 (exact for every input dtype), in 8-element chunks.
 template <InputDtype DT, int N>
@@ -118,16 +109,16 @@ __device__ __forceinline__ void store_params(const QuantizeParams& p, int64_t g,
 }
 
 template <CodeFormat F, InputDtype DT>
-__global__ void __launch_bounds__(kThreads) block_quantize_kernel(QuantizeParams p) {
+__global__ void __launch_bounds__(kThreads) block_quantize_kernel(QuantizeParams p, BlockGeometry geo) {
   using T = BlockTraits<F>;
   const KvShape& s = p.shape;
-  const int64_t per_row = s.head_dim / T::kElems, blocks = s.rows() * per_row;
+  const int64_t blocks = s.rows() * geo.per_row;
   const int64_t row_bytes = code_bytes_per_row(p.scheme, s.head_dim);
   const bool check_input = p.input != p.rotated;  // +had: the rotation pass checked the input
   float tensor_scale = 0.0f;
   if constexpr (F == CodeFormat::kNvfp4) tensor_scale = *p.tensor_scale;
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < blocks; g += int64_t(gridDim.x) * blockDim.x) {
-    const BlockAt at = block_at(s, g, per_row, T::kElems);
+    const BlockAt at = block_at(s, g, geo, T::kElems);
     float x[T::kElems];
     load_block<DT>(p, at, x);
     if (check_input) {  // the CPU rejects non-finite input before quantizing: nothing to write
@@ -182,14 +173,14 @@ __global__ void __launch_bounds__(kThreads) block_quantize_kernel(QuantizeParams
 // nvfp4's tensor statistic, pass 1: each CTA's amax over a strided share of the quantized blocks
 // into partials[blockIdx.x].amax. Non-finite input is the block kernel's to report.
 template <InputDtype DT>
-__global__ void __launch_bounds__(kThreads) tensor_amax_kernel(QuantizeParams p) {
+__global__ void __launch_bounds__(kThreads) tensor_amax_kernel(QuantizeParams p, BlockGeometry geo) {
   constexpr int N = BlockTraits<CodeFormat::kNvfp4>::kElems;
   __shared__ float warp_amax[kThreads / 32];
   const KvShape& s = p.shape;
-  const int64_t per_row = s.head_dim / N, blocks = s.rows() * per_row;
+  const int64_t blocks = s.rows() * geo.per_row;
   float amax = 0.0f;
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < blocks; g += int64_t(gridDim.x) * blockDim.x) {
-    const BlockAt at = block_at(s, g, per_row, N);
+    const BlockAt at = block_at(s, g, geo, N);
     if (at.t >= detail::quantized_tokens(p, at.b)) continue;
     float x[N];
     load_block<DT>(p, at, x);
@@ -223,18 +214,19 @@ void launch_format(const QuantizeParams& p, cudaStream_t stream) {
       p.scheme.group != T::kElems)  // a hand-made Scheme that parse_scheme would not give
     throw SchemeError(fmt::format("{}: bits {}, group {}, scale dtype {} do not describe this block format",
                                   to_string(p.scheme), p.scheme.bits, p.scheme.group, scale_dtype_name(p.scheme.scale_dtype)));
-  const int64_t blocks = p.shape.rows() * (p.shape.head_dim / T::kElems);
+  const BlockGeometry geo = block_geometry(p.shape, T::kElems);
+  const int64_t blocks = p.shape.rows() * geo.per_row;
   if constexpr (F == CodeFormat::kNvfp4) {
     const int partials = p.tensor_scale_given ? 0 : grid_for(blocks, kMaxPartials);
     if (partials > 0 && blocks > 0) {
-      tensor_amax_kernel<DT><<<partials, kThreads, 0, stream>>>(p);
+      tensor_amax_kernel<DT><<<partials, kThreads, 0, stream>>>(p, geo);
       KVQ_CHECK_LAUNCH();
     }
     tensor_scale_kernel<<<1, 1, 0, stream>>>(p, blocks > 0 ? partials : 0);
     KVQ_CHECK_LAUNCH();
   }
   if (blocks == 0) return;
-  block_quantize_kernel<F, DT><<<grid_for(blocks, 65535), kThreads, 0, stream>>>(p);
+  block_quantize_kernel<F, DT><<<grid_for(blocks, 65535), kThreads, 0, stream>>>(p, geo);
   KVQ_CHECK_LAUNCH();
 }
 

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "experiments/gate/validate_quantize.hpp"
+#include "gpu/quantize_block_geometry.hpp"
 #include "gpu/quantize_stats16.hpp"
 #include "gpu/quantize_wide_plan.hpp"
 #include "quant/quantize.hpp"
@@ -259,4 +260,71 @@ TEST_CASE("packed 16-bit magnitudes alone give the codec's amax, symmetric param
       CHECK(float_bits(group_params(st, s).scale) == float_bits(group_params(codec, s).scale));
     }
   }
+}
+
+TEST_CASE("InvariantDivisor divides every n < 2^31 as the division does") {
+  auto check = [](int64_t d, uint32_t n) {
+    const InvariantDivisor div = make_invariant_divisor(d);
+    REQUIRE(div.divide(n) == n / uint32_t(d));
+  };
+  std::mt19937 rng(5);
+  const uint32_t top = (1u << 31) - 1;
+  for (int64_t d = 1; d <= 3000; ++d)  // small divisors: around every multiple near 0 and near 2^31
+    for (uint32_t q : {0u, 1u, 2u, 7u, top / uint32_t(d) - 1, top / uint32_t(d)})
+      for (int64_t delta = -2; delta <= 2; ++delta) {
+        const int64_t n = int64_t(q) * d + delta;
+        if (n >= 0 && n <= top) check(d, uint32_t(n));
+      }
+  for (int i = 0; i < 200'000; ++i) {  // any divisor, any numerator, and the ends of its quotients
+    const int64_t d = 1 + int64_t(rng() % top);
+    check(d, rng() & top);
+    check(d, top);
+    check(d, uint32_t(d - 1));
+    if (d <= top) check(d, uint32_t(d));
+  }
+  for (int l = 0; l < 31; ++l) {  // powers of two and their neighbours
+    for (int64_t d : {(int64_t{1} << l) - 1, int64_t{1} << l, (int64_t{1} << l) + 1}) {
+      if (d < 1 || d > top) continue;
+      check(d, top);
+      check(d, rng() & top);
+    }
+  }
+  CHECK_THROWS(make_invariant_divisor(0));
+  CHECK_THROWS(make_invariant_divisor(int64_t{1} << 31));
+}
+
+TEST_CASE("the block formats' block positions by InvariantDivisor equal the divisions, at every block") {
+  for (const KvShape& s : {KvShape{3, 5, 37, 128}, KvShape{2, 8, 4096, 128}, KvShape{1, 1, 1, 32}, KvShape{7, 3, 11, 96},
+                           KvShape{2, 2, 3, 16}, KvShape{1, 32, 5, 256}}) {
+    for (int elems : {16, 32}) {
+      if (s.head_dim % elems) continue;
+      CAPTURE(s.heads);
+      CAPTURE(s.tokens);
+      CAPTURE(s.head_dim);
+      CAPTURE(elems);
+      const BlockGeometry geo = block_geometry(s, elems);
+      REQUIRE(geo.narrow);
+      BlockGeometry wide = geo;
+      wide.narrow = false;
+      const int64_t blocks = s.rows() * geo.per_row;
+      int64_t g = 0;
+      for (int64_t b = 0; b < s.batch; ++b)  // the logical order: block g is (b, h, t, d0) in turn
+        for (int64_t h = 0; h < s.heads; ++h)
+          for (int64_t t = 0; t < s.tokens; ++t)
+            for (int64_t d0 = 0; d0 < s.head_dim; d0 += elems, ++g) {
+              const BlockAt at = block_at(s, g, geo, elems), ref = block_at(s, g, wide, elems);
+              REQUIRE(at.b == b);
+              REQUIRE(at.h == h);
+              REQUIRE(at.t == t);
+              REQUIRE(at.d0 == d0);
+              REQUIRE(at.row == (b * s.heads + h) * s.tokens + t);
+              REQUIRE(ref.b == b);
+              REQUIRE(ref.h == h);
+              REQUIRE(ref.t == t);
+              REQUIRE(ref.d0 == d0);
+            }
+      CHECK(g == blocks);
+    }
+  }
+  CHECK(!block_geometry(KvShape{4096, 8, 65536, 128}, 32).narrow);  // 2^32 blocks: the divisions
 }
