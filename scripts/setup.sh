@@ -31,6 +31,16 @@ stamp=.venv/.requirements.sha256
 want=$(cat requirements.txt requirements-nodeps.txt | sha256sum | cut -d' ' -f1)
 if [[ ! -x .venv/bin/python || ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   echo "kvq setup: creating .venv from requirements.txt and requirements-nodeps.txt (SmolLM2-135M: a 93 MB download; torch with its CUDA libraries: about 2.6 GB)"
+  # pip fails deep in a download when the disk fills; say so before starting. The .venv takes about
+  # 6.1 GB, and pip unpacks each wheel through TMPDIR first.
+  need_gb=7
+  for dir in . "${TMPDIR:-/tmp}"; do
+    free_gb=$(( $(df -Pk "$dir" | awk 'NR == 2 {print $4}') / 1048576 ))
+    if (( free_gb < need_gb )); then
+      echo "kvq setup: .venv needs about $need_gb GB free; $(cd "$dir" && pwd) has $free_gb GB (free some, or point TMPDIR elsewhere)" >&2
+      exit 1
+    fi
+  done
   python3 -m venv .venv
   .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
