@@ -328,3 +328,30 @@ TEST_CASE("the block formats' block positions by InvariantDivisor equal the divi
   }
   CHECK(!block_geometry(KvShape{4096, 8, 65536, 128}, 32).narrow);  // 2^32 blocks: the divisions
 }
+
+TEST_CASE("tokenteam's (b, t) of a token by InvariantDivisor equal the division, and the wide path agrees") {
+  std::mt19937_64 rng(11);
+  for (const KvShape& shape : {KvShape{3, 1, 37, 128}, KvShape{7, 8, 1, 64}, KvShape{1, 2, 1000003, 8},
+                               KvShape{65535, 1, 32768, 8}, KvShape{2, 1, (int64_t{1} << 30) - 3, 8}}) {
+    CAPTURE(dims(shape));
+    const TokenPlan plan = make_token_plan(shape, InputDtype::kBf16);
+    REQUIRE(plan.narrow);
+    TokenPlan wide = plan;
+    wide.narrow = false;
+    auto check = [&](int64_t token) {
+      int64_t b = -1, t = -1, wb = -1, wt = -1;
+      token_coordinates(plan, shape, token, b, t);
+      token_coordinates(wide, shape, token, wb, wt);
+      REQUIRE(b == token / shape.tokens);
+      REQUIRE(t == token % shape.tokens);
+      REQUIRE(wb == b);
+      REQUIRE(wt == t);
+    };
+    for (int64_t b = 0; b < std::min<int64_t>(shape.batch, 50); ++b)  // both sides of every batch boundary
+      for (int64_t t : {int64_t{0}, int64_t{1}, shape.tokens - 1})
+        if (t >= 0 && t < shape.tokens) check(b * shape.tokens + t);
+    for (int i = 0; i < 20000; ++i) check(static_cast<int64_t>(rng() % static_cast<uint64_t>(plan.tokens)));
+    check(plan.tokens - 1);
+  }
+  CHECK(!make_token_plan(KvShape{4, 1, int64_t{1} << 30, 8}, InputDtype::kBf16).narrow);  // 2^32 tokens: the division
+}
