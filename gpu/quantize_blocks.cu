@@ -121,14 +121,18 @@ __global__ void __launch_bounds__(kThreads) block_quantize_kernel(QuantizeParams
     const BlockAt at = block_at(s, g, geo, T::kElems);
     float x[T::kElems];
     load_block<DT>(p, at, x);
-    if (check_input) {  // the CPU rejects non-finite input before quantizing: nothing to write
-      if constexpr (F == CodeFormat::kIq4Nl || F == CodeFormat::kMxfp4) {
-        // The largest magnitude's bits (NaN sorts above inf) tell whether any element is non-finite:
-        // two instructions an element where the test below costs five; these two encodes are
-        // issue-bound (the linear formats keep the test: fewer registers, q8_0 48 against 60).
-        uint32_t top = 0;
+    // The largest magnitude's bits (NaN sorts above inf) tell whether any element is non-finite:
+    // two instructions an element where the per-element test below costs five; the FP4 and iq4_nl
+    // encodes are issue-bound (the linear formats keep the test: fewer registers, q8_0 48 against
+    // 60). nvfp4 takes its amax from them too.
+    constexpr bool kTop = F == CodeFormat::kIq4Nl || F == CodeFormat::kMxfp4 || F == CodeFormat::kNvfp4;
+    uint32_t top = 0;
+    if constexpr (kTop) {
 #pragma unroll
-        for (int e = 0; e < T::kElems; ++e) top = max(top, float_bits(x[e]) & 0x7fffffffu);
+      for (int e = 0; e < T::kElems; ++e) top = max(top, float_bits(x[e]) & 0x7fffffffu);
+    }
+    if (check_input) {  // the CPU rejects non-finite input before quantizing: nothing to write
+      if constexpr (kTop) {
         if (top >= 0x7f800000u) {
           int first = 0;
 #pragma unroll
@@ -154,7 +158,18 @@ __global__ void __launch_bounds__(kThreads) block_quantize_kernel(QuantizeParams
       store_codes<F>(row, s.head_dim, at.d0, [](int) { return 0; });
       continue;
     }
-    const BlockParams bp = block_params(F, x, tensor_scale);
+    BlockParams bp;
+    if constexpr (F == CodeFormat::kNvfp4) {
+      float amax = bits_float(top);
+      if (top > 0x7f800000u) {  // a NaN (possible after a +had rotation): fmaxf over |x| skips it
+        amax = 0.0f;
+#pragma unroll
+        for (int e = 0; e < T::kElems; ++e) amax = fmaxf(amax, fabsf(x[e]));
+      }
+      bp = nvfp4_params_for_amax(amax, tensor_scale);
+    } else {
+      bp = block_params(F, x, tensor_scale);
+    }
     if (bp.overflow) atomicMin(p.first_overflow, static_cast<unsigned long long>(g));
     store_params<F>(p, g, &bp);
     if constexpr (F == CodeFormat::kMxfp4) {  // the block's midpoints once, not per element
