@@ -127,11 +127,12 @@ __device__ __forceinline__ uint2 pack_chunk_codes(Code code) {
 }
 
 // Encodes the chunk and stores its codes at `dst`. Integer codes come from `coder` (one fma an
-// element, no branch); the result is false when an element was near a tie (or the group may need the
-// clamp: rare), and the caller then codes its chunks again with encode_chunk_exact, outside its hot
-// loop so that the division's registers do not weigh on it. FP8 codes (no tie to test) come from
-// the codec's encode() per element.
-template <bool ASYM, int BITS, InputDtype DT>
+// element, no branch); the result is false when an element was near a tie (or, without kClamp, the
+// group may need the clamp: rare where the statistics bound the group), and the caller then codes its
+// chunks again with encode_chunk_exact, outside its hot loop so that the division's registers do not
+// weigh on it. kClamp clamps every code (two instructions an element): for a scale not derived from
+// the values, such as a given one. FP8 codes (no tie to test) come from the codec's encode().
+template <bool ASYM, int BITS, InputDtype DT, bool kClamp = false>
 __device__ __forceinline__ bool encode_chunk(uint8_t* dst, const InputChunk<DT>& c, const GroupParams& gp,
                                              const IntegerCoder& coder, const Scheme& s) {
   static_assert(BITS == 8 || BITS == 4, "int8 or int4 codes");
@@ -141,10 +142,10 @@ __device__ __forceinline__ bool encode_chunk(uint8_t* dst, const InputChunk<DT>&
       return true;
     }
   }
-  bool sure = !coder.clamp;
+  bool sure = kClamp || !coder.clamp;
   uint32_t m[kChunkElems];
 #pragma unroll
-  for (int e = 0; e < kChunkElems; ++e) m[e] = float_bits(coder.biased_code<ASYM, false>(c[e], sure));
+  for (int e = 0; e < kChunkElems; ++e) m[e] = float_bits(coder.biased_code<ASYM, kClamp>(c[e], sure));
   if constexpr (BITS == 8)
     store_chunk_codes<BITS>(
         dst, make_uint2(pack_low_bytes(m[0], m[1], m[2], m[3]), pack_low_bytes(m[4], m[5], m[6], m[7])));

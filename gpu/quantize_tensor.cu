@@ -5,7 +5,9 @@
 //      (kUnroll 16-byte loads in flight per thread) and writes one GroupStats per block to
 //      p.partials. min, max and max |x| are exact in any order, so the result does not depend on
 //      the grid or the schedule.
-//   (With a given scale pass 1 still runs: it is what finds non-finite input.)
+// A given scale (a calibrated symmetric one) needs no statistics: one pass then reads each element
+// once, codes it with the clamp (its values may pass the scale's range) and finds non-finite input
+// from each thread's 16x2 magnitudes.
 //   2. encode: every block first merges the partials itself (a few KiB from L2: no third kernel and
 //      no counter to reset between graph replays), derives the parameters with the codec's
 //      group_params(), and block 0 stores them; then the grid encodes the chunks in reverse order,
@@ -58,18 +60,27 @@ __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p
   if (threadIdx.x == 0) p.partials[blockIdx.x] = st;
 }
 
-template <InputDtype DT, bool ASYM, int BITS>
+// kGiven: p's given scale, no pass 1 (symmetric schemes only).
+template <InputDtype DT, bool ASYM, int BITS, bool kGiven>
 __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams p, TensorPlan plan) {
   using Chunk = InputChunk<DT>;
   using Storage = typename Chunk::Storage;
   __shared__ int32_t lo[kWarps], hi[kWarps];
   __shared__ float amax[kWarps];
   const Scheme scheme = detail::fixed_scheme<ASYM, BITS>(p.scheme);
-  GroupStats st;
-  for (int i = threadIdx.x; i < plan.partials; i += kThreads) st.merge(p.partials[i]);
-  st = detail::block_merge<kThreads>(st, lo, hi, amax);
-  const GroupParams gp = p.tensor_scale_given ? given_scale_params(p.given_tensor_scale, scheme) : group_params(st, scheme);
-  const IntegerCoder coder = detail::group_coder(gp, st, scheme);
+  GroupParams gp;
+  IntegerCoder coder;
+  if constexpr (kGiven) {
+    static_assert(!ASYM, "a given tensor scale is symmetric");
+    gp = given_scale_params(p.given_tensor_scale, scheme);
+    coder = integer_coder(gp, scheme, -INFINITY, INFINITY);  // bounds unknown: encode_chunk<.., true> clamps
+  } else {
+    GroupStats st;
+    for (int i = threadIdx.x; i < plan.partials; i += kThreads) st.merge(p.partials[i]);
+    st = detail::block_merge<kThreads>(st, lo, hi, amax);
+    gp = p.tensor_scale_given ? given_scale_params(p.given_tensor_scale, scheme) : group_params(st, scheme);
+    coder = detail::group_coder(gp, st, scheme);
+  }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (gp.overflow) atomicMin(p.first_overflow, 0ull);
     detail::store_param(p.scales, 0, gp.scale, scheme.scale_dtype);
@@ -78,6 +89,7 @@ __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams 
 
   const Storage* input = static_cast<const Storage*>(p.input);
   const int64_t stride = int64_t(gridDim.x) * kThreads, last = plan.chunks - 1;
+  detail::LaneStats<DT, false> magnitudes;  // kGiven: what tells non-finite input
   for (int64_t i0 = blockIdx.x * int64_t(kThreads) + threadIdx.x; i0 < plan.chunks; i0 += kUnroll * stride) {
     Chunk chunk[kUnroll];
 #pragma unroll
@@ -87,11 +99,23 @@ __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams 
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = last - (i0 + u * stride);
-      if (c >= 0) sure &= detail::encode_chunk<ASYM, BITS>(p.codes + c * BITS, chunk[u], gp, coder, scheme);
+      if (c < 0) continue;
+      if constexpr (kGiven) magnitudes.add(chunk[u]);
+      sure &= detail::encode_chunk<ASYM, BITS, DT, kGiven>(p.codes + c * BITS, chunk[u], gp, coder, scheme);
     }
     for (int u = 0; !sure && u < kUnroll; ++u) {  // rare: these chunks again, by the division
       const int64_t c = last - (i0 + u * stride);
       if (c >= 0) detail::encode_chunk_exact<BITS>(p.codes + c * BITS, chunk[u], gp, scheme);
+    }
+  }
+  if constexpr (kGiven) {
+    if (!magnitudes.finish().all_finite(false)) {  // rare: this thread's chunks again, to report
+      for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < plan.chunks; i += stride) {
+        const int64_t c = last - i;
+        Chunk chunk;
+        chunk.load(input + tensor_chunk_offset(p, plan, c));
+        detail::report_non_finite(p, chunk, static_cast<unsigned long long>(c * kChunkElems));
+      }
     }
   }
 }
@@ -103,9 +127,24 @@ int device_sms() {
   return sms;
 }
 
+// The encode pass's grid: at most kMaxWaves rounds of resident blocks.
+template <InputDtype DT, bool ASYM, int BITS, bool kGiven>
+void launch_encode(const QuantizeParams& p, const TensorPlan& plan, int sms, cudaStream_t stream) {
+  const int64_t needed = ceil_div(plan.chunks, int64_t(kThreads) * kUnroll);
+  int resident = 0;
+  KVQ_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, tensor_encode_kernel<DT, ASYM, BITS, kGiven>, kThreads, 0));
+  const int blocks = static_cast<int>(std::min<int64_t>(needed, int64_t(sms) * std::max(resident, 1) * kMaxWaves));
+  tensor_encode_kernel<DT, ASYM, BITS, kGiven><<<blocks, kThreads, 0, stream>>>(p, plan);
+  KVQ_CHECK_LAUNCH();
+}
+
 template <InputDtype DT, bool ASYM, int BITS>
 void launch_passes(const QuantizeParams& p, TensorPlan plan, cudaStream_t stream) {
   const int sms = device_sms();
+  if constexpr (!ASYM) {
+    if (p.tensor_scale_given) return launch_encode<DT, ASYM, BITS, true>(p, plan, sms, stream);
+  }
   const int64_t needed = ceil_div(plan.chunks, int64_t(kThreads) * kUnroll);
   int resident = 0;
   KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, tensor_stats_kernel<DT>, kThreads, 0));
@@ -113,11 +152,7 @@ void launch_passes(const QuantizeParams& p, TensorPlan plan, cudaStream_t stream
   plan.partials = static_cast<int>(std::min<int64_t>({needed, int64_t(sms) * std::max(resident, 1), kMaxPartials}));
   tensor_stats_kernel<DT><<<plan.partials, kThreads, 0, stream>>>(p, plan);
   KVQ_CHECK_LAUNCH();
-  KVQ_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, tensor_encode_kernel<DT, ASYM, BITS>, kThreads, 0));
-  const int blocks = static_cast<int>(std::min<int64_t>(needed, int64_t(sms) * std::max(resident, 1) * kMaxWaves));
-  tensor_encode_kernel<DT, ASYM, BITS><<<blocks, kThreads, 0, stream>>>(p, plan);
-  KVQ_CHECK_LAUNCH();
+  launch_encode<DT, ASYM, BITS, false>(p, plan, sms, stream);
 }
 
 // The one place where run-time scheme and dtype become template arguments.
