@@ -209,7 +209,8 @@ int run_bench_quantize(const BenchArgs& a) {
       {"int8-tensor-asym"}, {"q8_0"},           {"q4_0"},
       {"q4_1"},           {"q5_0"},             {"q5_1"},
       {"iq4_nl"},         {"mxfp4"},            {"nvfp4"},
-      {"nvfp4", CodeLayout::kPlanar, true}};
+      {"nvfp4", CodeLayout::kPlanar, true},
+      {"fp8-e4m3-head"},  {"fp8-e4m3-tensor"},  {"fp8-e4m3-tensor", CodeLayout::kPlanar, true}};
   const std::regex wanted = [&] {
     try {
       return std::regex(a.schemes);
