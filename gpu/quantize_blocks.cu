@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) block_quantize_kernel(QuantizeParams
     // The largest magnitude's bits (NaN sorts above inf) tell whether any element is non-finite:
     // two instructions an element where the per-element test below costs five; the FP4 and iq4_nl
     // encodes are issue-bound (the linear formats keep the test: fewer registers, q8_0 48 against
-    // 60). nvfp4 takes its amax from them too.
+    // 60). mxfp4 and nvfp4 take their amax from them too.
     constexpr bool kTop = F == CodeFormat::kIq4Nl || F == CodeFormat::kMxfp4 || F == CodeFormat::kNvfp4;
     uint32_t top = 0;
     if constexpr (kTop) {
@@ -159,14 +159,14 @@ __global__ void __launch_bounds__(kThreads) block_quantize_kernel(QuantizeParams
       continue;
     }
     BlockParams bp;
-    if constexpr (F == CodeFormat::kNvfp4) {
+    if constexpr (F == CodeFormat::kNvfp4 || F == CodeFormat::kMxfp4) {
       float amax = bits_float(top);
       if (top > 0x7f800000u) {  // a NaN (possible after a +had rotation): fmaxf over |x| skips it
         amax = 0.0f;
 #pragma unroll
         for (int e = 0; e < T::kElems; ++e) amax = fmaxf(amax, fabsf(x[e]));
       }
-      bp = nvfp4_params_for_amax(amax, tensor_scale);
+      bp = F == CodeFormat::kNvfp4 ? nvfp4_params_for_amax(amax, tensor_scale) : mxfp4_params_for_amax(amax);
     } else {
       bp = block_params(F, x, tensor_scale);
     }

@@ -213,14 +213,19 @@ KVQ_HD BlockParams iq4_nl_params(const float* x) {
 
 // mxfp4: e = floor(log2 amax) - 2 + 127 (amax's exponent less 2, since e2m1 reaches 6 < 2^3), and the
 // codes are ggml's nearest doubled value times 2^(e-128) (first of equal rounded errors).
-KVQ_HD BlockParams mxfp4_params(const float* x) {
-  float amax = 0.0f;
-  for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(x[j]));
+// From the block's amax = fmaxf over |x| (NaN elements ignored), as mxfp4_params() takes it.
+KVQ_HD BlockParams mxfp4_params_for_amax(float amax) {
   const int e = amax > 0.0f ? mxfp4_exponent(amax) : 0;
   BlockParams p;
   p.scale = e8m0_value(e);
   p.encode_scale = e8m0_half(e);
   return p;
+}
+
+KVQ_HD BlockParams mxfp4_params(const float* x) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(x[j]));
+  return mxfp4_params_for_amax(amax);
 }
 
 // nvfp4, given the tensor scale s_t = amax_tensor / (6 * 448): s_b = e4m3(max(a / (6 s_t), 2^-9)),
