@@ -92,12 +92,15 @@ __device__ __forceinline__ GroupStats merge_lanes(GroupStats st, int lanes) {
   return st;
 }
 
-// The scheme with its symmetry and bit width fixed at compile time, so that encode() folds its
-// constants and drops the other branch.
-template <bool ASYM, int BITS>
+// The scheme with its symmetry, bit width and integer-or-FP8 fixed at compile time, so that
+// encode() and group_params() fold their constants and drop the other branches (an FP8 path left in
+// an integer kernel costs it registers, and occupancy).
+template <bool ASYM, int BITS, bool FP8 = false>
 __device__ __forceinline__ Scheme fixed_scheme(Scheme s) {
+  static_assert(!FP8 || (BITS == 8 && !ASYM), "FP8 codes are 8-bit and symmetric");
   s.asymmetric = ASYM;
   s.bits = BITS;
+  if (!FP8) s.format = CodeFormat::kInt;  // an FP8 kernel keeps the run-time e4m3 / e5m2
   return s;
 }
 

@@ -60,14 +60,14 @@ __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p
   if (threadIdx.x == 0) p.partials[blockIdx.x] = st;
 }
 
-// kGiven: p's given scale, no pass 1 (symmetric schemes only).
-template <InputDtype DT, bool ASYM, int BITS, bool kGiven>
+// kGiven: p's given scale, no pass 1 (symmetric schemes only). FP8: e4m3 / e5m2 codes.
+template <InputDtype DT, bool ASYM, int BITS, bool kGiven, bool FP8>
 __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams p, TensorPlan plan) {
   using Chunk = InputChunk<DT>;
   using Storage = typename Chunk::Storage;
   __shared__ int32_t lo[kWarps], hi[kWarps];
   __shared__ float amax[kWarps];
-  const Scheme scheme = detail::fixed_scheme<ASYM, BITS>(p.scheme);
+  const Scheme scheme = detail::fixed_scheme<ASYM, BITS, FP8>(p.scheme);
   GroupParams gp;
   IntegerCoder coder;
   if constexpr (kGiven) {
@@ -128,22 +128,22 @@ int device_sms() {
 }
 
 // The encode pass's grid: at most kMaxWaves rounds of resident blocks.
-template <InputDtype DT, bool ASYM, int BITS, bool kGiven>
+template <InputDtype DT, bool ASYM, int BITS, bool kGiven, bool FP8>
 void launch_encode(const QuantizeParams& p, const TensorPlan& plan, int sms, cudaStream_t stream) {
   const int64_t needed = ceil_div(plan.chunks, int64_t(kThreads) * kUnroll);
   int resident = 0;
   KVQ_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, tensor_encode_kernel<DT, ASYM, BITS, kGiven>, kThreads, 0));
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, tensor_encode_kernel<DT, ASYM, BITS, kGiven, FP8>, kThreads, 0));
   const int blocks = static_cast<int>(std::min<int64_t>(needed, int64_t(sms) * std::max(resident, 1) * kMaxWaves));
-  tensor_encode_kernel<DT, ASYM, BITS, kGiven><<<blocks, kThreads, 0, stream>>>(p, plan);
+  tensor_encode_kernel<DT, ASYM, BITS, kGiven, FP8><<<blocks, kThreads, 0, stream>>>(p, plan);
   KVQ_CHECK_LAUNCH();
 }
 
-template <InputDtype DT, bool ASYM, int BITS>
+template <InputDtype DT, bool ASYM, int BITS, bool FP8 = false>
 void launch_passes(const QuantizeParams& p, TensorPlan plan, cudaStream_t stream) {
   const int sms = device_sms();
   if constexpr (!ASYM) {
-    if (p.tensor_scale_given) return launch_encode<DT, ASYM, BITS, true>(p, plan, sms, stream);
+    if (p.tensor_scale_given) return launch_encode<DT, ASYM, BITS, true, FP8>(p, plan, sms, stream);
   }
   const int64_t needed = ceil_div(plan.chunks, int64_t(kThreads) * kUnroll);
   int resident = 0;
@@ -152,14 +152,15 @@ void launch_passes(const QuantizeParams& p, TensorPlan plan, cudaStream_t stream
   plan.partials = static_cast<int>(std::min<int64_t>({needed, int64_t(sms) * std::max(resident, 1), kMaxPartials}));
   tensor_stats_kernel<DT><<<plan.partials, kThreads, 0, stream>>>(p, plan);
   KVQ_CHECK_LAUNCH();
-  launch_encode<DT, ASYM, BITS, false>(p, plan, sms, stream);
+  launch_encode<DT, ASYM, BITS, false, FP8>(p, plan, sms, stream);
 }
 
 // The one place where run-time scheme and dtype become template arguments.
 template <InputDtype DT>
 void dispatch_scheme(const QuantizeParams& p, const TensorPlan& plan, cudaStream_t stream) {
   const bool asym = p.scheme.asymmetric, int8 = p.scheme.bits == 8;
-  if (asym) int8 ? launch_passes<DT, true, 8>(p, plan, stream) : launch_passes<DT, true, 4>(p, plan, stream);
+  if (p.scheme.fp8()) launch_passes<DT, false, 8, true>(p, plan, stream);
+  else if (asym) int8 ? launch_passes<DT, true, 8>(p, plan, stream) : launch_passes<DT, true, 4>(p, plan, stream);
   else int8 ? launch_passes<DT, false, 8>(p, plan, stream) : launch_passes<DT, false, 4>(p, plan, stream);
 }
 

@@ -23,11 +23,11 @@ using detail::kChunkElems;
 constexpr int kThreads = 256;
 constexpr int kMaxWaves = 4;  // grid: at most this many rounds of resident blocks; the warps loop
 
-template <InputDtype DT, bool ASYM, int BITS, int K>
+template <InputDtype DT, bool ASYM, int BITS, int K, bool FP8>
 __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, TokenPlan plan) {
   using Chunk = InputChunk<DT>;
   using Storage = typename Chunk::Storage;
-  const Scheme scheme = detail::fixed_scheme<ASYM, BITS>(p.scheme);
+  const Scheme scheme = detail::fixed_scheme<ASYM, BITS, FP8>(p.scheme);
   const KvShape& s = p.shape;
   const Storage* input = static_cast<const Storage*>(p.input);
   const TeamWalk walk = token_walk(plan, blockIdx.x * int64_t(kThreads) + threadIdx.x, int64_t(gridDim.x) * kThreads);
@@ -102,29 +102,32 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
   }
 }
 
-template <InputDtype DT, bool ASYM, int BITS, int K>
+template <InputDtype DT, bool ASYM, int BITS, int K, bool FP8 = false>
 void launch_kernel(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t stream) {
   int device = 0, sms = 0, resident = 0;
   KVQ_CUDA_CHECK(cudaGetDevice(&device));
   KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, token_kernel<DT, ASYM, BITS, K>, kThreads, 0));
+  KVQ_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, token_kernel<DT, ASYM, BITS, K, FP8>, kThreads, 0));
   const int64_t needed = ceil_div(plan.tokens << plan.lanes_log2, kThreads);
   const int blocks = static_cast<int>(std::min<int64_t>(needed, int64_t(sms) * std::max(resident, 1) * kMaxWaves));
-  token_kernel<DT, ASYM, BITS, K><<<blocks, kThreads, 0, stream>>>(p, plan);
+  token_kernel<DT, ASYM, BITS, K, FP8><<<blocks, kThreads, 0, stream>>>(p, plan);
   KVQ_CHECK_LAUNCH();
 }
 
 // The one place where run-time scheme and dtype become template arguments.
+template <InputDtype DT, int K>
+void dispatch_format(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t stream) {
+  const bool asym = p.scheme.asymmetric, int8 = p.scheme.bits == 8;
+  if (p.scheme.fp8()) launch_kernel<DT, false, 8, K, true>(p, plan, stream);
+  else if (asym) int8 ? launch_kernel<DT, true, 8, K>(p, plan, stream) : launch_kernel<DT, true, 4, K>(p, plan, stream);
+  else int8 ? launch_kernel<DT, false, 8, K>(p, plan, stream) : launch_kernel<DT, false, 4, K>(p, plan, stream);
+}
+
 template <InputDtype DT>
 void dispatch_scheme(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t stream) {
-  const bool asym = p.scheme.asymmetric, int8 = p.scheme.bits == 8;
-  if (plan.cached == 4 || DT == InputDtype::kFp32) {
-    if (asym) int8 ? launch_kernel<DT, true, 8, 4>(p, plan, stream) : launch_kernel<DT, true, 4, 4>(p, plan, stream);
-    else int8 ? launch_kernel<DT, false, 8, 4>(p, plan, stream) : launch_kernel<DT, false, 4, 4>(p, plan, stream);
-  } else if constexpr (DT != InputDtype::kFp32) {
-    if (asym) int8 ? launch_kernel<DT, true, 8, 8>(p, plan, stream) : launch_kernel<DT, true, 4, 8>(p, plan, stream);
-    else int8 ? launch_kernel<DT, false, 8, 8>(p, plan, stream) : launch_kernel<DT, false, 4, 8>(p, plan, stream);
-  }
+  if (plan.cached == 4 || DT == InputDtype::kFp32) dispatch_format<DT, 4>(p, plan, stream);
+  else if constexpr (DT != InputDtype::kFp32) dispatch_format<DT, 8>(p, plan, stream);
 }
 
 }  // namespace
