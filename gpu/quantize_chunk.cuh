@@ -24,6 +24,14 @@ struct InputChunk {
 
   // Strided views may leave a chunk unaligned: then element by element.
   __device__ __forceinline__ void load(const Storage* src) { load(src, reinterpret_cast<uintptr_t>(src) % 16 == 0); }
+  // kAligned: every chunk of the launch is 16-byte aligned (wide_chunks_aligned), so no test and no
+  // element-by-element path (the compiler predicates that path into every load: 12 issue slots a
+  // chunk of 16-bit input, taken or not).
+  template <bool kAligned>
+  __device__ __forceinline__ void load_chunk(const Storage* src) {
+    if constexpr (kAligned) load(src, true);
+    else load(src);
+  }
   // `aligned`: src is 16-byte aligned, known by the caller (e.g. once for a run of chunks).
   __device__ __forceinline__ void load(const Storage* src, bool aligned) {
     if (aligned) {

@@ -23,7 +23,7 @@ using detail::kChunkElems;
 constexpr int kThreads = 256;
 constexpr int kMaxWaves = 4;  // grid: at most this many rounds of resident blocks; the warps loop
 
-template <InputDtype DT, bool ASYM, int BITS, int K, bool FP8>
+template <InputDtype DT, bool ASYM, int BITS, int K, bool FP8, bool kAligned>
 __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, TokenPlan plan) {
   using Chunk = InputChunk<DT>;
   using Storage = typename Chunk::Storage;
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
     asm volatile("" : "+r"(jt));
     auto load = [&](Chunk& c, int k) {
       const ChunkPos at = token_chunk(plan, jt, k);
-      c.load(src + at.h * p.stride_h + at.d0);
+      c.template load_chunk<kAligned>(src + at.h * p.stride_h + at.d0);
     };
 
     Chunk cache[K];
@@ -102,32 +102,35 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
   }
 }
 
-template <InputDtype DT, bool ASYM, int BITS, int K, bool FP8 = false>
+template <InputDtype DT, bool ASYM, int BITS, int K, bool kAligned, bool FP8 = false>
 void launch_kernel(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t stream) {
   int device = 0, sms = 0, resident = 0;
   KVQ_CUDA_CHECK(cudaGetDevice(&device));
   KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   KVQ_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, token_kernel<DT, ASYM, BITS, K, FP8>, kThreads, 0));
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, token_kernel<DT, ASYM, BITS, K, FP8, kAligned>, kThreads, 0));
   const int64_t needed = ceil_div(plan.tokens << plan.lanes_log2, kThreads);
   const int blocks = static_cast<int>(std::min<int64_t>(needed, int64_t(sms) * std::max(resident, 1) * kMaxWaves));
-  token_kernel<DT, ASYM, BITS, K, FP8><<<blocks, kThreads, 0, stream>>>(p, plan);
+  token_kernel<DT, ASYM, BITS, K, FP8, kAligned><<<blocks, kThreads, 0, stream>>>(p, plan);
   KVQ_CHECK_LAUNCH();
 }
 
 // The one place where run-time scheme and dtype become template arguments.
-template <InputDtype DT, int K>
+template <InputDtype DT, int K, bool kAligned>
 void dispatch_format(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t stream) {
   const bool asym = p.scheme.asymmetric, int8 = p.scheme.bits == 8;
-  if (p.scheme.fp8()) launch_kernel<DT, false, 8, K, true>(p, plan, stream);
-  else if (asym) int8 ? launch_kernel<DT, true, 8, K>(p, plan, stream) : launch_kernel<DT, true, 4, K>(p, plan, stream);
-  else int8 ? launch_kernel<DT, false, 8, K>(p, plan, stream) : launch_kernel<DT, false, 4, K>(p, plan, stream);
+  if (p.scheme.fp8()) launch_kernel<DT, false, 8, K, kAligned, true>(p, plan, stream);
+  else if (asym)
+    int8 ? launch_kernel<DT, true, 8, K, kAligned>(p, plan, stream) : launch_kernel<DT, true, 4, K, kAligned>(p, plan, stream);
+  else
+    int8 ? launch_kernel<DT, false, 8, K, kAligned>(p, plan, stream) : launch_kernel<DT, false, 4, K, kAligned>(p, plan, stream);
 }
 
 template <InputDtype DT>
-void dispatch_scheme(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t stream) {
-  if (plan.cached == 4 || DT == InputDtype::kFp32) dispatch_format<DT, 4>(p, plan, stream);
-  else if constexpr (DT != InputDtype::kFp32) dispatch_format<DT, 8>(p, plan, stream);
+void dispatch_scheme(const QuantizeParams& p, const TokenPlan& plan, bool aligned, cudaStream_t stream) {
+  if (!aligned) dispatch_format<DT, 4, false>(p, plan, stream);  // the plan keeps K = 4 (make_token_plan)
+  else if (plan.cached == 4 || DT == InputDtype::kFp32) dispatch_format<DT, 4, true>(p, plan, stream);
+  else if constexpr (DT != InputDtype::kFp32) dispatch_format<DT, 8, true>(p, plan, stream);
 }
 
 }  // namespace
@@ -145,11 +148,12 @@ void launch_quantize_tokenteam(const QuantizeParams& p, cudaStream_t stream) {
   if (s.batch * s.tokens == 0) return;
   if (s.heads * s.head_dim / kChunkElems > (int64_t{1} << 30))
     throw InputError("quantize-tokenteam: tokens of more than 2^33 elements are not supported");
-  const TokenPlan plan = make_token_plan(s, p.in_dtype);
+  const bool aligned = wide_chunks_aligned(p);
+  const TokenPlan plan = make_token_plan(s, p.in_dtype, aligned);
   switch (p.in_dtype) {
-    case InputDtype::kFp32: dispatch_scheme<InputDtype::kFp32>(p, plan, stream); break;
-    case InputDtype::kFp16: dispatch_scheme<InputDtype::kFp16>(p, plan, stream); break;
-    case InputDtype::kBf16: dispatch_scheme<InputDtype::kBf16>(p, plan, stream); break;
+    case InputDtype::kFp32: dispatch_scheme<InputDtype::kFp32>(p, plan, aligned, stream); break;
+    case InputDtype::kFp16: dispatch_scheme<InputDtype::kFp16>(p, plan, aligned, stream); break;
+    case InputDtype::kBf16: dispatch_scheme<InputDtype::kBf16>(p, plan, aligned, stream); break;
   }
 }
 

@@ -26,11 +26,20 @@ struct TokenPlan {
   bool narrow = false;       // B * T < 2^31: (b, t) by by_tokens
 };
 
+// Whether every 8-element chunk of the input starts on 16 bytes (D is a multiple of 8): the base
+// and every stride. Strided views that are not take the kernels' element-by-element loads.
+inline bool wide_chunks_aligned(const QuantizeParams& p) {
+  const int64_t per16 = p.in_dtype == InputDtype::kFp32 ? 4 : 8;  // elements in 16 bytes
+  return reinterpret_cast<uintptr_t>(p.input) % 16 == 0 && p.stride_b % per16 == 0 && p.stride_h % per16 == 0 &&
+         p.stride_t % per16 == 0;
+}
+
 // K = 4 chunks a lane (64 bytes of 16-bit input in flight) when a warp holds the token that way;
 // larger tokens of 16-bit input take K = 8 (fp32 chunks are twice the registers: K = 8 would
-// spill), and the chunks beyond 32 K are read twice. L is the smallest team with at most K chunks
-// a lane, so every lane has K loads in flight whatever Hkv is.
-inline TokenPlan make_token_plan(const KvShape& s, InputDtype dt) {
+// spill), and the chunks beyond 32 K are read twice. Unaligned input (`aligned` false: rare) keeps
+// K = 4, which serves every token size, so that it needs no K = 8 kernels of its own. L is the
+// smallest team with at most K chunks a lane, so every lane has K loads in flight whatever Hkv is.
+inline TokenPlan make_token_plan(const KvShape& s, InputDtype dt, bool aligned = true) {
   TokenPlan plan;
   plan.tokens = s.batch * s.tokens;
   plan.chunks_per_row = static_cast<int>(s.head_dim / kWideChunk);
@@ -38,7 +47,7 @@ inline TokenPlan make_token_plan(const KvShape& s, InputDtype dt) {
   if (plan.chunks_per_row > 0) plan.by_row = make_invariant_divisor(plan.chunks_per_row);
   plan.narrow = plan.tokens < (int64_t{1} << 31);
   if (plan.narrow && s.tokens > 0) plan.by_tokens = make_invariant_divisor(s.tokens);
-  plan.cached = plan.chunks_per_token <= 32 * 4 || dt == InputDtype::kFp32 ? 4 : 8;
+  plan.cached = plan.chunks_per_token <= 32 * 4 || dt == InputDtype::kFp32 || !aligned ? 4 : 8;
   const int64_t lanes = ceil_div(plan.chunks_per_token, plan.cached);
   while (plan.lanes_log2 < 5 && (int64_t{1} << plan.lanes_log2) < lanes) ++plan.lanes_log2;
   return plan;

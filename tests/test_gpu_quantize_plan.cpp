@@ -355,3 +355,28 @@ TEST_CASE("tokenteam's (b, t) of a token by InvariantDivisor equal the division,
   }
   CHECK(!make_token_plan(KvShape{4, 1, int64_t{1} << 30, 8}, InputDtype::kBf16).narrow);  // 2^32 tokens: the division
 }
+
+TEST_CASE("wide_chunks_aligned: every chunk on 16 bytes, or the kernels' element-by-element loads") {
+  alignas(16) static float storage[64];
+  for (InputDtype dt : {InputDtype::kBf16, InputDtype::kFp16, InputDtype::kFp32}) {
+    CAPTURE(to_string(dt));
+    const int64_t per16 = dt == InputDtype::kFp32 ? 4 : 8, bytes = dt == InputDtype::kFp32 ? 4 : 2;
+    for (bool bsnh : {false, true})
+      for (int64_t pad : {int64_t{0}, per16, per16 / 2, int64_t{1}}) {
+        CAPTURE(bsnh);
+        CAPTURE(pad);
+        QuantizeParams p = params_for(KvShape{2, 3, 5, 16}, bsnh, pad);
+        p.in_dtype = dt;
+        p.input = storage;
+        CHECK(wide_chunks_aligned(p) == (pad % per16 == 0));
+        p.input = reinterpret_cast<const char*>(storage) + bytes;  // a view one element in
+        CHECK_FALSE(wide_chunks_aligned(p));
+      }
+  }
+  // Unaligned input keeps K = 4 chunks a lane, with the team that K needs.
+  const TokenPlan wide = make_token_plan(KvShape{1, 16, 3, 256}, InputDtype::kBf16);
+  const TokenPlan narrow = make_token_plan(KvShape{1, 16, 3, 256}, InputDtype::kBf16, false);
+  CHECK(wide.cached == 8);
+  CHECK(narrow.cached == 4);
+  CHECK(narrow.lanes_log2 == 5);
+}
