@@ -30,7 +30,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kUnroll = 4;    // chunks in flight per thread
 constexpr int kMaxWaves = 4;  // pass 2 grid: at most this many rounds of resident blocks
 
-template <InputDtype DT>
+// kAligned: every chunk on 16 bytes (wide_chunks_aligned), loaded without a test.
+template <InputDtype DT, bool kAligned>
 __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p, TensorPlan plan) {
   using Chunk = InputChunk<DT>;
   using Storage = typename Chunk::Storage;
@@ -43,7 +44,8 @@ __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p
     Chunk chunk[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (c0 + u * stride < plan.chunks) chunk[u].load(input + tensor_chunk_offset(p, plan, c0 + u * stride));
+      if (c0 + u * stride < plan.chunks)
+        chunk[u].template load_chunk<kAligned>(input + tensor_chunk_offset(p, plan, c0 + u * stride));
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (c0 + u * stride < plan.chunks) acc.add(chunk[u]);
@@ -61,7 +63,7 @@ __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p
 }
 
 // kGiven: p's given scale, no pass 1 (symmetric schemes only). FP8: e4m3 / e5m2 codes.
-template <InputDtype DT, bool ASYM, int BITS, bool kGiven, bool FP8>
+template <InputDtype DT, bool ASYM, int BITS, bool kGiven, bool FP8, bool kAligned>
 __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams p, TensorPlan plan) {
   using Chunk = InputChunk<DT>;
   using Storage = typename Chunk::Storage;
@@ -94,7 +96,8 @@ __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams 
     Chunk chunk[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (i0 + u * stride < plan.chunks) chunk[u].load(input + tensor_chunk_offset(p, plan, last - (i0 + u * stride)));
+      if (i0 + u * stride < plan.chunks)
+        chunk[u].template load_chunk<kAligned>(input + tensor_chunk_offset(p, plan, last - (i0 + u * stride)));
     bool sure = true;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -128,40 +131,49 @@ int device_sms() {
 }
 
 // The encode pass's grid: at most kMaxWaves rounds of resident blocks.
-template <InputDtype DT, bool ASYM, int BITS, bool kGiven, bool FP8>
+template <InputDtype DT, bool ASYM, int BITS, bool kGiven, bool FP8, bool kAligned>
 void launch_encode(const QuantizeParams& p, const TensorPlan& plan, int sms, cudaStream_t stream) {
+  const auto kernel = tensor_encode_kernel<DT, ASYM, BITS, kGiven, FP8, kAligned>;
   const int64_t needed = ceil_div(plan.chunks, int64_t(kThreads) * kUnroll);
   int resident = 0;
-  KVQ_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, tensor_encode_kernel<DT, ASYM, BITS, kGiven, FP8>, kThreads, 0));
+  KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, 0));
   const int blocks = static_cast<int>(std::min<int64_t>(needed, int64_t(sms) * std::max(resident, 1) * kMaxWaves));
-  tensor_encode_kernel<DT, ASYM, BITS, kGiven, FP8><<<blocks, kThreads, 0, stream>>>(p, plan);
+  kernel<<<blocks, kThreads, 0, stream>>>(p, plan);
   KVQ_CHECK_LAUNCH();
 }
 
-template <InputDtype DT, bool ASYM, int BITS, bool FP8 = false>
+// Unaligned input (rare) with a given scale takes the two passes (pass 1 finds non-finite input, the
+// encode pass uses the given scale): one set of one-pass kernels fewer.
+template <InputDtype DT, bool kAligned, bool ASYM, int BITS, bool FP8 = false>
 void launch_passes(const QuantizeParams& p, TensorPlan plan, cudaStream_t stream) {
   const int sms = device_sms();
-  if constexpr (!ASYM) {
-    if (p.tensor_scale_given) return launch_encode<DT, ASYM, BITS, true, FP8>(p, plan, sms, stream);
+  if constexpr (!ASYM && kAligned) {
+    if (p.tensor_scale_given) return launch_encode<DT, ASYM, BITS, true, FP8, kAligned>(p, plan, sms, stream);
   }
   const int64_t needed = ceil_div(plan.chunks, int64_t(kThreads) * kUnroll);
   int resident = 0;
-  KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, tensor_stats_kernel<DT>, kThreads, 0));
+  KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, tensor_stats_kernel<DT, kAligned>, kThreads, 0));
   // Pass 1: one resident wave (its blocks stride over everything), at most kMaxPartials blocks.
   plan.partials = static_cast<int>(std::min<int64_t>({needed, int64_t(sms) * std::max(resident, 1), kMaxPartials}));
-  tensor_stats_kernel<DT><<<plan.partials, kThreads, 0, stream>>>(p, plan);
+  tensor_stats_kernel<DT, kAligned><<<plan.partials, kThreads, 0, stream>>>(p, plan);
   KVQ_CHECK_LAUNCH();
-  launch_encode<DT, ASYM, BITS, false, FP8>(p, plan, sms, stream);
+  launch_encode<DT, ASYM, BITS, false, FP8, kAligned>(p, plan, sms, stream);
 }
 
-// The one place where run-time scheme and dtype become template arguments.
-template <InputDtype DT>
+// The one place where run-time scheme, dtype and alignment become template arguments.
+template <InputDtype DT, bool kAligned>
 void dispatch_scheme(const QuantizeParams& p, const TensorPlan& plan, cudaStream_t stream) {
   const bool asym = p.scheme.asymmetric, int8 = p.scheme.bits == 8;
-  if (p.scheme.fp8()) launch_passes<DT, false, 8, true>(p, plan, stream);
-  else if (asym) int8 ? launch_passes<DT, true, 8>(p, plan, stream) : launch_passes<DT, true, 4>(p, plan, stream);
-  else int8 ? launch_passes<DT, false, 8>(p, plan, stream) : launch_passes<DT, false, 4>(p, plan, stream);
+  if (p.scheme.fp8()) launch_passes<DT, kAligned, false, 8, true>(p, plan, stream);
+  else if (asym)
+    int8 ? launch_passes<DT, kAligned, true, 8>(p, plan, stream) : launch_passes<DT, kAligned, true, 4>(p, plan, stream);
+  else
+    int8 ? launch_passes<DT, kAligned, false, 8>(p, plan, stream) : launch_passes<DT, kAligned, false, 4>(p, plan, stream);
+}
+
+template <InputDtype DT>
+void dispatch_alignment(const QuantizeParams& p, const TensorPlan& plan, cudaStream_t stream) {
+  wide_chunks_aligned(p) ? dispatch_scheme<DT, true>(p, plan, stream) : dispatch_scheme<DT, false>(p, plan, stream);
 }
 
 }  // namespace
@@ -181,9 +193,9 @@ void launch_quantize_tensor2pass(const QuantizeParams& p, cudaStream_t stream) {
   if (s.numel() == 0) return;  // no group: nothing stored, as on the CPU
   const TensorPlan plan = make_tensor_plan(p);
   switch (p.in_dtype) {
-    case InputDtype::kFp32: dispatch_scheme<InputDtype::kFp32>(p, plan, stream); break;
-    case InputDtype::kFp16: dispatch_scheme<InputDtype::kFp16>(p, plan, stream); break;
-    case InputDtype::kBf16: dispatch_scheme<InputDtype::kBf16>(p, plan, stream); break;
+    case InputDtype::kFp32: dispatch_alignment<InputDtype::kFp32>(p, plan, stream); break;
+    case InputDtype::kFp16: dispatch_alignment<InputDtype::kFp16>(p, plan, stream); break;
+    case InputDtype::kBf16: dispatch_alignment<InputDtype::kBf16>(p, plan, stream); break;
   }
 }
 
