@@ -35,12 +35,14 @@ struct BlockTraits {
   static_assert(kElems % detail::kChunkElems == 0, "a block is whole 8-element chunks");
 };
 
-// The block's elements as fp32 (exact for every input dtype), in 8-element chunks.
-template <InputDtype DT, int N>
+// The block's elements as fp32 (exact for every input dtype), in 8-element chunks. kAligned: every
+// block of the launch starts on 16 bytes (wide_chunks_aligned), so no test and no predicated
+// element-by-element loads.
+template <InputDtype DT, bool kAligned, int N>
 __device__ __forceinline__ void load_block(const QuantizeParams& p, const BlockAt& at, float (&x)[N]) {
   using Storage = typename detail::InputChunk<DT>::Storage;
   const Storage* src = static_cast<const Storage*>(p.input) + detail::element_offset(p, at.b, at.h, at.t, at.d0);
-  const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0;  // strided views may not be
+  const bool aligned = kAligned || reinterpret_cast<uintptr_t>(src) % 16 == 0;  // strided views may not be
 #pragma unroll
   for (int c = 0; c < N; c += detail::kChunkElems) {
     detail::InputChunk<DT> chunk;
@@ -108,8 +110,19 @@ __device__ __forceinline__ void store_params(const QuantizeParams& p, int64_t g,
   }
 }
 
+// Blocks an SM that the register cap keeps for the FP4 formats (issue-bound: their warps hide each
+// other's latency), as many as their kernels had before the aligned loads took a few registers more
+// (nvfp4: 6 for every dtype, no spill; mxfp4: 5 for bf16, 4 otherwise, which spill at 48).
 template <CodeFormat F, InputDtype DT>
-__global__ void __launch_bounds__(kThreads) block_quantize_kernel(QuantizeParams p, BlockGeometry geo) {
+constexpr int min_blocks() {
+  if constexpr (F == CodeFormat::kNvfp4) return 6;
+  if constexpr (F == CodeFormat::kMxfp4) return DT == InputDtype::kBf16 ? 5 : 4;
+  return 1;
+}
+
+template <CodeFormat F, InputDtype DT, bool kAligned>
+__global__ void __launch_bounds__(kThreads, min_blocks<F, DT>()) block_quantize_kernel(QuantizeParams p,
+                                                                                     BlockGeometry geo) {
   using T = BlockTraits<F>;
   const KvShape& s = p.shape;
   const int64_t blocks = s.rows() * geo.per_row;
@@ -120,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) block_quantize_kernel(QuantizeParams
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < blocks; g += int64_t(gridDim.x) * blockDim.x) {
     const BlockAt at = block_at(s, g, geo, T::kElems);
     float x[T::kElems];
-    load_block<DT>(p, at, x);
+    load_block<DT, kAligned>(p, at, x);
     // The largest magnitude's bits (NaN sorts above inf) tell whether any element is non-finite:
     // two instructions an element where the per-element test below costs five; the FP4 and iq4_nl
     // encodes are issue-bound (the linear formats keep the test: fewer registers, q8_0 48 against
@@ -187,7 +200,7 @@ __global__ void __launch_bounds__(kThreads) block_quantize_kernel(QuantizeParams
 
 // nvfp4's tensor statistic, pass 1: each CTA's amax over a strided share of the quantized blocks
 // into partials[blockIdx.x].amax. Non-finite input is the block kernel's to report.
-template <InputDtype DT>
+template <InputDtype DT, bool kAligned>
 __global__ void __launch_bounds__(kThreads) tensor_amax_kernel(QuantizeParams p, BlockGeometry geo) {
   constexpr int N = BlockTraits<CodeFormat::kNvfp4>::kElems;
   __shared__ float warp_amax[kThreads / 32];
@@ -198,7 +211,7 @@ __global__ void __launch_bounds__(kThreads) tensor_amax_kernel(QuantizeParams p,
     const BlockAt at = block_at(s, g, geo, N);
     if (at.t >= detail::quantized_tokens(p, at.b)) continue;
     float x[N];
-    load_block<DT>(p, at, x);
+    load_block<DT, kAligned>(p, at, x);
 #pragma unroll
     for (int e = 0; e < N; ++e) amax = fmaxf(amax, fabsf(x[e]));
   }
@@ -222,7 +235,7 @@ int grid_for(int64_t work, int64_t cap) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((work + kThreads - 1) / kThreads, cap)));
 }
 
-template <CodeFormat F, InputDtype DT>
+template <CodeFormat F, InputDtype DT, bool kAligned>
 void launch_format(const QuantizeParams& p, cudaStream_t stream) {
   using T = BlockTraits<F>;
   if (p.scheme.bits != T::kBits || p.scheme.asymmetric != T::kHasMin || p.scheme.scale_dtype != T::kScale ||
@@ -234,23 +247,28 @@ void launch_format(const QuantizeParams& p, cudaStream_t stream) {
   if constexpr (F == CodeFormat::kNvfp4) {
     const int partials = p.tensor_scale_given ? 0 : grid_for(blocks, kMaxPartials);
     if (partials > 0 && blocks > 0) {
-      tensor_amax_kernel<DT><<<partials, kThreads, 0, stream>>>(p, geo);
+      tensor_amax_kernel<DT, kAligned><<<partials, kThreads, 0, stream>>>(p, geo);
       KVQ_CHECK_LAUNCH();
     }
     tensor_scale_kernel<<<1, 1, 0, stream>>>(p, blocks > 0 ? partials : 0);
     KVQ_CHECK_LAUNCH();
   }
   if (blocks == 0) return;
-  block_quantize_kernel<F, DT><<<grid_for(blocks, 65535), kThreads, 0, stream>>>(p, geo);
+  block_quantize_kernel<F, DT, kAligned><<<grid_for(blocks, 65535), kThreads, 0, stream>>>(p, geo);
   KVQ_CHECK_LAUNCH();
+}
+
+template <CodeFormat F, InputDtype DT>
+void launch_aligned(const QuantizeParams& p, cudaStream_t stream) {
+  wide_chunks_aligned(p) ? launch_format<F, DT, true>(p, stream) : launch_format<F, DT, false>(p, stream);
 }
 
 template <CodeFormat F>
 void launch_dtype(const QuantizeParams& p, cudaStream_t stream) {
   switch (p.in_dtype) {
-    case InputDtype::kFp32: return launch_format<F, InputDtype::kFp32>(p, stream);
-    case InputDtype::kFp16: return launch_format<F, InputDtype::kFp16>(p, stream);
-    case InputDtype::kBf16: return launch_format<F, InputDtype::kBf16>(p, stream);
+    case InputDtype::kFp32: return launch_aligned<F, InputDtype::kFp32>(p, stream);
+    case InputDtype::kFp16: return launch_aligned<F, InputDtype::kFp16>(p, stream);
+    case InputDtype::kBf16: return launch_aligned<F, InputDtype::kBf16>(p, stream);
   }
 }
 
