@@ -22,7 +22,7 @@ constexpr int kSegment = 32;  // elements per lane at most: keeps each lane's by
 
 // At least 5 blocks per SM: the register cap keeps 40 warps in flight (ncu: 4 blocks left the
 // memory system under-fed); the 16-bit input kernels still do not spill.
-template <typename Storage, InputDtype DT, bool ASYM>
+template <typename Storage, InputDtype DT, bool ASYM, bool kAligned>
 __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams p) {
   const KvShape& s = p.shape;
   Scheme scheme = p.scheme;
@@ -53,7 +53,9 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
     int64_t b = 0, h = 0, t = 0;
     if (!contiguous || fbgemm) b = r / (s.tokens * s.heads), h = (r / s.tokens) % s.heads, t = r % s.tokens;
     const Storage* src = input + (contiguous ? r * D : detail::element_offset(p, b, h, t, 0)) + d0;
-    const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0;
+    // kAligned: every segment of the launch on 16 bytes (wide_chunks_aligned): no test, and no
+    // element-by-element loads predicated into every chunk
+    const bool aligned = kAligned || reinterpret_cast<uintptr_t>(src) % 16 == 0;
 
     GroupStats st;
     for (int c = 0; active && c < seg; c += kChunk) {
@@ -111,8 +113,13 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
 
 template <typename Storage, InputDtype DT>
 void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks) {
-  if (p.scheme.asymmetric) groupthread_kernel<Storage, DT, true><<<blocks, kThreads, 0, stream>>>(p);
-  else groupthread_kernel<Storage, DT, false><<<blocks, kThreads, 0, stream>>>(p);
+  const bool aligned = wide_chunks_aligned(p);
+  if (p.scheme.asymmetric)
+    aligned ? groupthread_kernel<Storage, DT, true, true><<<blocks, kThreads, 0, stream>>>(p)
+            : groupthread_kernel<Storage, DT, true, false><<<blocks, kThreads, 0, stream>>>(p);
+  else
+    aligned ? groupthread_kernel<Storage, DT, false, true><<<blocks, kThreads, 0, stream>>>(p)
+            : groupthread_kernel<Storage, DT, false, false><<<blocks, kThreads, 0, stream>>>(p);
   KVQ_CHECK_LAUNCH();
 }
 
