@@ -5,13 +5,14 @@
 //      (kUnroll 16-byte loads in flight per thread) and writes one GroupStats per block to
 //      p.partials. min, max and max |x| are exact in any order, so the result does not depend on
 //      the grid or the schedule.
-// A given scale (a calibrated symmetric one) needs no statistics: one pass then reads each element
-// once, codes it with the clamp (its values may pass the scale's range) and finds non-finite input
-// from each thread's 16x2 magnitudes.
 //   2. encode: every block first merges the partials itself (a few KiB from L2: no third kernel and
 //      no counter to reset between graph replays), derives the parameters with the codec's
 //      group_params(), and block 0 stores them; then the grid encodes the chunks in reverse order,
 //      so that its first reads find the tail that pass 1 read last still in L2.
+// A given scale (a calibrated symmetric one) needs no statistics: the encode pass alone then reads
+// each element once, codes it with the clamp (its values may pass the scale's range) and finds
+// non-finite input from each thread's 16x2 magnitudes. Input whose chunks all lie on 16 bytes (the
+// usual case) is read by kernels without the per-load alignment test.
 // Chunks are numbered in logical [B, H, T, D] order: chunk c holds flat elements 8c..8c+7 and its
 // codes start at byte c * bits of the planar code array; only the input address depends on strides.
 #include <algorithm>
@@ -63,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p
 }
 
 // kGiven: p's given scale, no pass 1 (symmetric schemes only). FP8: e4m3 / e5m2 codes.
-template <InputDtype DT, bool ASYM, int BITS, bool kGiven, bool FP8, bool kAligned>
+template <InputDtype DT, bool ASYM, int BITS, bool kGiven, bool kAligned, bool FP8>
 __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams p, TensorPlan plan) {
   using Chunk = InputChunk<DT>;
   using Storage = typename Chunk::Storage;
@@ -131,9 +132,9 @@ int device_sms() {
 }
 
 // The encode pass's grid: at most kMaxWaves rounds of resident blocks.
-template <InputDtype DT, bool ASYM, int BITS, bool kGiven, bool FP8, bool kAligned>
+template <InputDtype DT, bool ASYM, int BITS, bool kGiven, bool kAligned, bool FP8>
 void launch_encode(const QuantizeParams& p, const TensorPlan& plan, int sms, cudaStream_t stream) {
-  const auto kernel = tensor_encode_kernel<DT, ASYM, BITS, kGiven, FP8, kAligned>;
+  const auto kernel = tensor_encode_kernel<DT, ASYM, BITS, kGiven, kAligned, FP8>;
   const int64_t needed = ceil_div(plan.chunks, int64_t(kThreads) * kUnroll);
   int resident = 0;
   KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, 0));
@@ -144,11 +145,11 @@ void launch_encode(const QuantizeParams& p, const TensorPlan& plan, int sms, cud
 
 // Unaligned input (rare) with a given scale takes the two passes (pass 1 finds non-finite input, the
 // encode pass uses the given scale): one set of one-pass kernels fewer.
-template <InputDtype DT, bool kAligned, bool ASYM, int BITS, bool FP8 = false>
+template <InputDtype DT, bool ASYM, int BITS, bool kAligned, bool FP8 = false>
 void launch_passes(const QuantizeParams& p, TensorPlan plan, cudaStream_t stream) {
   const int sms = device_sms();
   if constexpr (!ASYM && kAligned) {
-    if (p.tensor_scale_given) return launch_encode<DT, ASYM, BITS, true, FP8, kAligned>(p, plan, sms, stream);
+    if (p.tensor_scale_given) return launch_encode<DT, ASYM, BITS, true, kAligned, FP8>(p, plan, sms, stream);
   }
   const int64_t needed = ceil_div(plan.chunks, int64_t(kThreads) * kUnroll);
   int resident = 0;
@@ -157,18 +158,18 @@ void launch_passes(const QuantizeParams& p, TensorPlan plan, cudaStream_t stream
   plan.partials = static_cast<int>(std::min<int64_t>({needed, int64_t(sms) * std::max(resident, 1), kMaxPartials}));
   tensor_stats_kernel<DT, kAligned><<<plan.partials, kThreads, 0, stream>>>(p, plan);
   KVQ_CHECK_LAUNCH();
-  launch_encode<DT, ASYM, BITS, false, FP8, kAligned>(p, plan, sms, stream);
+  launch_encode<DT, ASYM, BITS, false, kAligned, FP8>(p, plan, sms, stream);
 }
 
 // The one place where run-time scheme, dtype and alignment become template arguments.
 template <InputDtype DT, bool kAligned>
 void dispatch_scheme(const QuantizeParams& p, const TensorPlan& plan, cudaStream_t stream) {
   const bool asym = p.scheme.asymmetric, int8 = p.scheme.bits == 8;
-  if (p.scheme.fp8()) launch_passes<DT, kAligned, false, 8, true>(p, plan, stream);
+  if (p.scheme.fp8()) launch_passes<DT, false, 8, kAligned, true>(p, plan, stream);
   else if (asym)
-    int8 ? launch_passes<DT, kAligned, true, 8>(p, plan, stream) : launch_passes<DT, kAligned, true, 4>(p, plan, stream);
+    int8 ? launch_passes<DT, true, 8, kAligned>(p, plan, stream) : launch_passes<DT, true, 4, kAligned>(p, plan, stream);
   else
-    int8 ? launch_passes<DT, kAligned, false, 8>(p, plan, stream) : launch_passes<DT, kAligned, false, 4>(p, plan, stream);
+    int8 ? launch_passes<DT, false, 8, kAligned>(p, plan, stream) : launch_passes<DT, false, 4, kAligned>(p, plan, stream);
 }
 
 template <InputDtype DT>

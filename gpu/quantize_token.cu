@@ -7,8 +7,9 @@
 // then read once, held in registers, reduced with xor-shuffles inside the team and encoded from the
 // registers. Tokens of more than 32 K chunks (16-bit input: Hkv D > 2048) read their further chunks
 // twice, the second time from L1/L2. Scales and zero points come from the codec's group_params(),
-// integer codes from its IntegerCoder (FP8 codes from encode()). The plan
-// (gpu/quantize_wide_plan.hpp) is tested on the CPU.
+// integer codes from its IntegerCoder (FP8 codes from encode(), in kernels of their own). Input whose
+// chunks all lie on 16 bytes (the usual case) is read by kernels without the per-load alignment
+// test. The plan (gpu/quantize_wide_plan.hpp) is tested on the CPU.
 #include <algorithm>
 
 #include "gpu/quantize_chunk.cuh"
@@ -23,7 +24,7 @@ using detail::kChunkElems;
 constexpr int kThreads = 256;
 constexpr int kMaxWaves = 4;  // grid: at most this many rounds of resident blocks; the warps loop
 
-template <InputDtype DT, bool ASYM, int BITS, int K, bool FP8, bool kAligned>
+template <InputDtype DT, bool ASYM, int BITS, int K, bool kAligned, bool FP8>
 __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, TokenPlan plan) {
   using Chunk = InputChunk<DT>;
   using Storage = typename Chunk::Storage;
@@ -108,10 +109,10 @@ void launch_kernel(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t 
   KVQ_CUDA_CHECK(cudaGetDevice(&device));
   KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   KVQ_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, token_kernel<DT, ASYM, BITS, K, FP8, kAligned>, kThreads, 0));
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, token_kernel<DT, ASYM, BITS, K, kAligned, FP8>, kThreads, 0));
   const int64_t needed = ceil_div(plan.tokens << plan.lanes_log2, kThreads);
   const int blocks = static_cast<int>(std::min<int64_t>(needed, int64_t(sms) * std::max(resident, 1) * kMaxWaves));
-  token_kernel<DT, ASYM, BITS, K, FP8, kAligned><<<blocks, kThreads, 0, stream>>>(p, plan);
+  token_kernel<DT, ASYM, BITS, K, kAligned, FP8><<<blocks, kThreads, 0, stream>>>(p, plan);
   KVQ_CHECK_LAUNCH();
 }
 
