@@ -57,13 +57,21 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
     // element-by-element loads predicated into every chunk
     const bool aligned = kAligned || reinterpret_cast<uintptr_t>(src) % 16 == 0;
 
-    GroupStats st;
-    for (int c = 0; active && c < seg; c += kChunk) {
-      detail::InputChunk<DT> chunk;
-      chunk.load(src + c, aligned);
+    detail::LaneStats<DT, ASYM> acc;
+    if (active && seg == kSegment) {  // the usual segment: its four loads in flight before any arithmetic
+      detail::InputChunk<DT> chunk[kSegment / kChunk];
 #pragma unroll
-      for (int e = 0; e < kChunk; ++e) st.add(chunk[e]);
+      for (int k = 0; k < kSegment / kChunk; ++k) chunk[k].load(src + k * kChunk, aligned);
+#pragma unroll
+      for (int k = 0; k < kSegment / kChunk; ++k) acc.add(chunk[k]);
+    } else {
+      for (int c = 0; active && c < seg; c += kChunk) {
+        detail::InputChunk<DT> chunk;
+        chunk.load(src + c, aligned);
+        acc.add(chunk);
+      }
     }
+    GroupStats st = acc.finish();
     const bool finite = st.all_finite(ASYM);  // before the merge: this lane's own segment
     st = detail::shuffle_merge(st, parts, ASYM);  // the group's segments
     if (!active) continue;
