@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
     if (!active) continue;
 
     // flat [B, Hkv, T, D] index of the chunk's element 0: also where its codes go
-    auto flat_index = [&](const ChunkPos& at) { return token_flat_index(s, b, t, at); };
+    const int64_t flat0 = token_flat_base(s, b, t);
+    auto flat_index = [&](const ChunkPos& at) { return flat0 + chunk_flat_offset(s, at); };
     if (!finite) {  // rare: report this lane's first non-finite element
       for (int k = 0; k < n; ++k) {
         Chunk c;

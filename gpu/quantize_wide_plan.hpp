@@ -88,9 +88,12 @@ KVQ_HD TeamWalk token_walk(const TokenPlan& plan, int64_t thread, int64_t thread
   return w;
 }
 
-// Flat [B, H, T, D] index of element d0 of head h of token (b, t): the chunk's code index too.
+// Flat [B, H, T, D] index of element d0 of head h of token (b, t): the chunk's code index too. In two
+// parts, so that a kernel computes the token's once and adds each chunk's (h T D + d0).
+KVQ_HD int64_t token_flat_base(const KvShape& s, int64_t b, int64_t t) { return (b * s.heads * s.tokens + t) * s.head_dim; }
+KVQ_HD int64_t chunk_flat_offset(const KvShape& s, const ChunkPos& at) { return at.h * s.tokens * s.head_dim + at.d0; }
 KVQ_HD int64_t token_flat_index(const KvShape& s, int64_t b, int64_t t, const ChunkPos& at) {
-  return ((b * s.heads + at.h) * s.tokens + t) * s.head_dim + at.d0;
+  return token_flat_base(s, b, t) + chunk_flat_offset(s, at);
 }
 
 // (b, t) of token `token`.
