@@ -58,7 +58,7 @@ struct PackedStats16 {
   // read nothing else), one instruction an element instead of 3.5.
   template <bool kKeys = true>
   KVQ_HD void add(uint32_t w) {
-    if (kKeys) {
+    if constexpr (kKeys) {
       const uint32_t sign = (w >> 15) & 0x00010001u;
       const uint32_t key = w ^ (sign * 0x7fffu);  // 0x7fff into each negative half, no carry between halves
       lo = detail::half_min_s16(lo, key);

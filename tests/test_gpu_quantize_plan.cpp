@@ -194,6 +194,19 @@ uint32_t random_pair(std::mt19937& rng, int group) {
   return w;
 }
 
+// A random group of 1 + group % 64 words (random_pair) into both accumulators: the packed one with
+// keys or magnitudes only (kKeys), the codec's element by element.
+template <bool kKeys>
+void add_random_group(std::mt19937& rng, int group, InputDtype dt, PackedStats16& packed, GroupStats& codec) {
+  const int words = 1 + group % 64;
+  for (int i = 0; i < words; ++i) {
+    const uint32_t w = random_pair(rng, group);
+    packed.add<kKeys>(w);
+    codec.add(half_value(uint16_t(w & 0xffff), dt));
+    codec.add(half_value(uint16_t(w >> 16), dt));
+  }
+}
+
 // Field by field, bits and all (NaN amax included).
 void check_same_stats(const GroupStats& packed, const GroupStats& codec) {
   CHECK(packed.lo_key == codec.lo_key);
@@ -223,13 +236,7 @@ TEST_CASE("packed 16-bit statistics equal the codec's GroupStats for every bf16 
     for (int group = 0; group < 2000; ++group) {
       PackedStats16 packed;
       GroupStats codec;
-      const int words = 1 + group % 64;
-      for (int i = 0; i < words; ++i) {
-        const uint32_t w = random_pair(rng, group);
-        packed.add(w);
-        codec.add(half_value(uint16_t(w & 0xffff), dt));
-        codec.add(half_value(uint16_t(w >> 16), dt));
-      }
+      add_random_group<true>(rng, group, dt, packed, codec);
       check_same_stats(packed.finish(dt), codec);
     }
   }
@@ -242,13 +249,7 @@ TEST_CASE("packed 16-bit magnitudes alone give the codec's amax, symmetric param
     for (int group = 0; group < 3000; ++group) {
       PackedStats16 packed;
       GroupStats codec;
-      const int words = 1 + group % 64;
-      for (int i = 0; i < words; ++i) {
-        const uint32_t w = random_pair(rng, group);
-        packed.add<false>(w);
-        codec.add(half_value(uint16_t(w & 0xffff), dt));
-        codec.add(half_value(uint16_t(w >> 16), dt));
-      }
+      add_random_group<false>(rng, group, dt, packed, codec);
       const GroupStats st = packed.finish(dt, false);
       REQUIRE(float_bits(st.amax) == float_bits(codec.amax));
       CHECK(st.all_finite(false) == codec.all_finite(false));
