@@ -22,7 +22,7 @@ __global__ void to_fp8_kernel(unsigned long long* counters) {
     const bool finite = (bits & 0x7f800000u) != 0x7f800000u;
     const uint8_t hw4 = __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
     const uint8_t hw5 = __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E5M2);
-    const bool d4 = hw4 != fp32_to_fp8_bits(f, fp8_e4m3()), d5 = hw5 != fp32_to_fp8_bits(f, fp8_e5m2());
+    const bool d4 = hw4 != fp32_to_fp8_bits_soft(f, fp8_e4m3()), d5 = hw5 != fp32_to_fp8_bits_soft(f, fp8_e5m2());
     if (!finite) {
       bad_nonfinite += d4 + d5;
       continue;
@@ -76,11 +76,11 @@ Fp8CheckResult check_fp8_conversions() {
   };
   if (r.e4m3_mismatches) {
     r.e4m3_first_hw = hw_code(r.e4m3_first_bits, false);
-    r.e4m3_first_sw = fp32_to_fp8_bits(bits_float(static_cast<uint32_t>(r.e4m3_first_bits)), fp8_e4m3());
+    r.e4m3_first_sw = fp32_to_fp8_bits_soft(bits_float(static_cast<uint32_t>(r.e4m3_first_bits)), fp8_e4m3());
   }
   if (r.e5m2_mismatches) {
     r.e5m2_first_hw = hw_code(r.e5m2_first_bits, true);
-    r.e5m2_first_sw = fp32_to_fp8_bits(bits_float(static_cast<uint32_t>(r.e5m2_first_bits)), fp8_e5m2());
+    r.e5m2_first_sw = fp32_to_fp8_bits_soft(bits_float(static_cast<uint32_t>(r.e5m2_first_bits)), fp8_e5m2());
   }
   return r;
 }

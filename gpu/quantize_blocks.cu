@@ -12,6 +12,7 @@
 
 #include <algorithm>
 
+#include "gpu/quantize_block_geometry.hpp"
 #include "gpu/quantize_chunk.cuh"
 #include "gpu/quantize_common.cuh"
 #include "quant/block_formats.hpp"
@@ -34,22 +35,14 @@ struct BlockTraits {
   static_assert(kElems % detail::kChunkElems == 0, "a block is whole 8-element chunks");
 };
 
-// Where block g lies: its (b, h, t) row and its first element along D.
-struct BlockAt {
-  int64_t b, h, t, row, d0;
-};
-
-__device__ __forceinline__ BlockAt block_at(const KvShape& s, int64_t g, int64_t per_row, int elems) {
-  const int64_t r = g / per_row;
-  return {r / (s.tokens * s.heads), (r / s.tokens) % s.heads, r % s.tokens, r, (g % per_row) * elems};
-}
-
-// The block's elements as fp32 (exact for every input dtype), in 8-element chunks.
-template <InputDtype DT, int N>
+// The block's elements as fp32 (exact for every input dtype), in 8-element chunks. kAligned: every
+// block of the launch starts on 16 bytes (wide_chunks_aligned), so no test and no predicated
+// element-by-element loads.
+template <InputDtype DT, bool kAligned, int N>
 __device__ __forceinline__ void load_block(const QuantizeParams& p, const BlockAt& at, float (&x)[N]) {
   using Storage = typename detail::InputChunk<DT>::Storage;
   const Storage* src = static_cast<const Storage*>(p.input) + detail::element_offset(p, at.b, at.h, at.t, at.d0);
-  const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0;  // strided views may not be
+  const bool aligned = kAligned || reinterpret_cast<uintptr_t>(src) % 16 == 0;  // strided views may not be
 #pragma unroll
   for (int c = 0; c < N; c += detail::kChunkElems) {
     detail::InputChunk<DT> chunk;
@@ -117,27 +110,42 @@ __device__ __forceinline__ void store_params(const QuantizeParams& p, int64_t g,
   }
 }
 
+// Blocks an SM that the register cap keeps for the FP4 formats (issue-bound: their warps hide each
+// other's latency), as many as their kernels had before the aligned loads took a few registers more
+// (nvfp4: 6 for every dtype, no spill; mxfp4: 5 for bf16, 4 otherwise, which spill at 48).
 template <CodeFormat F, InputDtype DT>
-__global__ void __launch_bounds__(kThreads) block_quantize_kernel(QuantizeParams p) {
+constexpr int min_blocks() {
+  if constexpr (F == CodeFormat::kNvfp4) return 6;
+  if constexpr (F == CodeFormat::kMxfp4) return DT == InputDtype::kBf16 ? 5 : 4;
+  return 1;
+}
+
+template <CodeFormat F, InputDtype DT, bool kAligned>
+__global__ void __launch_bounds__(kThreads, min_blocks<F, DT>()) block_quantize_kernel(QuantizeParams p,
+                                                                                     BlockGeometry geo) {
   using T = BlockTraits<F>;
   const KvShape& s = p.shape;
-  const int64_t per_row = s.head_dim / T::kElems, blocks = s.rows() * per_row;
+  const int64_t blocks = s.rows() * geo.per_row;
   const int64_t row_bytes = code_bytes_per_row(p.scheme, s.head_dim);
   const bool check_input = p.input != p.rotated;  // +had: the rotation pass checked the input
   float tensor_scale = 0.0f;
   if constexpr (F == CodeFormat::kNvfp4) tensor_scale = *p.tensor_scale;
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < blocks; g += int64_t(gridDim.x) * blockDim.x) {
-    const BlockAt at = block_at(s, g, per_row, T::kElems);
+    const BlockAt at = block_at(s, g, geo, T::kElems);
     float x[T::kElems];
-    load_block<DT>(p, at, x);
-    if (check_input) {  // the CPU rejects non-finite input before quantizing: nothing to write
-      if constexpr (F == CodeFormat::kIq4Nl || F == CodeFormat::kMxfp4) {
-        // The largest magnitude's bits (NaN sorts above inf) tell whether any element is non-finite:
-        // two instructions an element where the test below costs five; these two encodes are
-        // issue-bound (the linear formats keep the test: fewer registers, q8_0 48 against 60).
-        uint32_t top = 0;
+    load_block<DT, kAligned>(p, at, x);
+    // The largest magnitude's bits (NaN sorts above inf) tell whether any element is non-finite:
+    // two instructions an element where the per-element test below costs five; the FP4 and iq4_nl
+    // encodes are issue-bound (the linear formats keep the test: fewer registers, q8_0 48 against
+    // 60). mxfp4 and nvfp4 take their amax from them too.
+    constexpr bool kTop = F == CodeFormat::kIq4Nl || F == CodeFormat::kMxfp4 || F == CodeFormat::kNvfp4;
+    uint32_t top = 0;
+    if constexpr (kTop) {
 #pragma unroll
-        for (int e = 0; e < T::kElems; ++e) top = max(top, float_bits(x[e]) & 0x7fffffffu);
+      for (int e = 0; e < T::kElems; ++e) top = max(top, float_bits(x[e]) & 0x7fffffffu);
+    }
+    if (check_input) {  // the CPU rejects non-finite input before quantizing: nothing to write
+      if constexpr (kTop) {
         if (top >= 0x7f800000u) {
           int first = 0;
 #pragma unroll
@@ -163,7 +171,18 @@ __global__ void __launch_bounds__(kThreads) block_quantize_kernel(QuantizeParams
       store_codes<F>(row, s.head_dim, at.d0, [](int) { return 0; });
       continue;
     }
-    const BlockParams bp = block_params(F, x, tensor_scale);
+    BlockParams bp;
+    if constexpr (F == CodeFormat::kNvfp4 || F == CodeFormat::kMxfp4) {
+      float amax = bits_float(top);
+      if (top > 0x7f800000u) {  // a NaN (possible after a +had rotation): fmaxf over |x| skips it
+        amax = 0.0f;
+#pragma unroll
+        for (int e = 0; e < T::kElems; ++e) amax = fmaxf(amax, fabsf(x[e]));
+      }
+      bp = F == CodeFormat::kNvfp4 ? nvfp4_params_for_amax(amax, tensor_scale) : mxfp4_params_for_amax(amax);
+    } else {
+      bp = block_params(F, x, tensor_scale);
+    }
     if (bp.overflow) atomicMin(p.first_overflow, static_cast<unsigned long long>(g));
     store_params<F>(p, g, &bp);
     if constexpr (F == CodeFormat::kMxfp4) {  // the block's midpoints once, not per element
@@ -181,18 +200,18 @@ __global__ void __launch_bounds__(kThreads) block_quantize_kernel(QuantizeParams
 
 // nvfp4's tensor statistic, pass 1: each CTA's amax over a strided share of the quantized blocks
 // into partials[blockIdx.x].amax. Non-finite input is the block kernel's to report.
-template <InputDtype DT>
-__global__ void __launch_bounds__(kThreads) tensor_amax_kernel(QuantizeParams p) {
+template <InputDtype DT, bool kAligned>
+__global__ void __launch_bounds__(kThreads) tensor_amax_kernel(QuantizeParams p, BlockGeometry geo) {
   constexpr int N = BlockTraits<CodeFormat::kNvfp4>::kElems;
   __shared__ float warp_amax[kThreads / 32];
   const KvShape& s = p.shape;
-  const int64_t per_row = s.head_dim / N, blocks = s.rows() * per_row;
+  const int64_t blocks = s.rows() * geo.per_row;
   float amax = 0.0f;
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < blocks; g += int64_t(gridDim.x) * blockDim.x) {
-    const BlockAt at = block_at(s, g, per_row, N);
+    const BlockAt at = block_at(s, g, geo, N);
     if (at.t >= detail::quantized_tokens(p, at.b)) continue;
     float x[N];
-    load_block<DT>(p, at, x);
+    load_block<DT, kAligned>(p, at, x);
 #pragma unroll
     for (int e = 0; e < N; ++e) amax = fmaxf(amax, fabsf(x[e]));
   }
@@ -216,34 +235,40 @@ int grid_for(int64_t work, int64_t cap) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((work + kThreads - 1) / kThreads, cap)));
 }
 
-template <CodeFormat F, InputDtype DT>
+template <CodeFormat F, InputDtype DT, bool kAligned>
 void launch_format(const QuantizeParams& p, cudaStream_t stream) {
   using T = BlockTraits<F>;
   if (p.scheme.bits != T::kBits || p.scheme.asymmetric != T::kHasMin || p.scheme.scale_dtype != T::kScale ||
       p.scheme.group != T::kElems)  // a hand-made Scheme that parse_scheme would not give
     throw SchemeError(fmt::format("{}: bits {}, group {}, scale dtype {} do not describe this block format",
                                   to_string(p.scheme), p.scheme.bits, p.scheme.group, scale_dtype_name(p.scheme.scale_dtype)));
-  const int64_t blocks = p.shape.rows() * (p.shape.head_dim / T::kElems);
+  const BlockGeometry geo = block_geometry(p.shape, T::kElems);
+  const int64_t blocks = p.shape.rows() * geo.per_row;
   if constexpr (F == CodeFormat::kNvfp4) {
     const int partials = p.tensor_scale_given ? 0 : grid_for(blocks, kMaxPartials);
     if (partials > 0 && blocks > 0) {
-      tensor_amax_kernel<DT><<<partials, kThreads, 0, stream>>>(p);
+      tensor_amax_kernel<DT, kAligned><<<partials, kThreads, 0, stream>>>(p, geo);
       KVQ_CHECK_LAUNCH();
     }
     tensor_scale_kernel<<<1, 1, 0, stream>>>(p, blocks > 0 ? partials : 0);
     KVQ_CHECK_LAUNCH();
   }
   if (blocks == 0) return;
-  block_quantize_kernel<F, DT><<<grid_for(blocks, 65535), kThreads, 0, stream>>>(p);
+  block_quantize_kernel<F, DT, kAligned><<<grid_for(blocks, 65535), kThreads, 0, stream>>>(p, geo);
   KVQ_CHECK_LAUNCH();
+}
+
+template <CodeFormat F, InputDtype DT>
+void launch_aligned(const QuantizeParams& p, cudaStream_t stream) {
+  wide_chunks_aligned(p) ? launch_format<F, DT, true>(p, stream) : launch_format<F, DT, false>(p, stream);
 }
 
 template <CodeFormat F>
 void launch_dtype(const QuantizeParams& p, cudaStream_t stream) {
   switch (p.in_dtype) {
-    case InputDtype::kFp32: return launch_format<F, InputDtype::kFp32>(p, stream);
-    case InputDtype::kFp16: return launch_format<F, InputDtype::kFp16>(p, stream);
-    case InputDtype::kBf16: return launch_format<F, InputDtype::kBf16>(p, stream);
+    case InputDtype::kFp32: return launch_aligned<F, InputDtype::kFp32>(p, stream);
+    case InputDtype::kFp16: return launch_aligned<F, InputDtype::kFp16>(p, stream);
+    case InputDtype::kBf16: return launch_aligned<F, InputDtype::kBf16>(p, stream);
   }
 }
 

@@ -24,6 +24,14 @@ struct InputChunk {
 
   // Strided views may leave a chunk unaligned: then element by element.
   __device__ __forceinline__ void load(const Storage* src) { load(src, reinterpret_cast<uintptr_t>(src) % 16 == 0); }
+  // kAligned: every chunk of the launch is 16-byte aligned (wide_chunks_aligned), so no test and no
+  // element-by-element path (the compiler predicates that path into every load: 12 issue slots a
+  // chunk of 16-bit input, taken or not).
+  template <bool kAligned>
+  __device__ __forceinline__ void load_chunk(const Storage* src) {
+    if constexpr (kAligned) load(src, true);
+    else load(src);
+  }
   // `aligned`: src is 16-byte aligned, known by the caller (e.g. once for a run of chunks).
   __device__ __forceinline__ void load(const Storage* src, bool aligned) {
     if (aligned) {
@@ -92,12 +100,15 @@ __device__ __forceinline__ GroupStats merge_lanes(GroupStats st, int lanes) {
   return st;
 }
 
-// The scheme with its symmetry and bit width fixed at compile time, so that encode() folds its
-// constants and drops the other branch.
-template <bool ASYM, int BITS>
+// The scheme with its symmetry, bit width and integer-or-FP8 fixed at compile time, so that
+// encode() and group_params() fold their constants and drop the other branches (an FP8 path left in
+// an integer kernel costs it registers, and occupancy).
+template <bool ASYM, int BITS, bool FP8 = false>
 __device__ __forceinline__ Scheme fixed_scheme(Scheme s) {
+  static_assert(!FP8 || (BITS == 8 && !ASYM), "FP8 codes are 8-bit and symmetric");
   s.asymmetric = ASYM;
   s.bits = BITS;
+  if (!FP8) s.format = CodeFormat::kInt;  // an FP8 kernel keeps the run-time e4m3 / e5m2
   return s;
 }
 
@@ -127,11 +138,12 @@ __device__ __forceinline__ uint2 pack_chunk_codes(Code code) {
 }
 
 // Encodes the chunk and stores its codes at `dst`. Integer codes come from `coder` (one fma an
-// element, no branch); the result is false when an element was near a tie (or the group may need the
-// clamp: rare), and the caller then codes its chunks again with encode_chunk_exact, outside its hot
-// loop so that the division's registers do not weigh on it. FP8 codes (no tie to test) come from
-// the codec's encode() per element.
-template <bool ASYM, int BITS, InputDtype DT>
+// element, no branch); the result is false when an element was near a tie (or, without kClamp, the
+// group may need the clamp: rare where the statistics bound the group), and the caller then codes its
+// chunks again with encode_chunk_exact, outside its hot loop so that the division's registers do not
+// weigh on it. kClamp clamps every code (two instructions an element): for a scale not derived from
+// the values, such as a given one. FP8 codes (no tie to test) come from the codec's encode().
+template <bool ASYM, int BITS, InputDtype DT, bool kClamp = false>
 __device__ __forceinline__ bool encode_chunk(uint8_t* dst, const InputChunk<DT>& c, const GroupParams& gp,
                                              const IntegerCoder& coder, const Scheme& s) {
   static_assert(BITS == 8 || BITS == 4, "int8 or int4 codes");
@@ -141,10 +153,10 @@ __device__ __forceinline__ bool encode_chunk(uint8_t* dst, const InputChunk<DT>&
       return true;
     }
   }
-  bool sure = !coder.clamp;
+  bool sure = kClamp || !coder.clamp;
   uint32_t m[kChunkElems];
 #pragma unroll
-  for (int e = 0; e < kChunkElems; ++e) m[e] = float_bits(coder.biased_code<ASYM, false>(c[e], sure));
+  for (int e = 0; e < kChunkElems; ++e) m[e] = float_bits(coder.biased_code<ASYM, kClamp>(c[e], sure));
   if constexpr (BITS == 8)
     store_chunk_codes<BITS>(
         dst, make_uint2(pack_low_bytes(m[0], m[1], m[2], m[3]), pack_low_bytes(m[4], m[5], m[6], m[7])));

@@ -21,8 +21,15 @@ constexpr int kChunk = detail::kChunkElems;
 constexpr int kSegment = 32;  // elements per lane at most: keeps each lane's bytes in L1 between passes
 
 // At least 5 blocks per SM: the register cap keeps 40 warps in flight (ncu: 4 blocks left the
-// memory system under-fed); the 16-bit input kernels still do not spill.
-template <typename Storage, InputDtype DT, bool ASYM>
+// memory system under-fed); the plain 16-bit input kernels still do not spill (the strided ones
+// spill 8-12 bytes, stored once a thread, outside the segment loop).
+// kStrided: the launch strides a few resident waves over the segments (int4 planar output, see
+// launch_quantize_groupthread) and every segment is on 16 bytes. A thread then quantizes many
+// segments, and a segment's four chunk loads are issued before their arithmetic (H100, B=128
+// T=8192: int4 planar 0.92-0.96x). One thread a segment (int8, FBGEMM rows) keeps the plain form:
+// there the same change spilled under the cap and ran 1.02-1.10x slower, and so did dropping only
+// the alignment test (int8-head 1.05x; experiments/results/nvidia-h100-80gb-hbm3/quantize-fast-paths/).
+template <typename Storage, InputDtype DT, bool ASYM, bool kStrided>
 __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams p) {
   const KvShape& s = p.shape;
   Scheme scheme = p.scheme;
@@ -53,14 +60,32 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
     int64_t b = 0, h = 0, t = 0;
     if (!contiguous || fbgemm) b = r / (s.tokens * s.heads), h = (r / s.tokens) % s.heads, t = r % s.tokens;
     const Storage* src = input + (contiguous ? r * D : detail::element_offset(p, b, h, t, 0)) + d0;
-    const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0;
+    const bool aligned = kStrided || reinterpret_cast<uintptr_t>(src) % 16 == 0;
 
     GroupStats st;
-    for (int c = 0; active && c < seg; c += kChunk) {
-      detail::InputChunk<DT> chunk;
-      chunk.load(src + c, aligned);
+    if constexpr (kStrided) {
+      detail::LaneStats<DT, ASYM> acc;
+      if (active && seg == kSegment) {
+        detail::InputChunk<DT> chunk[kSegment / kChunk];
 #pragma unroll
-      for (int e = 0; e < kChunk; ++e) st.add(chunk[e]);
+        for (int k = 0; k < kSegment / kChunk; ++k) chunk[k].load(src + k * kChunk, true);
+#pragma unroll
+        for (int k = 0; k < kSegment / kChunk; ++k) acc.add(chunk[k]);
+      } else {
+        for (int c = 0; active && c < seg; c += kChunk) {
+          detail::InputChunk<DT> chunk;
+          chunk.load(src + c, true);
+          acc.add(chunk);
+        }
+      }
+      st = acc.finish();
+    } else {
+      for (int c = 0; active && c < seg; c += kChunk) {
+        detail::InputChunk<DT> chunk;
+        chunk.load(src + c, aligned);
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) st.add(chunk[e]);
+      }
     }
     const bool finite = st.all_finite(ASYM);  // before the merge: this lane's own segment
     st = detail::shuffle_merge(st, parts, ASYM);  // the group's segments
@@ -109,11 +134,17 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
   }
 }
 
-template <typename Storage, InputDtype DT>
+template <typename Storage, InputDtype DT, bool kStrided>
 void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks) {
-  if (p.scheme.asymmetric) groupthread_kernel<Storage, DT, true><<<blocks, kThreads, 0, stream>>>(p);
-  else groupthread_kernel<Storage, DT, false><<<blocks, kThreads, 0, stream>>>(p);
+  if (p.scheme.asymmetric) groupthread_kernel<Storage, DT, true, kStrided><<<blocks, kThreads, 0, stream>>>(p);
+  else groupthread_kernel<Storage, DT, false, kStrided><<<blocks, kThreads, 0, stream>>>(p);
   KVQ_CHECK_LAUNCH();
+}
+
+template <typename Storage, InputDtype DT>
+void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks, bool strided) {
+  if (strided) launch_typed<Storage, DT, true>(p, stream, blocks);
+  else launch_typed<Storage, DT, false>(p, stream, blocks);
 }
 
 }  // namespace
@@ -136,17 +167,19 @@ void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream) {
   // grid of a few resident waves striding over the segments (84% vs 78% of copy), while int8 and
   // FBGEMM rows are fastest with one thread per segment (78% vs 72%, 68% vs 37%).
   int64_t max_blocks = 1 << 20;
-  if (p.scheme.bits == 4 && p.layout == CodeLayout::kPlanar) {
+  const bool grid_stride = p.scheme.bits == 4 && p.layout == CodeLayout::kPlanar;
+  if (grid_stride) {
     int device = 0, sms = 0;
     KVQ_CUDA_CHECK(cudaGetDevice(&device));
     KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     max_blocks = int64_t(sms) * 5 * 8;
   }
   const int blocks = static_cast<int>(std::min<int64_t>((threads + kThreads - 1) / kThreads, max_blocks));
+  const bool strided = grid_stride && wide_chunks_aligned(p);
   switch (p.in_dtype) {
-    case InputDtype::kFp32: launch_typed<float, InputDtype::kFp32>(p, stream, blocks); break;
-    case InputDtype::kFp16: launch_typed<uint16_t, InputDtype::kFp16>(p, stream, blocks); break;
-    case InputDtype::kBf16: launch_typed<uint16_t, InputDtype::kBf16>(p, stream, blocks); break;
+    case InputDtype::kFp32: launch_typed<float, InputDtype::kFp32>(p, stream, blocks, strided); break;
+    case InputDtype::kFp16: launch_typed<uint16_t, InputDtype::kFp16>(p, stream, blocks, strided); break;
+    case InputDtype::kBf16: launch_typed<uint16_t, InputDtype::kBf16>(p, stream, blocks, strided); break;
   }
 }
 

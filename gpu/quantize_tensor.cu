@@ -5,11 +5,14 @@
 //      (kUnroll 16-byte loads in flight per thread) and writes one GroupStats per block to
 //      p.partials. min, max and max |x| are exact in any order, so the result does not depend on
 //      the grid or the schedule.
-//   (With a given scale pass 1 still runs: it is what finds non-finite input.)
 //   2. encode: every block first merges the partials itself (a few KiB from L2: no third kernel and
 //      no counter to reset between graph replays), derives the parameters with the codec's
 //      group_params(), and block 0 stores them; then the grid encodes the chunks in reverse order,
 //      so that its first reads find the tail that pass 1 read last still in L2.
+// A given scale (a calibrated symmetric one) needs no statistics: the encode pass alone then reads
+// each element once, codes it with the clamp (its values may pass the scale's range) and finds
+// non-finite input from each thread's 16x2 magnitudes. Input whose chunks all lie on 16 bytes (the
+// usual case) is read by kernels without the per-load alignment test.
 // Chunks are numbered in logical [B, H, T, D] order: chunk c holds flat elements 8c..8c+7 and its
 // codes start at byte c * bits of the planar code array; only the input address depends on strides.
 #include <algorithm>
@@ -28,7 +31,8 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kUnroll = 4;    // chunks in flight per thread
 constexpr int kMaxWaves = 4;  // pass 2 grid: at most this many rounds of resident blocks
 
-template <InputDtype DT>
+// kAligned: every chunk on 16 bytes (wide_chunks_aligned), loaded without a test.
+template <InputDtype DT, bool kAligned>
 __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p, TensorPlan plan) {
   using Chunk = InputChunk<DT>;
   using Storage = typename Chunk::Storage;
@@ -41,7 +45,8 @@ __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p
     Chunk chunk[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (c0 + u * stride < plan.chunks) chunk[u].load(input + tensor_chunk_offset(p, plan, c0 + u * stride));
+      if (c0 + u * stride < plan.chunks)
+        chunk[u].template load_chunk<kAligned>(input + tensor_chunk_offset(p, plan, c0 + u * stride));
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (c0 + u * stride < plan.chunks) acc.add(chunk[u]);
@@ -58,18 +63,27 @@ __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p
   if (threadIdx.x == 0) p.partials[blockIdx.x] = st;
 }
 
-template <InputDtype DT, bool ASYM, int BITS>
+// kGiven: p's given scale, no pass 1 (symmetric schemes only). FP8: e4m3 / e5m2 codes.
+template <InputDtype DT, bool ASYM, int BITS, bool kGiven, bool kAligned, bool FP8>
 __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams p, TensorPlan plan) {
   using Chunk = InputChunk<DT>;
   using Storage = typename Chunk::Storage;
   __shared__ int32_t lo[kWarps], hi[kWarps];
   __shared__ float amax[kWarps];
-  const Scheme scheme = detail::fixed_scheme<ASYM, BITS>(p.scheme);
-  GroupStats st;
-  for (int i = threadIdx.x; i < plan.partials; i += kThreads) st.merge(p.partials[i]);
-  st = detail::block_merge<kThreads>(st, lo, hi, amax);
-  const GroupParams gp = p.tensor_scale_given ? given_scale_params(p.given_tensor_scale, scheme) : group_params(st, scheme);
-  const IntegerCoder coder = detail::group_coder(gp, st, scheme);
+  const Scheme scheme = detail::fixed_scheme<ASYM, BITS, FP8>(p.scheme);
+  GroupParams gp;
+  IntegerCoder coder;
+  if constexpr (kGiven) {
+    static_assert(!ASYM, "a given tensor scale is symmetric");
+    gp = given_scale_params(p.given_tensor_scale, scheme);
+    coder = integer_coder(gp, scheme, -INFINITY, INFINITY);  // bounds unknown: encode_chunk<.., true> clamps
+  } else {
+    GroupStats st;
+    for (int i = threadIdx.x; i < plan.partials; i += kThreads) st.merge(p.partials[i]);
+    st = detail::block_merge<kThreads>(st, lo, hi, amax);
+    gp = p.tensor_scale_given ? given_scale_params(p.given_tensor_scale, scheme) : group_params(st, scheme);
+    coder = detail::group_coder(gp, st, scheme);
+  }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (gp.overflow) atomicMin(p.first_overflow, 0ull);
     detail::store_param(p.scales, 0, gp.scale, scheme.scale_dtype);
@@ -78,20 +92,34 @@ __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams 
 
   const Storage* input = static_cast<const Storage*>(p.input);
   const int64_t stride = int64_t(gridDim.x) * kThreads, last = plan.chunks - 1;
+  detail::LaneStats<DT, false> magnitudes;  // kGiven: what tells non-finite input
   for (int64_t i0 = blockIdx.x * int64_t(kThreads) + threadIdx.x; i0 < plan.chunks; i0 += kUnroll * stride) {
     Chunk chunk[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (i0 + u * stride < plan.chunks) chunk[u].load(input + tensor_chunk_offset(p, plan, last - (i0 + u * stride)));
+      if (i0 + u * stride < plan.chunks)
+        chunk[u].template load_chunk<kAligned>(input + tensor_chunk_offset(p, plan, last - (i0 + u * stride)));
     bool sure = true;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = last - (i0 + u * stride);
-      if (c >= 0) sure &= detail::encode_chunk<ASYM, BITS>(p.codes + c * BITS, chunk[u], gp, coder, scheme);
+      if (c < 0) continue;
+      if constexpr (kGiven) magnitudes.add(chunk[u]);
+      sure &= detail::encode_chunk<ASYM, BITS, DT, kGiven>(p.codes + c * BITS, chunk[u], gp, coder, scheme);
     }
     for (int u = 0; !sure && u < kUnroll; ++u) {  // rare: these chunks again, by the division
       const int64_t c = last - (i0 + u * stride);
       if (c >= 0) detail::encode_chunk_exact<BITS>(p.codes + c * BITS, chunk[u], gp, scheme);
+    }
+  }
+  if constexpr (kGiven) {
+    if (!magnitudes.finish().all_finite(false)) {  // rare: this thread's chunks again, to report
+      for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < plan.chunks; i += stride) {
+        const int64_t c = last - i;
+        Chunk chunk;
+        chunk.load(input + tensor_chunk_offset(p, plan, c));
+        detail::report_non_finite(p, chunk, static_cast<unsigned long long>(c * kChunkElems));
+      }
     }
   }
 }
@@ -103,29 +131,50 @@ int device_sms() {
   return sms;
 }
 
-template <InputDtype DT, bool ASYM, int BITS>
-void launch_passes(const QuantizeParams& p, TensorPlan plan, cudaStream_t stream) {
-  const int sms = device_sms();
+// The encode pass's grid: at most kMaxWaves rounds of resident blocks.
+template <InputDtype DT, bool ASYM, int BITS, bool kGiven, bool kAligned, bool FP8>
+void launch_encode(const QuantizeParams& p, const TensorPlan& plan, int sms, cudaStream_t stream) {
+  const auto kernel = tensor_encode_kernel<DT, ASYM, BITS, kGiven, kAligned, FP8>;
   const int64_t needed = ceil_div(plan.chunks, int64_t(kThreads) * kUnroll);
   int resident = 0;
-  KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, tensor_stats_kernel<DT>, kThreads, 0));
-  // Pass 1: one resident wave (its blocks stride over everything), at most kMaxPartials blocks.
-  plan.partials = static_cast<int>(std::min<int64_t>({needed, int64_t(sms) * std::max(resident, 1), kMaxPartials}));
-  tensor_stats_kernel<DT><<<plan.partials, kThreads, 0, stream>>>(p, plan);
-  KVQ_CHECK_LAUNCH();
-  KVQ_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, tensor_encode_kernel<DT, ASYM, BITS>, kThreads, 0));
+  KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, 0));
   const int blocks = static_cast<int>(std::min<int64_t>(needed, int64_t(sms) * std::max(resident, 1) * kMaxWaves));
-  tensor_encode_kernel<DT, ASYM, BITS><<<blocks, kThreads, 0, stream>>>(p, plan);
+  kernel<<<blocks, kThreads, 0, stream>>>(p, plan);
   KVQ_CHECK_LAUNCH();
 }
 
-// The one place where run-time scheme and dtype become template arguments.
-template <InputDtype DT>
+// Unaligned input (rare) with a given scale takes the two passes (pass 1 finds non-finite input, the
+// encode pass uses the given scale): one set of one-pass kernels fewer.
+template <InputDtype DT, bool ASYM, int BITS, bool kAligned, bool FP8 = false>
+void launch_passes(const QuantizeParams& p, TensorPlan plan, cudaStream_t stream) {
+  const int sms = device_sms();
+  if constexpr (!ASYM && kAligned) {
+    if (p.tensor_scale_given) return launch_encode<DT, ASYM, BITS, true, kAligned, FP8>(p, plan, sms, stream);
+  }
+  const int64_t needed = ceil_div(plan.chunks, int64_t(kThreads) * kUnroll);
+  int resident = 0;
+  KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, tensor_stats_kernel<DT, kAligned>, kThreads, 0));
+  // Pass 1: one resident wave (its blocks stride over everything), at most kMaxPartials blocks.
+  plan.partials = static_cast<int>(std::min<int64_t>({needed, int64_t(sms) * std::max(resident, 1), kMaxPartials}));
+  tensor_stats_kernel<DT, kAligned><<<plan.partials, kThreads, 0, stream>>>(p, plan);
+  KVQ_CHECK_LAUNCH();
+  launch_encode<DT, ASYM, BITS, false, kAligned, FP8>(p, plan, sms, stream);
+}
+
+// The one place where run-time scheme, dtype and alignment become template arguments.
+template <InputDtype DT, bool kAligned>
 void dispatch_scheme(const QuantizeParams& p, const TensorPlan& plan, cudaStream_t stream) {
   const bool asym = p.scheme.asymmetric, int8 = p.scheme.bits == 8;
-  if (asym) int8 ? launch_passes<DT, true, 8>(p, plan, stream) : launch_passes<DT, true, 4>(p, plan, stream);
-  else int8 ? launch_passes<DT, false, 8>(p, plan, stream) : launch_passes<DT, false, 4>(p, plan, stream);
+  if (p.scheme.fp8()) launch_passes<DT, false, 8, kAligned, true>(p, plan, stream);
+  else if (asym)
+    int8 ? launch_passes<DT, true, 8, kAligned>(p, plan, stream) : launch_passes<DT, true, 4, kAligned>(p, plan, stream);
+  else
+    int8 ? launch_passes<DT, false, 8, kAligned>(p, plan, stream) : launch_passes<DT, false, 4, kAligned>(p, plan, stream);
+}
+
+template <InputDtype DT>
+void dispatch_alignment(const QuantizeParams& p, const TensorPlan& plan, cudaStream_t stream) {
+  wide_chunks_aligned(p) ? dispatch_scheme<DT, true>(p, plan, stream) : dispatch_scheme<DT, false>(p, plan, stream);
 }
 
 }  // namespace
@@ -145,9 +194,9 @@ void launch_quantize_tensor2pass(const QuantizeParams& p, cudaStream_t stream) {
   if (s.numel() == 0) return;  // no group: nothing stored, as on the CPU
   const TensorPlan plan = make_tensor_plan(p);
   switch (p.in_dtype) {
-    case InputDtype::kFp32: dispatch_scheme<InputDtype::kFp32>(p, plan, stream); break;
-    case InputDtype::kFp16: dispatch_scheme<InputDtype::kFp16>(p, plan, stream); break;
-    case InputDtype::kBf16: dispatch_scheme<InputDtype::kBf16>(p, plan, stream); break;
+    case InputDtype::kFp32: dispatch_alignment<InputDtype::kFp32>(p, plan, stream); break;
+    case InputDtype::kFp16: dispatch_alignment<InputDtype::kFp16>(p, plan, stream); break;
+    case InputDtype::kBf16: dispatch_alignment<InputDtype::kBf16>(p, plan, stream); break;
   }
 }
 

@@ -7,8 +7,9 @@
 // then read once, held in registers, reduced with xor-shuffles inside the team and encoded from the
 // registers. Tokens of more than 32 K chunks (16-bit input: Hkv D > 2048) read their further chunks
 // twice, the second time from L1/L2. Scales and zero points come from the codec's group_params(),
-// integer codes from its IntegerCoder (FP8 codes from encode()). The plan
-// (gpu/quantize_wide_plan.hpp) is tested on the CPU.
+// integer codes from its IntegerCoder (FP8 codes from encode(), in kernels of their own). Input whose
+// chunks all lie on 16 bytes (the usual case) is read by kernels without the per-load alignment
+// test. The plan (gpu/quantize_wide_plan.hpp) is tested on the CPU.
 #include <algorithm>
 
 #include "gpu/quantize_chunk.cuh"
@@ -23,11 +24,11 @@ using detail::kChunkElems;
 constexpr int kThreads = 256;
 constexpr int kMaxWaves = 4;  // grid: at most this many rounds of resident blocks; the warps loop
 
-template <InputDtype DT, bool ASYM, int BITS, int K>
+template <InputDtype DT, bool ASYM, int BITS, int K, bool kAligned, bool FP8>
 __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, TokenPlan plan) {
   using Chunk = InputChunk<DT>;
   using Storage = typename Chunk::Storage;
-  const Scheme scheme = detail::fixed_scheme<ASYM, BITS>(p.scheme);
+  const Scheme scheme = detail::fixed_scheme<ASYM, BITS, FP8>(p.scheme);
   const KvShape& s = p.shape;
   const Storage* input = static_cast<const Storage*>(p.input);
   const TeamWalk walk = token_walk(plan, blockIdx.x * int64_t(kThreads) + threadIdx.x, int64_t(gridDim.x) * kThreads);
@@ -40,9 +41,14 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
     if (active) token_coordinates(plan, s, token, b, t);
     const int n = active ? lane_chunks : 0;
     const Storage* src = input + b * p.stride_b + t * p.stride_t;
+    // Chunk positions do not depend on the token: left visible, the compiler keeps all of them
+    // across the loop (+8..40 registers). Through a copy of j it cannot see into, each is
+    // recomputed where it is used, a multiply and a shift.
+    int jt = j;
+    asm volatile("" : "+r"(jt));
     auto load = [&](Chunk& c, int k) {
-      const ChunkPos at = token_chunk(plan, j, k);
-      c.load(src + at.h * p.stride_h + at.d0);
+      const ChunkPos at = token_chunk(plan, jt, k);
+      c.template load_chunk<kAligned>(src + at.h * p.stride_h + at.d0);
     };
 
     Chunk cache[K];
@@ -64,12 +70,13 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
     if (!active) continue;
 
     // flat [B, Hkv, T, D] index of the chunk's element 0: also where its codes go
-    auto flat_index = [&](const ChunkPos& at) { return token_flat_index(s, b, t, at); };
+    const int64_t flat0 = token_flat_base(s, b, t);
+    auto flat_index = [&](const ChunkPos& at) { return flat0 + chunk_flat_offset(s, at); };
     if (!finite) {  // rare: report this lane's first non-finite element
       for (int k = 0; k < n; ++k) {
         Chunk c;
         load(c, k);
-        detail::report_non_finite(p, c, static_cast<unsigned long long>(flat_index(token_chunk(plan, j, k))));
+        detail::report_non_finite(p, c, static_cast<unsigned long long>(flat_index(token_chunk(plan, jt, k))));
       }
     }
     const GroupParams gp = group_params(st, scheme);
@@ -79,7 +86,7 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
       detail::store_param(p.scales, token, gp.scale, scheme.scale_dtype);
       if (ASYM) detail::store_param(p.zeros, token, gp.zero, scheme.scale_dtype);
     }
-    auto codes_of = [&](int k) { return p.codes + flat_index(token_chunk(plan, j, k)) * BITS / 8; };
+    auto codes_of = [&](int k) { return p.codes + flat_index(token_chunk(plan, jt, k)) * BITS / 8; };
     bool sure = true;
 #pragma unroll
     for (int k = 0; k < K; ++k)
@@ -97,29 +104,35 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
   }
 }
 
-template <InputDtype DT, bool ASYM, int BITS, int K>
+template <InputDtype DT, bool ASYM, int BITS, int K, bool kAligned, bool FP8 = false>
 void launch_kernel(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t stream) {
   int device = 0, sms = 0, resident = 0;
   KVQ_CUDA_CHECK(cudaGetDevice(&device));
   KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, token_kernel<DT, ASYM, BITS, K>, kThreads, 0));
+  KVQ_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, token_kernel<DT, ASYM, BITS, K, kAligned, FP8>, kThreads, 0));
   const int64_t needed = ceil_div(plan.tokens << plan.lanes_log2, kThreads);
   const int blocks = static_cast<int>(std::min<int64_t>(needed, int64_t(sms) * std::max(resident, 1) * kMaxWaves));
-  token_kernel<DT, ASYM, BITS, K><<<blocks, kThreads, 0, stream>>>(p, plan);
+  token_kernel<DT, ASYM, BITS, K, kAligned, FP8><<<blocks, kThreads, 0, stream>>>(p, plan);
   KVQ_CHECK_LAUNCH();
 }
 
 // The one place where run-time scheme and dtype become template arguments.
-template <InputDtype DT>
-void dispatch_scheme(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t stream) {
+template <InputDtype DT, int K, bool kAligned>
+void dispatch_format(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t stream) {
   const bool asym = p.scheme.asymmetric, int8 = p.scheme.bits == 8;
-  if (plan.cached == 4 || DT == InputDtype::kFp32) {
-    if (asym) int8 ? launch_kernel<DT, true, 8, 4>(p, plan, stream) : launch_kernel<DT, true, 4, 4>(p, plan, stream);
-    else int8 ? launch_kernel<DT, false, 8, 4>(p, plan, stream) : launch_kernel<DT, false, 4, 4>(p, plan, stream);
-  } else if constexpr (DT != InputDtype::kFp32) {
-    if (asym) int8 ? launch_kernel<DT, true, 8, 8>(p, plan, stream) : launch_kernel<DT, true, 4, 8>(p, plan, stream);
-    else int8 ? launch_kernel<DT, false, 8, 8>(p, plan, stream) : launch_kernel<DT, false, 4, 8>(p, plan, stream);
-  }
+  if (p.scheme.fp8()) launch_kernel<DT, false, 8, K, kAligned, true>(p, plan, stream);
+  else if (asym)
+    int8 ? launch_kernel<DT, true, 8, K, kAligned>(p, plan, stream) : launch_kernel<DT, true, 4, K, kAligned>(p, plan, stream);
+  else
+    int8 ? launch_kernel<DT, false, 8, K, kAligned>(p, plan, stream) : launch_kernel<DT, false, 4, K, kAligned>(p, plan, stream);
+}
+
+template <InputDtype DT>
+void dispatch_scheme(const QuantizeParams& p, const TokenPlan& plan, bool aligned, cudaStream_t stream) {
+  if (!aligned) dispatch_format<DT, 4, false>(p, plan, stream);  // the plan keeps K = 4 (make_token_plan)
+  else if (plan.cached == 4 || DT == InputDtype::kFp32) dispatch_format<DT, 4, true>(p, plan, stream);
+  else if constexpr (DT != InputDtype::kFp32) dispatch_format<DT, 8, true>(p, plan, stream);
 }
 
 }  // namespace
@@ -137,11 +150,12 @@ void launch_quantize_tokenteam(const QuantizeParams& p, cudaStream_t stream) {
   if (s.batch * s.tokens == 0) return;
   if (s.heads * s.head_dim / kChunkElems > (int64_t{1} << 30))
     throw InputError("quantize-tokenteam: tokens of more than 2^33 elements are not supported");
-  const TokenPlan plan = make_token_plan(s, p.in_dtype);
+  const bool aligned = wide_chunks_aligned(p);
+  const TokenPlan plan = make_token_plan(s, p.in_dtype, aligned);
   switch (p.in_dtype) {
-    case InputDtype::kFp32: dispatch_scheme<InputDtype::kFp32>(p, plan, stream); break;
-    case InputDtype::kFp16: dispatch_scheme<InputDtype::kFp16>(p, plan, stream); break;
-    case InputDtype::kBf16: dispatch_scheme<InputDtype::kBf16>(p, plan, stream); break;
+    case InputDtype::kFp32: dispatch_scheme<InputDtype::kFp32>(p, plan, aligned, stream); break;
+    case InputDtype::kFp16: dispatch_scheme<InputDtype::kFp16>(p, plan, aligned, stream); break;
+    case InputDtype::kBf16: dispatch_scheme<InputDtype::kBf16>(p, plan, aligned, stream); break;
   }
 }
 

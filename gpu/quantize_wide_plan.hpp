@@ -4,6 +4,7 @@
 // offsets) on machines without a GPU.
 #pragma once
 
+#include "gpu/invariant_divisor.hpp"
 #include "gpu/quantize.hpp"
 #include "quant/groups.hpp"
 
@@ -18,31 +19,35 @@ struct TokenPlan {
   int64_t tokens = 0;        // B * T: the groups
   int chunks_per_token = 0;  // S
   int chunks_per_row = 0;    // D / 8
-  int row_log2 = -1;         // log2(D / 8) when a power of two (shifts, not divisions), else -1
+  InvariantDivisor by_row;    // c / (D / 8): a chunk's head
+  InvariantDivisor by_tokens; // token / T: a token's batch entry, when narrow
   int lanes_log2 = 0;        // team size L = 1 << lanes_log2, 1..32
   int cached = 4;            // K: chunks a lane keeps in registers (4, or 8 for large 16-bit tokens)
-  bool narrow = false;       // tokens fit 32 bits: 32-bit division for (b, t)
+  bool narrow = false;       // B * T < 2^31: (b, t) by by_tokens
 };
 
-KVQ_HD int log2_if_power_of_two(int64_t x) {
-  if (x <= 0 || (x & (x - 1)) != 0) return -1;
-  int l = 0;
-  while ((int64_t{1} << l) < x) ++l;
-  return l;
+// Whether every 8-element chunk of the input starts on 16 bytes (D is a multiple of 8): the base
+// and every stride. Strided views that are not take the kernels' element-by-element loads.
+inline bool wide_chunks_aligned(const QuantizeParams& p) {
+  const int64_t per16 = p.in_dtype == InputDtype::kFp32 ? 4 : 8;  // elements in 16 bytes
+  return reinterpret_cast<uintptr_t>(p.input) % 16 == 0 && p.stride_b % per16 == 0 && p.stride_h % per16 == 0 &&
+         p.stride_t % per16 == 0;
 }
 
 // K = 4 chunks a lane (64 bytes of 16-bit input in flight) when a warp holds the token that way;
 // larger tokens of 16-bit input take K = 8 (fp32 chunks are twice the registers: K = 8 would
-// spill), and the chunks beyond 32 K are read twice. L is the smallest team with at most K chunks
-// a lane, so every lane has K loads in flight whatever Hkv is.
-inline TokenPlan make_token_plan(const KvShape& s, InputDtype dt) {
+// spill), and the chunks beyond 32 K are read twice. Unaligned input (`aligned` false: rare) keeps
+// K = 4, which serves every token size, so that it needs no K = 8 kernels of its own. L is the
+// smallest team with at most K chunks a lane, so every lane has K loads in flight whatever Hkv is.
+inline TokenPlan make_token_plan(const KvShape& s, InputDtype dt, bool aligned = true) {
   TokenPlan plan;
   plan.tokens = s.batch * s.tokens;
   plan.chunks_per_row = static_cast<int>(s.head_dim / kWideChunk);
   plan.chunks_per_token = static_cast<int>(s.heads * plan.chunks_per_row);
-  plan.row_log2 = log2_if_power_of_two(plan.chunks_per_row);
-  plan.narrow = plan.tokens < (int64_t{1} << 32);
-  plan.cached = plan.chunks_per_token <= 32 * 4 || dt == InputDtype::kFp32 ? 4 : 8;
+  if (plan.chunks_per_row > 0) plan.by_row = make_invariant_divisor(plan.chunks_per_row);
+  plan.narrow = plan.tokens < (int64_t{1} << 31);
+  if (plan.narrow && s.tokens > 0) plan.by_tokens = make_invariant_divisor(s.tokens);
+  plan.cached = plan.chunks_per_token <= 32 * 4 || dt == InputDtype::kFp32 || !aligned ? 4 : 8;
   const int64_t lanes = ceil_div(plan.chunks_per_token, plan.cached);
   while (plan.lanes_log2 < 5 && (int64_t{1} << plan.lanes_log2) < lanes) ++plan.lanes_log2;
   return plan;
@@ -61,7 +66,7 @@ struct ChunkPos {
 // The k-th chunk of lane j.
 KVQ_HD ChunkPos token_chunk(const TokenPlan& plan, int j, int k) {
   const int c = j + (k << plan.lanes_log2);
-  const int h = plan.row_log2 >= 0 ? c >> plan.row_log2 : c / plan.chunks_per_row;
+  const int h = static_cast<int>(plan.by_row.divide(static_cast<uint32_t>(c)));  // c < 2^30 (launch check)
   return {h, (c - h * plan.chunks_per_row) * kWideChunk};
 }
 
@@ -83,14 +88,17 @@ KVQ_HD TeamWalk token_walk(const TokenPlan& plan, int64_t thread, int64_t thread
   return w;
 }
 
-// Flat [B, H, T, D] index of element d0 of head h of token (b, t): the chunk's code index too.
+// Flat [B, H, T, D] index of element d0 of head h of token (b, t): the chunk's code index too. In two
+// parts, so that a kernel computes the token's once and adds each chunk's (h T D + d0).
+KVQ_HD int64_t token_flat_base(const KvShape& s, int64_t b, int64_t t) { return (b * s.heads * s.tokens + t) * s.head_dim; }
+KVQ_HD int64_t chunk_flat_offset(const KvShape& s, const ChunkPos& at) { return at.h * s.tokens * s.head_dim + at.d0; }
 KVQ_HD int64_t token_flat_index(const KvShape& s, int64_t b, int64_t t, const ChunkPos& at) {
-  return ((b * s.heads + at.h) * s.tokens + t) * s.head_dim + at.d0;
+  return token_flat_base(s, b, t) + chunk_flat_offset(s, at);
 }
 
 // (b, t) of token `token`.
 KVQ_HD void token_coordinates(const TokenPlan& plan, const KvShape& s, int64_t token, int64_t& b, int64_t& t) {
-  b = plan.narrow ? int64_t(uint32_t(token) / uint32_t(s.tokens)) : token / s.tokens;
+  b = plan.narrow ? int64_t(plan.by_tokens.divide(uint32_t(token))) : token / s.tokens;
   t = token - b * s.tokens;
 }
 

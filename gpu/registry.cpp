@@ -81,7 +81,7 @@ const std::vector<QuantizeVariant>& quantize_variants() {
       {"quantize-tensor2pass",
        "deterministic two-pass: partial min/max/amax per block of one resident wave (4 16-byte loads in flight per "
        "thread), then an encode pass whose blocks each merge the partials and run the codec, walking the tensor "
-       "backwards to reuse what pass 1 left in L2",
+       "backwards to reuse what pass 1 left in L2; with a given (calibrated) scale the encode pass alone",
        "tensor granularity; any D that is a multiple of 8; any strides; planar layout; fp32/fp16/bf16 input", false,
        tensor2pass_accepts, launch_quantize_tensor2pass},
   };

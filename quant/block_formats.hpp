@@ -213,9 +213,8 @@ KVQ_HD BlockParams iq4_nl_params(const float* x) {
 
 // mxfp4: e = floor(log2 amax) - 2 + 127 (amax's exponent less 2, since e2m1 reaches 6 < 2^3), and the
 // codes are ggml's nearest doubled value times 2^(e-128) (first of equal rounded errors).
-KVQ_HD BlockParams mxfp4_params(const float* x) {
-  float amax = 0.0f;
-  for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(x[j]));
+// From the block's amax = fmaxf over |x| (NaN elements ignored), as mxfp4_params() takes it.
+KVQ_HD BlockParams mxfp4_params_for_amax(float amax) {
   const int e = amax > 0.0f ? mxfp4_exponent(amax) : 0;
   BlockParams p;
   p.scale = e8m0_value(e);
@@ -223,12 +222,17 @@ KVQ_HD BlockParams mxfp4_params(const float* x) {
   return p;
 }
 
+KVQ_HD BlockParams mxfp4_params(const float* x) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(x[j]));
+  return mxfp4_params_for_amax(amax);
+}
+
 // nvfp4, given the tensor scale s_t = amax_tensor / (6 * 448): s_b = e4m3(max(a / (6 s_t), 2^-9)),
 // a pre-scale of 0 becoming 1 (modelopt's rule); codes e2m1(x / (s_b s_t)). s_t = 0 (an all-zero
-// tensor): s_b = 1 and every code 0 (modelopt would divide 0 by 0; kvq defines it).
-KVQ_HD BlockParams nvfp4_params(const float* x, float tensor_scale) {
-  float amax = 0.0f;
-  for (int j = 0; j < 16; ++j) amax = fmaxf(amax, fabsf(x[j]));
+// tensor): s_b = 1 and every code 0 (modelopt would divide 0 by 0; kvq defines it). `amax`: the
+// block's fmaxf over |x| (NaN elements ignored), as nvfp4_params() takes it.
+KVQ_HD BlockParams nvfp4_params_for_amax(float amax, float tensor_scale) {
   float pre = tensor_scale == 0.0f ? 1.0f : ieee_div(amax, 6.0f * tensor_scale);
   if (pre == 0.0f) pre = 1.0f;
   pre = fmaxf(pre, 0x1p-9f);  // e4m3's smallest subnormal: a tiny block keeps a nonzero scale
@@ -236,6 +240,12 @@ KVQ_HD BlockParams nvfp4_params(const float* x, float tensor_scale) {
   p.scale = fp8_bits_to_fp32(fp32_to_fp8_bits(pre, fp8_e4m3()), fp8_e4m3());
   p.encode_scale = p.scale * tensor_scale;  // the divisor S = s_b * s_t
   return p;
+}
+
+KVQ_HD BlockParams nvfp4_params(const float* x, float tensor_scale) {
+  float amax = 0.0f;
+  for (int j = 0; j < 16; ++j) amax = fmaxf(amax, fabsf(x[j]));
+  return nvfp4_params_for_amax(amax, tensor_scale);
 }
 
 // nvfp4's per-tensor scale s_t = amax / (6 * 448) (modelopt's get_weights_scaling_factor_2), over

@@ -8,6 +8,7 @@
 
 #if defined(__CUDACC__)
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #endif
 
 namespace kvq {
@@ -95,10 +96,11 @@ KVQ_HD float round_to_bf16(float x) { return bf16_bits_to_fp32(fp32_to_bf16_bits
 // ---- FP8 (OCP 8-bit floating point) -----------------------------------------------------------
 // e4m3fn: 4 exponent bits, bias 7, 3 mantissa bits, no infinities, S.1111.111 is NaN, max 448.
 // e5m2:   5 exponent bits, bias 15, 2 mantissa bits, IEEE-like (inf and NaN), max 57344.
-// fp32_to_fp8_bits() is the codec's fp8(): round to nearest even onto the grid (subnormals
+// fp32_to_fp8_bits_soft() is the codec's fp8(): round to nearest even onto the grid (subnormals
 // included), then saturate to +-FMAX ("satfinite": also +-inf -> +-FMAX); NaN -> 0x7f | sign.
-// It is the definition on host and device; a hardware conversion may replace it only where it is
-// proven equal over all inputs (tests/gpu: the exhaustive check of __nv_cvt_float_to_fp8).
+// fp32_to_fp8_bits() is it on the host; on the GPU (sm_89 and later) finite inputs take the hardware
+// conversion (cvt.rn.satfinite), which `kvq validate` and tests/gpu/test_gpu_fp8.cpp prove identical
+// to the definition over every finite fp32 pattern; inf and NaN keep the integer path.
 struct Fp8Format {
   int mantissa_bits;   // 3 / 2
   int bias;            // 7 / 15
@@ -109,7 +111,7 @@ struct Fp8Format {
 KVQ_HD constexpr Fp8Format fp8_e4m3() { return {3, 7, 0x7eu, 448.0f}; }
 KVQ_HD constexpr Fp8Format fp8_e5m2() { return {2, 15, 0x7bu, 57344.0f}; }
 
-KVQ_HD uint8_t fp32_to_fp8_bits(float f, Fp8Format format) {
+KVQ_HD uint8_t fp32_to_fp8_bits_soft(float f, Fp8Format format) {
   const uint32_t x = float_bits(f);
   const uint32_t sign = (x >> 24) & 0x80u;
   const uint32_t ax = x & 0x7fffffffu;
@@ -134,6 +136,14 @@ KVQ_HD uint8_t fp32_to_fp8_bits(float f, Fp8Format format) {
     if (rem > half || (rem == half && (h & 1u))) ++h;
   }
   return static_cast<uint8_t>(sign | (h > format.max_bits ? format.max_bits : h));
+}
+
+KVQ_HD uint8_t fp32_to_fp8_bits(float f, Fp8Format format) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if ((float_bits(f) & 0x7fffffffu) < 0x7f800000u)
+    return __nv_cvt_float_to_fp8(f, __NV_SATFINITE, format.mantissa_bits == 3 ? __NV_E4M3 : __NV_E5M2);
+#endif
+  return fp32_to_fp8_bits_soft(f, format);
 }
 
 // Exact: every fp8 value is an fp32 value. e5m2's inf and both formats' NaN codes decode as such.

@@ -320,6 +320,7 @@ TEST_CASE("IntegerCoder: saturating scales and huge quotients are clamped right,
       const GroupParams p = given_scale_params(std::ldexp(1.0f + (bits(rng) % 1024) / 1024.0f, -12), scheme);
       const IntegerCoder coder = integer_coder(p, scheme, -3e30f, 3e30f);
       REQUIRE(coder.clamp);
+      REQUIRE(integer_coder(p, scheme, -INFINITY, INFINITY).clamp);  // unknown bounds (tensor2pass, given scale)
       const float v = std::ldexp(static_cast<float>(static_cast<int32_t>(bits(rng))) / 2147483648.0f,
                                  static_cast<int>(bits(rng) % 110) - 10);
       const auto [q, is_sure] = coder_code(coder, v, scheme.asymmetric);

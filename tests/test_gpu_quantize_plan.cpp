@@ -10,6 +10,7 @@
 #include <random>
 
 #include "experiments/gate/validate_quantize.hpp"
+#include "gpu/quantize_block_geometry.hpp"
 #include "gpu/quantize_stats16.hpp"
 #include "gpu/quantize_wide_plan.hpp"
 #include "quant/quantize.hpp"
@@ -260,4 +261,123 @@ TEST_CASE("packed 16-bit magnitudes alone give the codec's amax, symmetric param
       CHECK(float_bits(group_params(st, s).scale) == float_bits(group_params(codec, s).scale));
     }
   }
+}
+
+TEST_CASE("InvariantDivisor divides every n < 2^31 as the division does") {
+  auto check = [](int64_t d, uint32_t n) {
+    const InvariantDivisor div = make_invariant_divisor(d);
+    REQUIRE(div.divide(n) == n / uint32_t(d));
+  };
+  std::mt19937 rng(5);
+  const uint32_t top = (1u << 31) - 1;
+  for (int64_t d = 1; d <= 3000; ++d)  // small divisors: around every multiple near 0 and near 2^31
+    for (uint32_t q : {0u, 1u, 2u, 7u, top / uint32_t(d) - 1, top / uint32_t(d)})
+      for (int64_t delta = -2; delta <= 2; ++delta) {
+        const int64_t n = int64_t(q) * d + delta;
+        if (n >= 0 && n <= top) check(d, uint32_t(n));
+      }
+  for (int i = 0; i < 200'000; ++i) {  // any divisor, any numerator, and the ends of its quotients
+    const int64_t d = 1 + int64_t(rng() % top);
+    check(d, rng() & top);
+    check(d, top);
+    check(d, uint32_t(d - 1));
+    if (d <= top) check(d, uint32_t(d));
+  }
+  for (int l = 0; l < 31; ++l) {  // powers of two and their neighbours
+    for (int64_t d : {(int64_t{1} << l) - 1, int64_t{1} << l, (int64_t{1} << l) + 1}) {
+      if (d < 1 || d > top) continue;
+      check(d, top);
+      check(d, rng() & top);
+    }
+  }
+  CHECK_THROWS(make_invariant_divisor(0));
+  CHECK_THROWS(make_invariant_divisor(int64_t{1} << 31));
+}
+
+TEST_CASE("the block formats' block positions by InvariantDivisor equal the divisions, at every block") {
+  for (const KvShape& s : {KvShape{3, 5, 37, 128}, KvShape{2, 8, 4096, 128}, KvShape{1, 1, 1, 32}, KvShape{7, 3, 11, 96},
+                           KvShape{2, 2, 3, 16}, KvShape{1, 32, 5, 256}}) {
+    for (int elems : {16, 32}) {
+      if (s.head_dim % elems) continue;
+      CAPTURE(s.heads);
+      CAPTURE(s.tokens);
+      CAPTURE(s.head_dim);
+      CAPTURE(elems);
+      const BlockGeometry geo = block_geometry(s, elems);
+      REQUIRE(geo.narrow);
+      BlockGeometry wide = geo;
+      wide.narrow = false;
+      const int64_t blocks = s.rows() * geo.per_row;
+      int64_t g = 0;
+      for (int64_t b = 0; b < s.batch; ++b)  // the logical order: block g is (b, h, t, d0) in turn
+        for (int64_t h = 0; h < s.heads; ++h)
+          for (int64_t t = 0; t < s.tokens; ++t)
+            for (int64_t d0 = 0; d0 < s.head_dim; d0 += elems, ++g) {
+              const BlockAt at = block_at(s, g, geo, elems), ref = block_at(s, g, wide, elems);
+              REQUIRE(at.b == b);
+              REQUIRE(at.h == h);
+              REQUIRE(at.t == t);
+              REQUIRE(at.d0 == d0);
+              REQUIRE(at.row == (b * s.heads + h) * s.tokens + t);
+              REQUIRE(ref.b == b);
+              REQUIRE(ref.h == h);
+              REQUIRE(ref.t == t);
+              REQUIRE(ref.d0 == d0);
+            }
+      CHECK(g == blocks);
+    }
+  }
+  CHECK(!block_geometry(KvShape{4096, 8, 65536, 128}, 32).narrow);  // 2^32 blocks: the divisions
+}
+
+TEST_CASE("tokenteam's (b, t) of a token by InvariantDivisor equal the division, and the wide path agrees") {
+  std::mt19937_64 rng(11);
+  for (const KvShape& shape : {KvShape{3, 1, 37, 128}, KvShape{7, 8, 1, 64}, KvShape{1, 2, 1000003, 8},
+                               KvShape{65535, 1, 32768, 8}, KvShape{2, 1, (int64_t{1} << 30) - 3, 8}}) {
+    CAPTURE(dims(shape));
+    const TokenPlan plan = make_token_plan(shape, InputDtype::kBf16);
+    REQUIRE(plan.narrow);
+    TokenPlan wide = plan;
+    wide.narrow = false;
+    auto check = [&](int64_t token) {
+      int64_t b = -1, t = -1, wb = -1, wt = -1;
+      token_coordinates(plan, shape, token, b, t);
+      token_coordinates(wide, shape, token, wb, wt);
+      REQUIRE(b == token / shape.tokens);
+      REQUIRE(t == token % shape.tokens);
+      REQUIRE(wb == b);
+      REQUIRE(wt == t);
+    };
+    for (int64_t b = 0; b < std::min<int64_t>(shape.batch, 50); ++b)  // both sides of every batch boundary
+      for (int64_t t : {int64_t{0}, int64_t{1}, shape.tokens - 1})
+        if (t >= 0 && t < shape.tokens) check(b * shape.tokens + t);
+    for (int i = 0; i < 20000; ++i) check(static_cast<int64_t>(rng() % static_cast<uint64_t>(plan.tokens)));
+    check(plan.tokens - 1);
+  }
+  CHECK(!make_token_plan(KvShape{4, 1, int64_t{1} << 30, 8}, InputDtype::kBf16).narrow);  // 2^32 tokens: the division
+}
+
+TEST_CASE("wide_chunks_aligned: every chunk on 16 bytes, or the kernels' element-by-element loads") {
+  alignas(16) static float storage[64];
+  for (InputDtype dt : {InputDtype::kBf16, InputDtype::kFp16, InputDtype::kFp32}) {
+    CAPTURE(to_string(dt));
+    const int64_t per16 = dt == InputDtype::kFp32 ? 4 : 8, bytes = dt == InputDtype::kFp32 ? 4 : 2;
+    for (bool bsnh : {false, true})
+      for (int64_t pad : {int64_t{0}, per16, per16 / 2, int64_t{1}}) {
+        CAPTURE(bsnh);
+        CAPTURE(pad);
+        QuantizeParams p = params_for(KvShape{2, 3, 5, 16}, bsnh, pad);
+        p.in_dtype = dt;
+        p.input = storage;
+        CHECK(wide_chunks_aligned(p) == (pad % per16 == 0));
+        p.input = reinterpret_cast<const char*>(storage) + bytes;  // a view one element in
+        CHECK_FALSE(wide_chunks_aligned(p));
+      }
+  }
+  // Unaligned input keeps K = 4 chunks a lane, with the team that K needs.
+  const TokenPlan wide = make_token_plan(KvShape{1, 16, 3, 256}, InputDtype::kBf16);
+  const TokenPlan narrow = make_token_plan(KvShape{1, 16, 3, 256}, InputDtype::kBf16, false);
+  CHECK(wide.cached == 8);
+  CHECK(narrow.cached == 4);
+  CHECK(narrow.lanes_log2 == 5);
 }

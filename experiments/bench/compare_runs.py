@@ -32,7 +32,9 @@ import subprocess
 import sys
 
 DECODE_KEY = ("shape", "B", "HQ", "HKV", "T", "D", "kernel", "k_scheme", "v_scheme", "layout")
-QUANTIZE_KEY = ("B", "HKV", "T", "D", "input_dtype", "scheme", "layout", "variant")
+QUANTIZE_KEY = ("B", "HKV", "T", "D", "input_dtype", "scheme", "layout", "variant", "tensor_scale")
+# Columns that older runs lack, as those runs meant them.
+KEY_DEFAULTS = {"tensor_scale": "computed"}
 
 
 def schema(header):
@@ -53,7 +55,7 @@ def read_rows(path):
 
 def row_key(kind, row):
     fields = DECODE_KEY if kind == "decode" else QUANTIZE_KEY
-    return (kind,) + tuple(row.get(f, "") or "" for f in fields)
+    return (kind,) + tuple(row.get(f, "") or KEY_DEFAULTS.get(f, "") for f in fields)
 
 
 def git_time(root, *args):
@@ -162,7 +164,8 @@ def label(key, row):
         layout = f" [{row['layout']}]" if row.get("layout") and row["layout"] != "planar" else ""
         splits = f" splits={row['splits']}" if row.get("splits") not in (None, "", "0") else ""
         return f"decode {row['kernel']} {storage}{layout} {row['shape']}/B{row['B']}/T{row['T']}{splits}"
-    return f"quantize {row['variant']} {row['scheme']} {row['layout']} {row['input_dtype']} B{row['B']} Hkv{row['HKV']}"
+    given = " (given scale)" if row.get("tensor_scale") == "given" else ""
+    return f"quantize {row['variant']} {row['scheme']}{given} {row['layout']} {row['input_dtype']} B{row['B']} Hkv{row['HKV']}"
 
 
 def main(argv=None):

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
@@ -20,6 +21,7 @@
 #include "gpu/float_formats_check.hpp"
 #include "gpu/fp8_check.hpp"
 #include "gpu/timing.hpp"
+#include "quant/planar_codes.hpp"
 
 namespace kvq {
 namespace {
@@ -49,8 +51,18 @@ struct TimedCase {
   TimedCase(const KvShape& shape, const Scheme& s, CodeLayout layout) : input(random_bf16(shape.numel(), 12345)) {
     ws = std::make_unique<QuantizeWorkspace>(DeviceKv::bnsh(input.data(), InputDtype::kBf16, shape), s, layout);
   }
-  GpuTiming time(const QuantizeVariant& v, int reps) {
-    return time_graph_replays([&](cudaStream_t st, int) { v.launch(ws->params(), st); }, 1, reps);
+  // A workspace over the same input with a given tensor scale, as a calibrated cache quantizes: the
+  // scale the last launch on ws computed from it (nvfp4's s_t, or the scheme's one stored scale).
+  std::unique_ptr<QuantizeWorkspace> with_computed_scale(const Scheme& s, CodeLayout layout) const {
+    const GpuQuantized q = ws->download();
+    float scale = 0.0f;
+    if (s.format == CodeFormat::kNvfp4) std::memcpy(&scale, q.tensor_scale.data(), sizeof scale);
+    else scale = stored_param(q.scales.data(), 0, s.scale_dtype);
+    const DeviceKv kv = DeviceKv::bnsh(input.data(), InputDtype::kBf16, ws->params().shape);
+    return std::make_unique<QuantizeWorkspace>(kv, s, layout, std::vector<int32_t>{}, nullptr, scale);
+  }
+  static GpuTiming time(const QuantizeVariant& v, const QuantizeWorkspace& w, int reps) {
+    return time_graph_replays([&](cudaStream_t st, int) { v.launch(w.params(), st); }, 1, reps);
   }
 };
 
@@ -122,7 +134,8 @@ int run_validate(const ValidateArgs& a) {
       for (const char* name : {"int8-head", "int4-g32-asym", "int8-token", "int4-token-asym", "int8-tensor", "int4-tensor-asym"}) {
         if (!v->accepts(parse_scheme(name), 128, CodeLayout::kPlanar, InputDtype::kBf16)) continue;
         TimedCase tc({32, 8, 1024, 128}, parse_scheme(name), CodeLayout::kPlanar);
-        const double mine = tc.time(*v, 30).median_us, theirs = tc.time(base, 30).median_us;
+        const double mine = TimedCase::time(*v, *tc.ws, 30).median_us;
+        const double theirs = TimedCase::time(base, *tc.ws, 30).median_us;
         fmt::print("[TIME] {} vs {} on {} bf16 [32, 8, 1024, 128]: {:.1f} us vs {:.1f} us, ratio {:.3f}\n", v->name,
                    base.name, name, mine, theirs, mine / theirs);
         s["timing"][name] = {{"us", mine}, {"incumbent_us", theirs}, {"ratio", mine / theirs}};
@@ -180,19 +193,24 @@ int run_bench_quantize(const BenchArgs& a) {
   std::ofstream csv(a.csv);
   if (!csv) throw InputError(fmt::format("cannot write '{}'", a.csv));
   csv << "gpu,driver,cuda_driver,cuda_runtime,sm_clock_mhz,mem_clock_mhz,commit,B,HKV,T,D,input_dtype,scheme,layout,"
-         "variant,median_us,p10_us,p90_us,reps,bytes,gbps,copy_gbps,pct_of_copy\n";
-  const std::vector<std::pair<const char*, CodeLayout>> cases = {
-      {"int8-head", CodeLayout::kPlanar},       {"int8-head-asym", CodeLayout::kPlanar},
-      {"int8-g32", CodeLayout::kPlanar},        {"int4-head-asym", CodeLayout::kPlanar},
-      {"int4-g64-asym", CodeLayout::kPlanar},   {"int4-g32-asym", CodeLayout::kPlanar},
+         "variant,tensor_scale,median_us,p10_us,p90_us,reps,bytes,gbps,copy_gbps,pct_of_copy\n";
+  struct Case {
+    const char* scheme;
+    CodeLayout layout = CodeLayout::kPlanar;
+    bool given_scale = false;  // a calibrated tensor scale: no statistics pass
+  };
+  const std::vector<Case> cases = {
+      {"int8-head"},      {"int8-head-asym"},   {"int8-g32"},
+      {"int4-head-asym"}, {"int4-g64-asym"},    {"int4-g32-asym"},
       {"int4-head-asym", CodeLayout::kFbgemm},  {"int4-g32-asym", CodeLayout::kFbgemm},
-      {"int8-token", CodeLayout::kPlanar},      {"int4-token-asym", CodeLayout::kPlanar},
-      {"int8-tensor", CodeLayout::kPlanar},     {"int4-tensor", CodeLayout::kPlanar},
-      {"int8-tensor-asym", CodeLayout::kPlanar}, {"q8_0", CodeLayout::kPlanar},
-      {"q4_0", CodeLayout::kPlanar},            {"q4_1", CodeLayout::kPlanar},
-      {"q5_0", CodeLayout::kPlanar},            {"q5_1", CodeLayout::kPlanar},
-      {"iq4_nl", CodeLayout::kPlanar},          {"mxfp4", CodeLayout::kPlanar},
-      {"nvfp4", CodeLayout::kPlanar}};
+      {"int8-token"},     {"int4-token-asym"},  {"int8-tensor"},
+      {"int8-tensor", CodeLayout::kPlanar, true},
+      {"int4-tensor"},    {"int4-tensor", CodeLayout::kPlanar, true},
+      {"int8-tensor-asym"}, {"q8_0"},           {"q4_0"},
+      {"q4_1"},           {"q5_0"},             {"q5_1"},
+      {"iq4_nl"},         {"mxfp4"},            {"nvfp4"},
+      {"nvfp4", CodeLayout::kPlanar, true},
+      {"fp8-e4m3-head"},  {"fp8-e4m3-tensor"},  {"fp8-e4m3-tensor", CodeLayout::kPlanar, true}};
   const std::regex wanted = [&] {
     try {
       return std::regex(a.schemes);
@@ -201,27 +219,35 @@ int run_bench_quantize(const BenchArgs& a) {
     }
   }();
   for (int64_t hkv : {1, 8})
-    for (const auto& [name, layout] : cases) {
-      if (!std::regex_search(name, wanted)) continue;
+    for (const Case& c : cases) {
+      if (!std::regex_search(c.scheme, wanted)) continue;
       const KvShape shape{128, hkv, 8192, 128};
-      const Scheme s = parse_scheme(name);
-      TimedCase tc(shape, s, layout);
+      const Scheme s = parse_scheme(c.scheme);
+      TimedCase tc(shape, s, c.layout);
+      const std::string name = fmt::format("{}{}", c.scheme, c.given_scale ? " (given)" : "");
       for (const QuantizeVariant& v : quantize_variants()) {  // every variant that takes the case
-        if (!v.accepts(s, shape.head_dim, layout, InputDtype::kBf16)) continue;
+        if (!v.accepts(s, shape.head_dim, c.layout, InputDtype::kBf16)) continue;
         tc.ws->reset();
         v.launch(tc.ws->params(), nullptr);
         tc.ws->check_flags("K", nullptr);
-        const GpuTiming t = tc.time(v, a.reps);
-        const double gbps = static_cast<double>(tc.ws->bytes_moved()) / (t.median_us * 1e3);
+        std::unique_ptr<QuantizeWorkspace> given;
+        if (c.given_scale) {
+          given = tc.with_computed_scale(s, c.layout);
+          v.launch(given->params(), nullptr);
+          given->check_flags("K", nullptr);
+        }
+        const QuantizeWorkspace& w = given ? *given : *tc.ws;
+        const GpuTiming t = TimedCase::time(v, w, a.reps);
+        const double gbps = static_cast<double>(w.bytes_moved()) / (t.median_us * 1e3);
         fmt::print("{:<8} {:<22} {:<7} {:<21} {:>10.1f} {:>10.1f} {:>10.1f} {:>8.0f} {:>6.1f}%\n", hkv, name,
-                   to_string(layout), v.name, t.median_us, t.p10_us, t.p90_us, gbps, 100 * gbps / copy_gbps);
+                   to_string(c.layout), v.name, t.median_us, t.p10_us, t.p90_us, gbps, 100 * gbps / copy_gbps);
         std::fflush(stdout);
-        csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},bfloat16,{},{},{},{:.3f},{:.3f},{:.3f},{},{},{:.1f},{:.1f},{:.2f}\n",
+        csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},bfloat16,{},{},{},{},{:.3f},{:.3f},{:.3f},{},{},{:.1f},{:.1f},{:.2f}\n",
                            csv_quoted(dev.name), info["driver"].get<std::string>(), dev.driver_string(),
                            dev.runtime_string(), dev.sm_clock_khz / 1000, dev.memory_clock_khz / 1000, kvq_commit(),
-                           shape.batch, shape.heads, shape.tokens, shape.head_dim, name, to_string(layout), v.name,
-                           t.median_us, t.p10_us, t.p90_us, t.reps, tc.ws->bytes_moved(), gbps, copy_gbps,
-                           100 * gbps / copy_gbps);
+                           shape.batch, shape.heads, shape.tokens, shape.head_dim, c.scheme, to_string(c.layout),
+                           v.name, c.given_scale ? "given" : "computed", t.median_us, t.p10_us, t.p90_us, t.reps,
+                           w.bytes_moved(), gbps, copy_gbps, 100 * gbps / copy_gbps);
       }
     }
   fmt::print("wrote {}\n", a.csv);

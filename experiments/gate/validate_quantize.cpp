@@ -236,6 +236,18 @@ std::vector<CaseResult> validate_quantize_variant(const QuantizeVariant& v, cons
       c.compare(fmt::format("given tensor scale {}", ts), random_values(shape.numel(), 11, 64), shape,
                 parse_scheme(name), InputDtype::kBf16, CodeLayout::kPlanar, false, {33, 25}, ts);
     }
+  // Non-finite input under a given scale, which no statistics pass precedes: the GPU must still name
+  // the first bad element as the CPU does (BNSH and strided BSNH input, two bad elements apart).
+  for (const char* name : {"nvfp4", "fp8-e4m3-tensor", "int8-tensor", "int4-tensor"})
+    for (InputDtype dt : {InputDtype::kFp32, InputDtype::kBf16})
+      for (bool bsnh : {false, true}) {
+        const KvShape shape{2, 3, 17, 64};
+        std::vector<float> bad = random_values(shape.numel(), 13, 64);
+        bad[((1 * 3 + 2) * 17 + 16) * 64 + 63] = NAN;
+        bad[((1 * 3 + 0) * 17 + 3) * 64 + 8] = -INFINITY;
+        c.compare("non-finite input, given tensor scale", bad, shape, parse_scheme(name), dt, CodeLayout::kPlanar, bsnh,
+                  {}, 0.05f);
+      }
   // Hostile shapes: no tokens, no batch, one token, around the 8-rows-per-block tile.
   for (const KvShape& shape : {KvShape{2, 2, 0, D}, KvShape{0, 2, 5, D}, KvShape{1, 1, 1, D}, KvShape{1, 1, 7, D},
                                KvShape{1, 1, 8, D}, KvShape{1, 1, 9, D}, KvShape{3, 1, 33, D}})

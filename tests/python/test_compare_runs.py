@@ -116,3 +116,27 @@ def test_a_tree_without_git_orders_runs_by_the_written_times(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "100.0 -> 90.0 us" in out
     assert "warning: 2 committed runs on NVIDIA H100 80GB HBM3 have no known time" in out
+
+
+QUANTIZE = ["B", "HKV", "T", "D", "input_dtype", "scheme", "layout", "variant", "median_us", "gpu", "commit"]
+
+
+def test_quantize_rows_before_the_tensor_scale_column_count_as_computed(tmp_path, capsys):
+    results = tmp_path / "results"
+
+    def row(variant, us, commit, scale=None):
+        r = dict(zip(QUANTIZE, [128, 1, 8192, 128, "bfloat16", "int8-tensor", "planar", variant, us, GPU, commit]))
+        if scale:
+            r["tensor_scale"] = scale
+        return r
+
+    write(results / "gpu" / "old" / "quantize_bandwidth.csv", [row("quantize-tensor2pass", 100.0, "aaa")], QUANTIZE)
+    new = tmp_path / "run" / "quantize_bandwidth.csv"
+    write(new, [row("quantize-tensor2pass", 120.0, "bbb", "computed"),  # the old row, +20 %
+                row("quantize-tensor2pass", 60.0, "bbb", "given")],      # a row of its own: nothing to compare
+          QUANTIZE + ["tensor_scale"])
+    assert compare_runs.main([str(new), "--results", str(results)]) == 0
+    out = capsys.readouterr().out
+    assert "1 compared, 1 more than 5% slower" in out
+    assert "[SLOWER] quantize quantize-tensor2pass int8-tensor planar bfloat16 B128 Hkv1: 100.0 -> 120.0 us" in out
+    assert "(given scale)" not in out
