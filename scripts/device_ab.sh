@@ -6,6 +6,9 @@
 #   git archive e7be665 | (mkdir -p .ab/base && tar -x -C .ab/base)     # where git is; .ab/ is ignored
 #   OUT=... KVQ_SHAPES='llama8b/B1/' KVQ_SCHEMES=bf16,int8-head bash scripts/device_ab.sh .ab/base
 #
+# The CSVs' commit column: the device's copy of the tree carries a stale .git, so name the commits:
+# KVQ_COMMIT for this tree, KVQ_BASE_COMMIT for the base (else "base-unknown", never this tree's).
+#
 # KVQ_SHAPES (a regex over labels such as seed000/B128/T8192), KVQ_SCHEMES (a comma list of storages, as
 # `kvq bench --schemes`), KVQ_DECODE_VARIANTS (default ^decode-tc$) narrow the cases; KVQ_AB_ROUNDS
 # (default 2) sets the interleaved rounds. KVQ_AB_BENCH=quantize times `kvq bench-quantize` instead
@@ -31,7 +34,7 @@ build() {  # build SRC DIR EXTRA_CMAKE_ARGS (the tuning knobs reset first: a reu
     cmake --build "$2" -j "$(nproc)" --target "${targets[@]}" >> "$OUT/build_$(basename "$2").log" 2>&1
 }
 echo "device_ab: building the base ($base) and this tree" >&2
-build "$base" build-ab-base "${KVQ_AB_CMAKE_BASE:-}" & pid=$!
+KVQ_COMMIT="${KVQ_BASE_COMMIT:-base-unknown}" build "$base" build-ab-base "${KVQ_AB_CMAKE_BASE:-}" & pid=$!
 build . build-ab-head "${KVQ_AB_CMAKE_HEAD:-}"
 wait $pid
 case $bench in
@@ -47,7 +50,7 @@ for round in $(seq 1 "${KVQ_AB_ROUNDS:-2}"); do
     csv=$OUT/ab_${side}_${round}.csv log=$OUT/ab_${side}_${round}.log
     if [[ $bench == paged ]]; then  # each tree's own script over its own module
       tree=$([[ $side == base ]] && echo "$base" || echo .)
-      PYTHONPATH="build-ab-$side/python" KVQ_COMMIT="${KVQ_COMMIT:-unknown}-$side" \
+      PYTHONPATH="build-ab-$side/python" KVQ_COMMIT="$([[ $side == base ]] && echo "${KVQ_BASE_COMMIT:-base-unknown}" || echo "${KVQ_COMMIT:-unknown}")" \
         python3 "$tree/experiments/bench/bench_paged.py" --out "$csv" "${args[@]}" > "$log" 2>&1
     else
       "build-ab-$side/experiments/kvq" "${args[@]}" --csv "$csv" > "$log"
