@@ -23,14 +23,7 @@ extern template struct DecodeFormatKernels<KvFormat::kFp16>;
 extern template struct DecodeFormatKernels<KvFormat::kInt8>;
 extern template struct DecodeFormatKernels<KvFormat::kInt4>;
 extern template struct DecodeFormatKernels<KvFormat::kInt4Fbgemm>;
-extern template TcEntry tc_entry_for_v<KvFormat::kBf16>(KvFormat);
-extern template TcEntry tc_entry_for_v<KvFormat::kFp16>(KvFormat);
-extern template TcEntry tc_entry_for_v<KvFormat::kInt8>(KvFormat);
-extern template TcEntry tc_entry_for_v<KvFormat::kInt4>(KvFormat);
-extern template TcEntry tc_entry_for_v<KvFormat::kFp8E4m3>(KvFormat);
-extern template TcEntry tc_entry_for_v<KvFormat::kFp8E5m2>(KvFormat);
-extern template TcEntry tc_entry_for_v<KvFormat::kInt5>(KvFormat);
-extern template TcEntry tc_entry_for_v<KvFormat::kLut4>(KvFormat);
+KVQ_TC_EACH_PAIR(KVQ_TC_EXTERN_ENTRY)  // each compiled in its own translation unit
 
 // One CTA per (b, query head), one thread per d: O = sum_s exp(LSE_s - LSE) O_s over the splits
 // that saw keys, in split order (DESIGN.md's merge; reference/attention.cpp merge_partials).

@@ -1,5 +1,5 @@
-// The tensor-core decode kernel, instantiated per K storage format in decode_tc_k_<format>.cu (for
-// every V format: K and V are read each in its own) through decode_tc_launch.cuh.
+// The tensor-core decode kernel, instantiated per (K, V) storage pair (K and V are read each in its
+// own format) through decode_tc_launch.cuh, one generated translation unit a pair.
 //
 // CTA = (b, KV head, key split, block of 8 query heads): the heads are the N = 8 of every MMA and
 // share each K/V byte. Each of the 4 warps takes every 4th step of kStepTokens keys, streams its
