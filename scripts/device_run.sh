@@ -11,7 +11,8 @@
 # space-separated, that the decode variants are validated on as well).
 #
 #   OUT=results/device bash scripts/device_run.sh          # any CUDA machine with the build deps
-#   KVQ_COMMIT=abc123 OUT=... bash scripts/device_run.sh    # a copy of the tree without .git
+#   KVQ_COMMIT=abc123 OUT=... bash scripts/device_run.sh    # a copy of the tree without .git, or with a
+#                                                           # stale one (the device tool's copy: pass it always)
 #   CUDA_ARCHS="80;90a" OUT=... bash scripts/device_run.sh  # other architectures
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +37,8 @@ step() {  # step NAME LOGFILE COMMAND...: run, log, record [OK]/[FAIL]
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
-# A tree without .git (shipped to a GPU machine) names its commit in KVQ_COMMIT.
+# A tree shipped to a GPU machine names its commit in KVQ_COMMIT: its .git may be missing or stale
+# (device copies have reported main's HEAD while a branch was checked out).
 export KVQ_COMMIT=${KVQ_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 echo "commit $KVQ_COMMIT" >> "$OUT/gpu.txt"
 export KVQ_DRIVER=${KVQ_DRIVER:-$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)}
