@@ -18,10 +18,17 @@
 # contiguous ratios. KVQ_AB_CMAKE_BASE / KVQ_AB_CMAKE_HEAD add cmake arguments to one tree's configure:
 # the same sources with other tile knobs, e.g. KVQ_AB_CMAKE_HEAD='-DKVQ_TC_TUNING=KVQ_TC_STAGES=3' over a
 # base that is this commit. Writes $OUT/ab_<side>_<round>.csv and $OUT/ab.txt.
+#
+# A base that is not a whole tree (no CMakeLists.txt) holds only the files that differ, at their paths
+# in this tree (e.g. .ab/files/gpu/quantize_token.cu): this tree is built once, those files are laid
+# over it and the same build directory rebuilt (a few translation units instead of a second tree),
+# and this tree's files put back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-base=${1:?usage: scripts/device_ab.sh BASE_TREE}
-[[ -f $base/CMakeLists.txt ]] || { echo "device_ab: $base: not a kvq tree (no CMakeLists.txt)" >&2; exit 2; }
+base=${1:?usage: scripts/device_ab.sh BASE_TREE_OR_FILES}
+[[ -d $base ]] || { echo "device_ab: $base: no such directory" >&2; exit 2; }
+overlay=0
+[[ -f $base/CMakeLists.txt ]] || overlay=1
 OUT=${OUT:-results/ab}
 mkdir -p "$OUT"
 bench=${KVQ_AB_BENCH:-decode}
@@ -33,10 +40,36 @@ build() {  # build SRC DIR EXTRA_CMAKE_ARGS (the tuning knobs reset first: a reu
         "${module[@]}" -DKVQ_TC_TUNING= "${extra[@]}" > "$OUT/build_$(basename "$2").log" 2>&1 &&
     cmake --build "$2" -j "$(nproc)" --target "${targets[@]}" >> "$OUT/build_$(basename "$2").log" 2>&1
 }
-echo "device_ab: building the base ($base) and this tree" >&2
-KVQ_COMMIT="${KVQ_BASE_COMMIT:-base-unknown}" build "$base" build-ab-base "${KVQ_AB_CMAKE_BASE:-}" & pid=$!
-build . build-ab-head "${KVQ_AB_CMAKE_HEAD:-}"
-wait $pid
+snapshot() {  # snapshot BUILD_DIR SIDE: what the runs use, kept apart from the next rebuild
+  rm -rf "build-ab-$2" && mkdir -p "build-ab-$2/experiments"
+  if [[ $bench == paged ]]; then cp -r "$1/python" "build-ab-$2/python"; else cp "$1/experiments/kvq" "build-ab-$2/experiments/kvq"; fi
+}
+if ((overlay)); then
+  files=$(cd "$base" && find . -type f | sed 's|^\./||')
+  for f in $files; do [[ -f $f ]] || { echo "device_ab: $base/$f: this tree has no $f" >&2; exit 2; }; done
+  echo "device_ab: building this tree, then again with $(echo "$files" | wc -w) file(s) of $base laid over it" >&2
+  start=$SECONDS
+  build . build-ab-tree "${KVQ_AB_CMAKE_HEAD:-}"
+  echo "device_ab: this tree built in $((SECONDS - start)) s" >&2
+  snapshot build-ab-tree head
+  saved=$(mktemp -d)
+  restore() { (cd "$saved" && find . -type f | sed 's|^\./||') | while read -r f; do cp "$saved/$f" "$f"; done; }
+  trap restore EXIT
+  for f in $files; do mkdir -p "$saved/$(dirname "$f")" && cp "$f" "$saved/$f" && cp "$base/$f" "$f"; done
+  start=$SECONDS
+  KVQ_COMMIT="${KVQ_BASE_COMMIT:-base-unknown}" build . build-ab-tree "${KVQ_AB_CMAKE_HEAD:-}"
+  echo "device_ab: the base rebuilt in $((SECONDS - start)) s" >&2
+  restore
+  trap - EXIT
+  snapshot build-ab-tree base
+else
+  echo "device_ab: building the base ($base) and this tree" >&2
+  start=$SECONDS
+  KVQ_COMMIT="${KVQ_BASE_COMMIT:-base-unknown}" build "$base" build-ab-base "${KVQ_AB_CMAKE_BASE:-}" & pid=$!
+  build . build-ab-head "${KVQ_AB_CMAKE_HEAD:-}"
+  wait $pid
+  echo "device_ab: both trees built in $((SECONDS - start)) s" >&2
+fi
 case $bench in
   decode) args=(bench --shapes "${KVQ_SHAPES:-llama8b/B1/}" --variant "${KVQ_DECODE_VARIANTS:-^decode-tc\$}")
           [[ -n ${KVQ_SCHEMES:-} ]] && args+=(--schemes "$KVQ_SCHEMES") ;;
@@ -49,7 +82,7 @@ for round in $(seq 1 "${KVQ_AB_ROUNDS:-2}"); do
     echo "device_ab: round $round, $side" >&2
     csv=$OUT/ab_${side}_${round}.csv log=$OUT/ab_${side}_${round}.log
     if [[ $bench == paged ]]; then  # each tree's own script over its own module
-      tree=$([[ $side == base ]] && echo "$base" || echo .)
+      tree=$([[ $side == base && $overlay == 0 ]] && echo "$base" || echo .)
       PYTHONPATH="build-ab-$side/python" KVQ_COMMIT="$([[ $side == base ]] && echo "${KVQ_BASE_COMMIT:-base-unknown}" || echo "${KVQ_COMMIT:-unknown}")" \
         python3 "$tree/experiments/bench/bench_paged.py" --out "$csv" "${args[@]}" > "$log" 2>&1
     else
