@@ -159,7 +159,8 @@ const TcEntry& tc_prepared_entry(const DecodeParams& p) {
   auto it = prepared.find(key);
   if (it != prepared.end()) return it->second;
   const TcEntry e = tc_entry_of(p);
-  if (!e.kernel) throw CudaError(fmt::format("decode-tc: no kernels for K {} / V {}", to_string(p.k_format), to_string(p.v_format)));
+  if (!e.kernel) throw CudaError(fmt::format("decode-tc: no kernels for K {} / V {} (not a pair it reads, or left out of this build "
+                                               "by KVQ_TC_PAIRS)", to_string(p.k_format), to_string(p.v_format)));
   int device = 0, optin = 0;
   KVQ_CUDA_CHECK(cudaGetDevice(&device));
   KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));

@@ -15,7 +15,8 @@
 # (KVQ_SCHEMES its --schemes regex); KVQ_AB_BENCH=paged builds each tree's Python module and runs its
 # experiments/bench/bench_paged.py with the arguments in KVQ_PAGED_ARGS (e.g. "--shapes smollm2
 # --pairs int8-head --pages 16 64 --layout nhd"), printing both trees' paged times and paged /
-# contiguous ratios. KVQ_AB_CMAKE_BASE / KVQ_AB_CMAKE_HEAD add cmake arguments to one tree's configure:
+# contiguous ratios. KVQ_AB_CMAKE adds cmake arguments to both trees' configure (e.g. "-DKVQ_TC_PAIRS=Int4:Int4"
+# builds that pair's decode kernels alone: minutes less), KVQ_AB_CMAKE_BASE / KVQ_AB_CMAKE_HEAD to one tree's:
 # the same sources with other tile knobs, e.g. KVQ_AB_CMAKE_HEAD='-DKVQ_TC_TUNING=KVQ_TC_STAGES=3' over a
 # base that is this commit. Writes $OUT/ab_<side>_<round>.csv and $OUT/ab.txt.
 #
@@ -34,7 +35,7 @@ mkdir -p "$OUT"
 bench=${KVQ_AB_BENCH:-decode}
 build() {  # build SRC DIR EXTRA_CMAKE_ARGS (the tuning knobs reset first: a reused build dir keeps its cache)
   local module=(-DKVQ_PYTHON_MODULE=OFF) targets=(kvq) extra
-  read -r -a extra <<< "$3"
+  read -r -a extra <<< "${KVQ_AB_CMAKE:-} $3"
   [[ $bench == paged ]] && module=(-DKVQ_PYTHON_MODULE=ON -DKVQ_PYTHON="${KVQ_PYTHON:-python3}") targets=(_core _gpu)
   cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" \
         "${module[@]}" -DKVQ_TC_TUNING= "${extra[@]}" > "$OUT/build_$(basename "$2").log" 2>&1 &&
