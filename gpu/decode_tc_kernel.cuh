@@ -153,6 +153,9 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   // Scale groups per row when the shape fixes them (0: read from p)
   constexpr int kKGroups = kKSlicesPerGroup > 0 ? Tr::kSlices / kKSlicesPerGroup : 0;
   constexpr int kVGroups = kVPairsPerGroup > 0 ? Tr::kSlices / 2 / kVPairsPerGroup : 0;
+  // A step's parameter words when the groups are known (fp16 planar: tc_param_words), else 0
+  constexpr int kKParamWords = kKGroups > 0 ? (kST * kKGroups * 2 + 3) / 4 + 1 : 0;
+  constexpr int kVParamWords = kVGroups > 0 ? (kST * kVGroups * 2 + 3) / 4 + 1 : 0;
   extern __shared__ uint4 tc_smem[];
   TcPrologue<D>& pro = *reinterpret_cast<TcPrologue<D>*>(tc_smem);
   uint32_t* stages = reinterpret_cast<uint32_t*>(tc_smem) + sizeof(TcPrologue<D>) / 4;
@@ -256,10 +259,10 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
       const int64_t t0 = step_start(s);
       const int n = step_keys(t0);
       const StepPages pages = page_shifts(t0, ids);  // contiguous: no page arithmetic (copy_step<.., false>)
-      copy_step<Tr::kKRowWords, typename Tr::KRows, kST, kChanK, kPaged>(st, st + lay.k_params, ks, t0, n_lo, n, lane,
-                                                                         k_magic, pages.k);
-      copy_step<Tr::kVRowWords, typename Tr::VRows, kST, false, kPaged>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0,
-                                                                        n_lo, n, lane, v_magic, pages.v);
+      copy_step<Tr::kKRowWords, typename Tr::KRows, kST, kChanK, kPaged, kKParamWords>(st, st + lay.k_params, ks, t0,
+                                                                                       n_lo, n, lane, k_magic, pages.k);
+      copy_step<Tr::kVRowWords, typename Tr::VRows, kST, false, kPaged, kVParamWords>(
+          st + kST * Tr::kKStride, st + lay.v_params, vs, t0, n_lo, n, lane, v_magic, pages.v);
     }
     cp_async_commit();  // empty groups keep the count uniform
   };
