@@ -231,7 +231,12 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
     constexpr int kHalf = 16 / kRowsPerPass;
     const uint8_t* src = s.lane_src + (kPaged ? ps.rows[0] : t0 * s.stride_t);
     const uint32_t dst = smem_address(codes);
-    auto at = [&](int k) { return dst + 4 * Rows::word(row0 + k * kRowsPerPass, 4 * ch); };
+    // pass k's rows lie k * kRowsPerPass rows further: a constant offset where that count is even
+    constexpr bool kAffine = kRowsPerPass % 2 == 0;
+    const uint32_t at0 = dst + 4 * Rows::word(row0, 4 * ch);
+    auto at = [&](int k) {
+      return kAffine ? at0 + 4 * Rows::even_rows_words(k * kRowsPerPass) : dst + 4 * Rows::word(row0 + k * kRowsPerPass, 4 * ch);
+    };
     if (n_lo == 0 && n == kStepTokens) {  // a whole step: no row masks
 #pragma unroll
       for (int k = 0; k < kPasses; ++k, src += s.pass_bytes) {
