@@ -132,9 +132,18 @@ __device__ __forceinline__ TcSource tc_source(const KvOperand& op, const TcOpera
 
 // One step's parameter span: `words` words, lane w + 32k from lane_src + 128k. The array's last
 // word may hold only a half (fp16, odd total): cp.async copies what is there and zero-fills the rest
-// (`inside`: the span ends before the array does, whole words).
+// (`inside`: the span ends before the array does, whole words). kMaxWords > 0: `words` is at most
+// that (the kernels whose groups a row are known), so the copies unroll into predicated ones (a
+// loop cost a step ~20 instructions a span, ncu: int4-head-asym's copies 22 % of its instructions).
+template <int kMaxWords = 0>
 __device__ __forceinline__ void copy_param_words(uint32_t* dst, const uint8_t* lane_src, const uint8_t* end,
                                                  const uint8_t* any_valid, int words, int lane, bool inside) {
+  if (kMaxWords > 0 && inside) {
+#pragma unroll
+    for (int k = 0; k < (kMaxWords + 31) / 32; ++k)
+      if (lane + 32 * k < words) cp_async4(smem_address(dst + lane + 32 * k), lane_src + 128 * k, true);
+    return;
+  }
   if (inside) {
 #pragma unroll 1
     for (int w = lane; w < words; w += 32, lane_src += 128) cp_async4(smem_address(dst + w), lane_src, true);
@@ -206,8 +215,8 @@ __device__ __forceinline__ void copy_rows_in_units(uint32_t* codes, uint32_t* pa
 // One step of rows [t0 + n_lo, t0 + n) into a stage: codes into `codes` (laid out as Rows says,
 // the other rows zero-filled so that masked keys multiply finite values), parameters into `params`
 // (kChannel: the step's token group of chan-tN parameters; a template argument, so that the other
-// kernels carry none of its arithmetic).
-template <int kRowWords, typename Rows, int kStepTokens, bool kChannel = false, bool kPaged = false>
+// kernels carry none of its arithmetic). kParamWords > 0: a bound on s.param_words.
+template <int kRowWords, typename Rows, int kStepTokens, bool kChannel = false, bool kPaged = false, int kParamWords = 0>
 __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, const TcSource& s, int64_t t0, int n_lo,
                                           int n, int lane, uint32_t units_magic, const PageShift& ps) {
   static_assert(kStepTokens <= 32, "PageShift holds two halves of 16 keys");
@@ -222,7 +231,12 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
     constexpr int kHalf = 16 / kRowsPerPass;
     const uint8_t* src = s.lane_src + (kPaged ? ps.rows[0] : t0 * s.stride_t);
     const uint32_t dst = smem_address(codes);
-    auto at = [&](int k) { return dst + 4 * Rows::word(row0 + k * kRowsPerPass, 4 * ch); };
+    // pass k's rows lie k * kRowsPerPass rows further: a constant offset where that count is even
+    constexpr bool kAffine = kRowsPerPass % 2 == 0;
+    const uint32_t at0 = dst + 4 * Rows::word(row0, 4 * ch);
+    auto at = [&](int k) {
+      return kAffine ? at0 + 4 * Rows::even_rows_words(k * kRowsPerPass) : dst + 4 * Rows::word(row0 + k * kRowsPerPass, 4 * ch);
+    };
     if (n_lo == 0 && n == kStepTokens) {  // a whole step: no row masks
 #pragma unroll
       for (int k = 0; k < kPasses; ++k, src += s.pass_bytes) {
@@ -256,10 +270,11 @@ __device__ __forceinline__ void copy_step(uint32_t* codes, uint32_t* params, con
     const int64_t advance = kPaged     ? ps.params[0]
                             : kChannel ? t0 / s.channel_tokens * s.channel_bytes
                                        : (t0 - s.t_origin) * s.param_row_bytes;
-    copy_param_words(params, s.scale_lane + advance, s.scale_end, s.scales, s.param_words, lane, s.params_inside);
+    copy_param_words<kParamWords>(params, s.scale_lane + advance, s.scale_end, s.scales, s.param_words, lane,
+                                  s.params_inside);
     if (s.asymmetric)
-      copy_param_words(params + s.param_words, s.zero_lane + advance, s.zero_end, s.zeros, s.param_words, lane,
-                       s.params_inside);
+      copy_param_words<kParamWords>(params + s.param_words, s.zero_lane + advance, s.zero_end, s.zeros, s.param_words,
+                                    lane, s.params_inside);
   }
 }
 

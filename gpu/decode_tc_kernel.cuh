@@ -153,6 +153,9 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   // Scale groups per row when the shape fixes them (0: read from p)
   constexpr int kKGroups = kKSlicesPerGroup > 0 ? Tr::kSlices / kKSlicesPerGroup : 0;
   constexpr int kVGroups = kVPairsPerGroup > 0 ? Tr::kSlices / 2 / kVPairsPerGroup : 0;
+  // A step's parameter words when the groups are known (fp16 planar: tc_param_words), else 0
+  constexpr int kKParamWords = kKGroups > 0 ? (kST * kKGroups * 2 + 3) / 4 + 1 : 0;
+  constexpr int kVParamWords = kVGroups > 0 ? (kST * kVGroups * 2 + 3) / 4 + 1 : 0;
   extern __shared__ uint4 tc_smem[];
   TcPrologue<D>& pro = *reinterpret_cast<TcPrologue<D>*>(tc_smem);
   uint32_t* stages = reinterpret_cast<uint32_t*>(tc_smem) + sizeof(TcPrologue<D>) / 4;
@@ -242,31 +245,30 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   const int my_steps = static_cast<int>(all_steps > warp ? (all_steps - warp + Tr::kWarps - 1) / Tr::kWarps : 0);
   uint32_t* ring = stages + warp * kS * lay.stage_words;
   const uint32_t k_magic = plan.k.units_magic, v_magic = plan.v.units_magic;
-  auto step_start = [&](int s) { return t_begin + (static_cast<int64_t>(s) * Tr::kWarps + warp) * kST; };
+  // Step s of this warp starts at t_first + s kWarps kST. A split's keys number below 2^31 (plan_decode
+  // checks T), so a step's keys are counted in 32 bits from the warp's first key, which the loop keeps
+  // (from the warp index it would re-read the thread index each step: ncu, a stall on S2R).
+  const int64_t t_first = t_begin + static_cast<int64_t>(warp) * kST;
+  const int keys_from_first = my_steps > 0 ? static_cast<int>(t_end - t_first) : 0;
+  auto step_start = [&](int s) { return t_first + static_cast<int64_t>(s) * (Tr::kWarps * kST); };
   // n_lo > 0 only for step 0 (kAlignedSteps), issued before the loop: the loop's copies carry no lower mask.
-  // Paged kernels count keys in 32 bits (tokens + kMaxSplits < 2^31: decode_launch.cu checks), so
-  // their steps' key counts and page indices take no 64-bit arithmetic.
-  const int t_end32 = static_cast<int>(t_end);
-  auto step_keys = [&](int64_t t0) {
-    return paged ? min(t_end32 - static_cast<int>(t0), kST) : static_cast<int>(t_end - t0 < kST ? t_end - t0 : kST);
-  };
+  auto step_keys = [&](int s) { return min(keys_from_first - s * (Tr::kWarps * kST), kST); };
   auto issue = [&](int s, int n_lo, PageIds ids) {
     if (s < my_steps) {
       uint32_t* st = ring + (s % kS) * lay.stage_words;
       const int64_t t0 = step_start(s);
-      const int n = step_keys(t0);
+      const int n = step_keys(s);
       const StepPages pages = page_shifts(t0, ids);  // contiguous: no page arithmetic (copy_step<.., false>)
-      copy_step<Tr::kKRowWords, typename Tr::KRows, kST, kChanK, kPaged>(st, st + lay.k_params, ks, t0, n_lo, n, lane,
-                                                                         k_magic, pages.k);
-      copy_step<Tr::kVRowWords, typename Tr::VRows, kST, false, kPaged>(st + kST * Tr::kKStride, st + lay.v_params, vs, t0,
-                                                                        n_lo, n, lane, v_magic, pages.v);
+      copy_step<Tr::kKRowWords, typename Tr::KRows, kST, kChanK, kPaged, kKParamWords>(st, st + lay.k_params, ks, t0,
+                                                                                       n_lo, n, lane, k_magic, pages.k);
+      copy_step<Tr::kVRowWords, typename Tr::VRows, kST, false, kPaged, kVParamWords>(
+          st + kST * Tr::kKStride, st + lay.v_params, vs, t0, n_lo, n, lane, v_magic, pages.v);
     }
     cp_async_commit();  // empty groups keep the count uniform
   };
   auto step_page_ids = [&](int s) {
     if (s >= my_steps) return PageIds{};
-    const int t0 = static_cast<int>(step_start(s));
-    return page_ids(t0, min(t_end32 - t0, kST));
+    return page_ids(static_cast<int>(step_start(s)), step_keys(s));  // paged: keys below 2^31 (decode_launch.cu)
   };
   // The first stages' copies (and the pages they read) are issued before the prologue, whose Q loads
   // and conversions then overlap them: the stages lie past the prologue's shared memory.
@@ -333,7 +335,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     const uint32_t* kc = st;
     const uint32_t* vc = st + kST * Tr::kKStride;
     const int64_t t0 = step_start(s);
-    const int n = step_keys(t0);
+    const int n = step_keys(s);
     // Rows [n_lo, n) are keys; n_lo > 0 only in the first step of a region that starts mid-group
     // or mid-page (kAlignedSteps), masked under a branch of its own.
     const int n_lo = s == 0 && warp == 0 ? first_masked : 0;

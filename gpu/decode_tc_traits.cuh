@@ -63,6 +63,9 @@ struct TcRows {
   static KVQ_HD int word(int row, int w) {
     return kPairs ? row * kRowWords + (row >> 1) * (2 * kPad) + w : row * kStride + w;
   }
+  // word(row + rows, w) - word(row, w) for an even `rows` (any row count without pairs): a constant
+  // the copies add as an immediate offset instead of computing each row's word.
+  static constexpr KVQ_HD int even_rows_words(int rows) { return rows * kStride; }
 };
 
 constexpr int tc_row_pad(int bits, int row_words, bool k) {
