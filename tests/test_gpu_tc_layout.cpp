@@ -40,6 +40,11 @@ void check_rows(int rows, bool on_sectors, const std::string& what) {
     for (int w = 0; w < Rows::kWords; ++w) words.insert(Rows::word(r, w));
   CHECK(words.size() == static_cast<size_t>(rows * Rows::kWords));  // no two elements share a word
   CHECK(*words.rbegin() < rows * Rows::kStride);                    // within the stage's rows
+  // copy_step's passes add even_rows_words(m) to a row's word for the row m further (m even)
+  int not_affine = 0;
+  for (int r = 0; r < rows; ++r)
+    for (int m = 0; r + m < rows; m += 2) not_affine += Rows::word(r + m, 0) != Rows::word(r, 0) + Rows::even_rows_words(m);
+  CHECK(not_affine == 0);
   if (!on_sectors) return;
   int off_sector = 0;
   for (int r = 0; r < rows; ++r)
