@@ -23,13 +23,18 @@
 # A base that is not a whole tree (no CMakeLists.txt) holds only the files that differ, at their paths
 # in this tree (e.g. .ab/files/gpu/quantize_token.cu): this tree is built once, those files are laid
 # over it and the same build directory rebuilt (a few translation units instead of a second tree),
-# and this tree's files put back.
+# and this tree's files put back. Both sides then share one configuration: KVQ_AB_CMAKE only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:?usage: scripts/device_ab.sh BASE_TREE_OR_FILES}
 [[ -d $base ]] || { echo "device_ab: $base: no such directory" >&2; exit 2; }
 overlay=0
 [[ -f $base/CMakeLists.txt ]] || overlay=1
+if ((overlay)) && [[ -n ${KVQ_AB_CMAKE_BASE:-}${KVQ_AB_CMAKE_HEAD:-} ]]; then
+  echo "device_ab: $base holds files to lay over this tree (one build directory): KVQ_AB_CMAKE_BASE / _HEAD" \
+       "need whole trees; KVQ_AB_CMAKE configures both sides" >&2
+  exit 2
+fi
 OUT=${OUT:-results/ab}
 mkdir -p "$OUT"
 bench=${KVQ_AB_BENCH:-decode}
@@ -50,7 +55,7 @@ if ((overlay)); then
   for f in $files; do [[ -f $f ]] || { echo "device_ab: $base/$f: this tree has no $f" >&2; exit 2; }; done
   echo "device_ab: building this tree, then again with $(echo "$files" | wc -w) file(s) of $base laid over it" >&2
   start=$SECONDS
-  build . build-ab-tree "${KVQ_AB_CMAKE_HEAD:-}"
+  build . build-ab-tree ""
   echo "device_ab: this tree built in $((SECONDS - start)) s" >&2
   snapshot build-ab-tree head
   saved=$(mktemp -d)
@@ -58,7 +63,7 @@ if ((overlay)); then
   trap restore EXIT
   for f in $files; do mkdir -p "$saved/$(dirname "$f")" && cp "$f" "$saved/$f" && cp "$base/$f" "$f"; done
   start=$SECONDS
-  KVQ_COMMIT="${KVQ_BASE_COMMIT:-base-unknown}" build . build-ab-tree "${KVQ_AB_CMAKE_HEAD:-}"
+  KVQ_COMMIT="${KVQ_BASE_COMMIT:-base-unknown}" build . build-ab-tree ""
   echo "device_ab: the base rebuilt in $((SECONDS - start)) s" >&2
   restore
   trap - EXIT
