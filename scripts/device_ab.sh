@@ -18,7 +18,8 @@
 # contiguous ratios. KVQ_AB_CMAKE adds cmake arguments to both trees' configure (e.g. "-DKVQ_TC_PAIRS=Int4:Int4"
 # builds that pair's decode kernels alone: minutes less), KVQ_AB_CMAKE_BASE / KVQ_AB_CMAKE_HEAD to one tree's:
 # the same sources with other tile knobs, e.g. KVQ_AB_CMAKE_HEAD='-DKVQ_TC_TUNING=KVQ_TC_STAGES=3' over a
-# base that is this commit. Writes $OUT/ab_<side>_<round>.csv and $OUT/ab.txt.
+# base that is this commit. Writes $OUT/ab_<side>_<round>.csv and $OUT/ab.txt (KVQ_AB_PACK=1: the CSVs,
+# logs and build logs in $OUT/ab_runs.tgz).
 #
 # A base that is not a whole tree (no CMakeLists.txt) holds only the files that differ, at their paths
 # in this tree (e.g. .ab/files/gpu/quantize_token.cu): this tree is built once, those files are laid
@@ -128,3 +129,8 @@ for key in sorted(base.keys() & head.keys()):
         line += f" {base_ratio[key]:9.3f} {head_ratio[key]:9.3f}"
     print(line)
 EOF
+# A lent GPU machine sends back few files (the device tool's README): KVQ_AB_PACK=1 leaves ab.txt and
+# one archive of the rounds' CSVs and logs and the build logs.
+if [[ ${KVQ_AB_PACK:-0} == 1 ]]; then
+  (cd "$OUT" && tar -czf ab_runs.tgz ab_*_*.csv ab_*_*.log build_*.log && rm -f ab_*_*.csv ab_*_*.log build_*.log)
+fi
