@@ -153,9 +153,9 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   // Scale groups per row when the shape fixes them (0: read from p)
   constexpr int kKGroups = kKSlicesPerGroup > 0 ? Tr::kSlices / kKSlicesPerGroup : 0;
   constexpr int kVGroups = kVPairsPerGroup > 0 ? Tr::kSlices / 2 / kVPairsPerGroup : 0;
-  // A step's parameter words when the groups are known (fp16 planar: tc_param_words), else 0
-  constexpr int kKParamWords = kKGroups > 0 ? (kST * kKGroups * 2 + 3) / 4 + 1 : 0;
-  constexpr int kVParamWords = kVGroups > 0 ? (kST * kVGroups * 2 + 3) / 4 + 1 : 0;
+  // A step's parameter words when the groups are known (fp16 planar parameters), else 0
+  constexpr int kKParamWords = kKGroups > 0 ? tc_span_words(kST, kKGroups, 2) : 0;
+  constexpr int kVParamWords = kVGroups > 0 ? tc_span_words(kST, kVGroups, 2) : 0;
   extern __shared__ uint4 tc_smem[];
   TcPrologue<D>& pro = *reinterpret_cast<TcPrologue<D>*>(tc_smem);
   uint32_t* stages = reinterpret_cast<uint32_t*>(tc_smem) + sizeof(TcPrologue<D>) / 4;

@@ -108,6 +108,11 @@ struct TcTraits {
 };
 
 // Words of shared memory one operand's parameters take per stage.
+// Words of one step's span of planar per-row parameters (+1: a span that starts mid-word).
+KVQ_HD constexpr int tc_span_words(int step_tokens, int groups, int param_bytes) {
+  return (step_tokens * groups * param_bytes + 3) / 4 + 1;
+}
+
 KVQ_HD int tc_param_words(const KvOperand& op, int step_tokens, int head_dim) {
   if (op.mode == ParamMode::kChannel) {  // one token group per step: D scales (and D zero points)
     const int one = head_dim * op.param_bytes() / 4;
@@ -120,7 +125,7 @@ KVQ_HD int tc_param_words(const KvOperand& op, int step_tokens, int head_dim) {
     case ParamMode::kInlineRow: return step_tokens * groups;  // one (scale, shift) word per group
     default: break;
   }
-  const int one = (step_tokens * groups * op.param_bytes() + 3) / 4 + 1;  // +1: a span that starts mid-word
+  const int one = tc_span_words(step_tokens, groups, op.param_bytes());
   return op.asymmetric ? 2 * one : one;
 }
 
