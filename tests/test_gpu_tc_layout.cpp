@@ -103,6 +103,38 @@ void check_v_reads(int pairs, const std::string& what) {
       }
 }
 
+// int4 K a word a lane for two k-slices (k_fragment<.., kWords>): lane (g, c) reads word
+// tc_int4_k_word(j, c) of rows 16 mt + g and + 8, in 32 banks; the element the fragment puts at each k
+// position (a packed row holds element e in nibble e % 8 of word e / 8) is the Q element the prologue
+// stores in that slot, and the slots are a permutation of the row.
+template <typename Rows>
+void check_int4_k_words(int slices, const std::string& what) {
+  CAPTURE(what);
+  for (int mt = 0; mt < 2; ++mt)
+    for (int j = 0; j < slices; ++j)
+      for (int half = 0; half < 2; ++half) {
+        Read read(32);
+        for (int lane = 0; lane < 32; ++lane)
+          read[lane] = {Rows::word(16 * mt + lane / 4 + 8 * half, detail::tc_int4_k_word(j, lane % 4))};
+        CAPTURE(j);
+        CHECK(conflict_free(read));
+      }
+  const int d_max = 16 * slices;
+  std::set<int> slots;
+  for (int d = 0; d < d_max; ++d) slots.insert(detail::tc_int4_k_q_slot(d));
+  CHECK(slots.size() == static_cast<size_t>(d_max));
+  CHECK(*slots.rbegin() == d_max - 1);
+  int wrong = 0;
+  for (int j = 0; j < slices; ++j)
+    for (int c = 0; c < 4; ++c) {
+      // the word shifted right by a byte for odd j; pairs low: nibbles (0, 4), high: (1, 5)
+      const int first = 8 * detail::tc_int4_k_word(j, c) + 2 * (j & 1);
+      const int element[4] = {first, first + 4, first + 1, first + 5};
+      for (int k = 0; k < 4; ++k) wrong += detail::tc_int4_k_q_slot(element[k]) != 16 * j + 4 * c + k;
+    }
+  CHECK(wrong == 0);
+}
+
 template <KvFormat FK, KvFormat FV, int D>
 void check_traits(const std::string& what) {
   using Tr = detail::TcTraits<FK, FV, D>;
@@ -126,6 +158,7 @@ void check_head_dim() {
   check_traits<KvFormat::kInt8, KvFormat::kInt8, D>("int8" + d);
   check_traits<KvFormat::kFp8E4m3, KvFormat::kFp8E4m3, D>("fp8" + d);
   check_traits<KvFormat::kInt4, KvFormat::kInt4, D>("int4" + d);
+  check_int4_k_words<typename detail::TcTraits<KvFormat::kInt4, KvFormat::kInt4, D>::KRows>(D / 16, "int4 K words" + d);
   check_traits<KvFormat::kLut4, KvFormat::kLut4, D>("lut4" + d);
   check_traits<KvFormat::kInt5, KvFormat::kInt5, D>("int5" + d);
   check_traits<KvFormat::kInt8, KvFormat::kBf16, D>("int8/bf16" + d);
