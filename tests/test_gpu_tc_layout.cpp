@@ -135,6 +135,36 @@ void check_int4_k_words(int slices, const std::string& what) {
   CHECK(wrong == 0);
 }
 
+// int4 V likewise (v_fragments<.., kWords>): lane (g, c) reads word tc_int4_v_word(i, g) of keys
+// 16 mt + 2c + {0, 1, 8, 9}, in 32 banks; m-tile j's row g takes byte 2 (i % 2) + j % 2's low nibble
+// (row g + 8 its high one), which is the element the kernel stores that accumulator as
+// (tc_v_row_element), and the rows of the m-tiles cover the row once.
+template <typename Rows>
+void check_int4_v_words(int pairs, const std::string& what) {
+  CAPTURE(what);
+  for (int mt = 0; mt < 2; ++mt)
+    for (int i = 0; i < pairs; ++i)
+      for (int key : {0, 1, 8, 9}) {
+        Read read(32);
+        for (int lane = 0; lane < 32; ++lane)
+          read[lane] = {Rows::word(16 * mt + 2 * (lane % 4) + key, detail::tc_int4_v_word(i, lane / 4))};
+        CAPTURE(i);
+        CHECK(conflict_free(read));
+      }
+  std::set<int> elements;
+  int wrong = 0;
+  for (int j = 0; j < 2 * pairs; ++j)
+    for (int g = 0; g < 8; ++g) {
+      const int i = j / 2, byte = 2 * (i % 2) + j % 2;
+      const int element = 8 * detail::tc_int4_v_word(i, g) + 2 * byte;  // the byte's low nibble
+      wrong += detail::tc_v_row_element(j, g, true) != element;
+      elements.insert(element), elements.insert(element + 1);
+    }
+  CHECK(wrong == 0);
+  CHECK(elements.size() == static_cast<size_t>(32 * pairs));
+  CHECK(*elements.rbegin() == 32 * pairs - 1);
+}
+
 template <KvFormat FK, KvFormat FV, int D>
 void check_traits(const std::string& what) {
   using Tr = detail::TcTraits<FK, FV, D>;
@@ -159,6 +189,7 @@ void check_head_dim() {
   check_traits<KvFormat::kFp8E4m3, KvFormat::kFp8E4m3, D>("fp8" + d);
   check_traits<KvFormat::kInt4, KvFormat::kInt4, D>("int4" + d);
   check_int4_k_words<typename detail::TcTraits<KvFormat::kInt4, KvFormat::kInt4, D>::KRows>(D / 16, "int4 K words" + d);
+  check_int4_v_words<typename detail::TcTraits<KvFormat::kInt4, KvFormat::kInt4, D>::VRows>(D / 32, "int4 V words" + d);
   check_traits<KvFormat::kLut4, KvFormat::kLut4, D>("lut4" + d);
   check_traits<KvFormat::kInt5, KvFormat::kInt5, D>("int5" + d);
   check_traits<KvFormat::kInt8, KvFormat::kBf16, D>("int8/bf16" + d);
