@@ -504,7 +504,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
                 "the warps' merge (and a cluster's split O) fits in the stages");
 
   // ---- merge the warps: unnormalized O, max and sum per head through shared memory
-  float* w_o = reinterpret_cast<float*>(stages);  // [warp][head][D]
+  float* w_o = reinterpret_cast<float*>(stages);  // [warp][head][D], each row swizzled (tc_w_o_slot)
   float* w_m = w_o + Tr::kWarps * Tr::kHeads * D;  // [warp][head]
   float* w_l = w_m + Tr::kWarps * Tr::kHeads;
   const float inv_fold = 1.0f / v_fold;
@@ -526,7 +526,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     for (int e = 0; e < 4; ++e) {
       const int hh = e % 2, d = d0 + e / 2;
       const float value = kVQuant ? __fmaf_rn(o[j][e], inv_fold, z[hh]) : o[j][e];
-      w_o[(warp * Tr::kHeads + 2 * c + hh) * D + d] = value;
+      w_o[(warp * Tr::kHeads + 2 * c + hh) * D + tc_w_o_slot(2 * c + hh, d)] = value;
     }
   }
   if (g == 0) {
@@ -574,7 +574,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     const int i = idx / D, d = idx % D;
     float out = 0.0f;
 #pragma unroll
-    for (int w = 0; w < Tr::kWarps; ++w) out = __fmaf_rn(w_weight[i * Tr::kWarps + w], w_o[(w * Tr::kHeads + i) * D + d], out);
+    for (int w = 0; w < Tr::kWarps; ++w) out = __fmaf_rn(w_weight[i * Tr::kWarps + w], w_o[(w * Tr::kHeads + i) * D + tc_w_o_slot(i, d)], out);
     return out;
   };
   if (!p.v.hadamard) {

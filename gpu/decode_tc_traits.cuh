@@ -151,6 +151,12 @@ KVQ_HD constexpr int tc_v_row_element(int j, int g, bool int4_words) {
   return int4_words ? 32 * (i & ~1) + 8 * g + 4 * (i & 1) + 2 * (j % 2) : 32 * i + 4 * g + 2 * (j % 2);
 }
 
+// Where element d of head h's row of a warp's O goes in the warps' merge area: rows of D floats put
+// every head of a store (lanes 4g + c: heads 2c + {0, 1}, elements tc_v_row_element) in one bank, 4
+// ways, 8 with the int4 word reads' elements 8g apart; the head's c flips bits 0-1 and bit 5 of d bit
+// 2, so that each store, and each read of 32 aligned elements of a row by the merge, takes 32 banks.
+KVQ_HD constexpr int tc_w_o_slot(int h, int d) { return d ^ ((d >> 3) & 4) ^ ((h >> 1) & 3); }
+
 struct TcStageLayout {
   int k_params = 0, v_params = 0;  // word offsets within a stage (the codes come first)
   int stage_words = 0;

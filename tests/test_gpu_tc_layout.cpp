@@ -165,6 +165,37 @@ void check_int4_v_words(int pairs, const std::string& what) {
   CHECK(*elements.rbegin() == 32 * pairs - 1);
 }
 
+// The warps' O in the merge area (tc_w_o_slot): a permutation of each head's row; every store of
+// the epilogue (accumulator j, element e: lane (g, c) writes head 2c + e % 2, element
+// tc_v_row_element(j, g) + e / 2) and every read of 32 aligned elements of a row in 32 banks.
+void check_w_o_slots(int d_max, bool int4_words) {
+  CAPTURE(d_max);
+  CAPTURE(int4_words);
+  for (int h = 0; h < 8; ++h) {
+    std::set<int> slots;
+    for (int d = 0; d < d_max; ++d) slots.insert(detail::tc_w_o_slot(h, d));
+    CHECK(slots.size() == static_cast<size_t>(d_max));
+    CHECK(*slots.rbegin() == d_max - 1);
+  }
+  for (int j = 0; j < d_max / 16; ++j)
+    for (int e = 0; e < 4; ++e) {
+      Read store(32);
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, h = 2 * (lane % 4) + e % 2;
+        store[lane] = {h * d_max + detail::tc_w_o_slot(h, detail::tc_v_row_element(j, g, int4_words) + e / 2)};
+      }
+      CAPTURE(j);
+      CAPTURE(e);
+      CHECK(conflict_free(store));
+    }
+  for (int h = 0; h < 8; ++h)
+    for (int d0 = 0; d0 < d_max; d0 += 32) {
+      Read read(32);
+      for (int lane = 0; lane < 32; ++lane) read[lane] = {h * d_max + detail::tc_w_o_slot(h, d0 + lane)};
+      CHECK(conflict_free(read));
+    }
+}
+
 template <KvFormat FK, KvFormat FV, int D>
 void check_traits(const std::string& what) {
   using Tr = detail::TcTraits<FK, FV, D>;
@@ -190,6 +221,8 @@ void check_head_dim() {
   check_traits<KvFormat::kInt4, KvFormat::kInt4, D>("int4" + d);
   check_int4_k_words<typename detail::TcTraits<KvFormat::kInt4, KvFormat::kInt4, D>::KRows>(D / 16, "int4 K words" + d);
   check_int4_v_words<typename detail::TcTraits<KvFormat::kInt4, KvFormat::kInt4, D>::VRows>(D / 32, "int4 V words" + d);
+  check_w_o_slots(D, false);
+  check_w_o_slots(D, true);
   check_traits<KvFormat::kLut4, KvFormat::kLut4, D>("lut4" + d);
   check_traits<KvFormat::kInt5, KvFormat::kInt5, D>("int5" + d);
   check_traits<KvFormat::kInt8, KvFormat::kBf16, D>("int8/bf16" + d);
