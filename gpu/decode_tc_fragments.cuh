@@ -359,6 +359,13 @@ __device__ __forceinline__ int q_perm(int k) {
   if constexpr (F == KvFormat::kInt4 || F == KvFormat::kInt4Fbgemm || F == KvFormat::kInt5) return k == 1 ? 2 : k == 2 ? 1 : k;
   return k;
 }
+// Q's element d in the prologue's array: the lane's 4 operands of a k-slice in one 8-byte word, in
+// the order k_fragment<F, .., kWords> produces K's elements.
+template <KvFormat F, bool kWords>
+__device__ __forceinline__ int q_slot(int d) {
+  if constexpr (kWords) return tc_int4_k_q_slot(d);
+  return (d & ~3) | q_perm<F>(d & 3);
+}
 
 inline constexpr uint32_t kFp16Magic = 0x64006400u;  // 1024.0 in both halves
 
@@ -413,9 +420,11 @@ __device__ __forceinline__ uint32_t lut4_lookup(uint32_t nibbles, const uint32_t
   return __byte_perm(lo, hi, 0x3210u | (nibbles & 0x8888u) >> 1);
 }
 
-// A fragment of k-slice j for keys `row` and row + 8 of a stage's K codes.
-template <KvFormat F, typename Rows>
+// A fragment of k-slice j for keys `row` and row + 8 of a stage's K codes. kWords (int4): the
+// element order of tc_int4_k_word (k-slices j and j + 1 read the same word, which the compiler loads once).
+template <KvFormat F, typename Rows, bool kWords = false>
 __device__ __forceinline__ void k_fragment(const uint32_t* kc, int row, int j, int c, const TcSource& s, uint32_t (&a)[4]) {
+  static_assert(!kWords || F == KvFormat::kInt4, "word reads: int4 K");
   constexpr int kStride = Rows::kStride;
   const bool sym = !s.has_zero;
   if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp16) {
@@ -448,6 +457,12 @@ __device__ __forceinline__ void k_fragment(const uint32_t* kc, int row, int j, i
     const uint32_t s0 = f0 | f0 << 14, s1 = f1 | f1 << 14;  // elements d, d+2 at bits 0, 16; >> 1: d+1, d+3
     a[0] = int5_pair_low(x0, s0), a[1] = int5_pair_low(x1, s1);
     a[2] = int5_pair_high(x0, s0 >> 1), a[3] = int5_pair_high(x1, s1 >> 1);
+  } else if constexpr (kWords) {  // nibbles 0, 4 | 1, 5 of the word, or (a byte on) 2, 6 | 3, 7
+    const int shift = 8 * (j & 1);
+    const uint32_t x0 = kc[Rows::word(row, tc_int4_k_word(j, c))] >> shift;
+    const uint32_t x1 = kc[Rows::word(row + 8, tc_int4_k_word(j, c))] >> shift;
+    a[0] = nibble_pair_low(x0, sym), a[1] = nibble_pair_low(x1, sym);
+    a[2] = nibble_pair_high(x0, sym), a[3] = nibble_pair_high(x1, sym);
   } else {  // int4: 4 nibbles (2 bytes) per key; [b0, 0, b1, 0] puts nibbles 0,2 low and 1,3 high
     const uint16_t* h = reinterpret_cast<const uint16_t*>(kc);
     const uint32_t x0 = __byte_perm(h[(row * kStride + 2 * j) * 2 + c], 0u, 0x4140);
@@ -478,10 +493,12 @@ __device__ __forceinline__ void channel_dequant(uint32_t (&a)[4], const uint32_t
 }
 
 // A fragments of PV m-tiles 2i (`lo`) and 2i + 1 (`hi`) for the k-step whose lane keys are
-// key0 = 16 mt + 2c, key0 + 1, key0 + 8, key0 + 9.
-template <KvFormat F, typename Rows>
+// key0 = 16 mt + 2c, key0 + 1, key0 + 8, key0 + 9. kWords (int4): the elements of tc_int4_v_word
+// (pairs i and i + 1 read the same words, which the compiler loads once).
+template <KvFormat F, typename Rows, bool kWords = false>
 __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i, int g, const TcSource& s,
                                             uint32_t (&lo)[4], uint32_t (&hi)[4]) {
+  static_assert(!kWords || F == KvFormat::kInt4, "word reads: int4 V");
   const bool sym = !s.has_zero;
   const int rows[4] = {key0, key0 + 1, key0 + 8, key0 + 9};
   if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp16) {
@@ -533,13 +550,16 @@ __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i,
     hi[0] = int5_pair_low(a23, fa >> 2), hi[1] = int5_pair_high(a23, fa >> 3);
     hi[2] = int5_pair_low(b23, fb >> 2), hi[3] = int5_pair_high(b23, fb >> 3);
   } else {
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(vc);
     uint32_t x[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) x[k] = h[Rows::word(rows[k], 4 * i) * 2 + g];
+    for (int k = 0; k < 4; ++k)
+      x[k] = kWords ? vc[Rows::word(rows[k], tc_int4_v_word(i, g))]
+                    : reinterpret_cast<const uint16_t*>(vc)[Rows::word(rows[k], 4 * i) * 2 + g];
     // [A.b0, ., B.b0, .]: nibbles 0 (low) and 1 (high) of keys A, B; [A.b1, ., B.b1, .]: nibbles 2, 3
-    const uint32_t a01 = __byte_perm(x[0], x[1], 0x0400), a23 = __byte_perm(x[0], x[1], 0x0501);
-    const uint32_t b01 = __byte_perm(x[2], x[3], 0x0400), b23 = __byte_perm(x[2], x[3], 0x0501);
+    // (kWords, odd i: bytes 2 and 3)
+    const uint32_t sel01 = kWords && (i & 1) ? 0x0602 : 0x0400, sel23 = kWords && (i & 1) ? 0x0703 : 0x0501;
+    const uint32_t a01 = __byte_perm(x[0], x[1], sel01), a23 = __byte_perm(x[0], x[1], sel23);
+    const uint32_t b01 = __byte_perm(x[2], x[3], sel01), b23 = __byte_perm(x[2], x[3], sel23);
     lo[0] = nibble_pair_low(a01, sym), lo[1] = nibble_pair_high(a01, sym);
     lo[2] = nibble_pair_low(b01, sym), lo[3] = nibble_pair_high(b01, sym);
     hi[0] = nibble_pair_low(a23, sym), hi[1] = nibble_pair_high(a23, sym);

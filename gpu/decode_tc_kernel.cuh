@@ -82,7 +82,7 @@ __device__ __forceinline__ void hadamard_across_lanes(float (&x)[E], int lane, i
 
 // Q of the CTA's heads as MMA operands, per-head logit factors and sum(q) per K scale group. A warp
 // per head, each lane E = D/32 consecutive elements: one load, shuffles for the max and the sums.
-template <typename Tr, int D>
+template <typename Tr, int D, bool kKWords>
 __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, const TcPlan& plan, int64_t b, int64_t hk,
                             int64_t hb) {
   const int64_t group_size = plan.group_size;
@@ -118,8 +118,7 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, const TcP
     for (int e = 0; e < E; ++e) {
       // cvt.rn straight (the codec's fp32_to_fp16_bits for every non-NaN value; a NaN Q gives NaN either way)
       const uint16_t op = kBf16Q ? bits[e] : __half_as_ushort(__float2half_rn(x[e] * pow2(exponent)));
-      const int pos = E * lane + e;  // stored in the fragment's order: a lane's 4 operands in one 8-byte word
-      pro.q[i][(pos & ~3) | q_perm<Tr::K::kFormat>(pos & 3)] = op;
+      pro.q[i][q_slot<Tr::K::kFormat, kKWords>(E * lane + e)] = op;  // in k_fragment's order
       sum += kBf16Q ? bf16_bits_to_fp32(op) : __half2float(__ushort_as_half(op));
     }
     for (int o = 1; o < lanes_per_group; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -149,6 +148,9 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   constexpr bool kChanK = kKSlicesPerGroup < 0;
   constexpr bool kKQuant = Tr::K::kQuantized && !kChanK, kVQuant = Tr::V::kQuantized;  // kKQuant: scales after QK
   constexpr bool kVBlocks16 = kVPairsPerGroup < 0;
+  // int4 K a word a lane for two k-slices where no scale group ends between them (tc_int4_k_word)
+  constexpr bool kKWords = FK == KvFormat::kInt4 && kKSlicesPerGroup >= 2;
+  constexpr bool kVWords = FV == KvFormat::kInt4 && kVPairsPerGroup >= 2;  // tc_int4_v_word
   constexpr int kST = Tr::kStepTokens, kS = Tr::kStages;
   // Scale groups per row when the shape fixes them (0: read from p)
   constexpr int kKGroups = kKSlicesPerGroup > 0 ? Tr::kSlices / kKSlicesPerGroup : 0;
@@ -300,7 +302,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     // mxfp4's zero block stores e = 0 (2^-127): folding by it would lift the next blocks' P' past fp16
     if (FV == KvFormat::kLut4 && vs.scale_dtype == ScaleDtype::kE8M0 && first_v_scale < 0x1p-120f) first_v_scale = 0.0f;
   }
-  tc_prologue<Tr, D>(pro, p, plan, b, hk, hb);
+  tc_prologue<Tr, D, kKWords>(pro, p, plan, b, hk, hb);
   __syncthreads();
 
   // This lane's Q operands (head g) of k-slice j. Kept in registers by the one-group-per-row kernels;
@@ -360,7 +362,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
 #pragma unroll
       for (int mt = 0; mt < Tr::kMTiles; ++mt) {
         uint32_t a[4];
-        k_fragment<FK, typename Tr::KRows>(kc, 16 * mt + g, j, c, ks, a);
+        k_fragment<FK, typename Tr::KRows, kKWords>(kc, 16 * mt + g, j, c, ks, a);
         if constexpr (kChanK) channel_dequant<FK>(a, st + lay.k_params, ks.param_words, j, c, ks.asymmetric);
         const uint2 qj = kQInRegisters ? qf[j] : q_operands(j);
         mma_16816<Tr::K::kBf16Mma>(acc[mt][j % kChains], a, qj.x, qj.y);
@@ -489,7 +491,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
 #pragma unroll
       for (int mt = 0; mt < Tr::kMTiles; ++mt) {
         uint32_t lo[4], hi[4];
-        v_fragments<FV, typename Tr::VRows>(vc, 16 * mt + 2 * c, i, g, vs, lo, hi);
+        v_fragments<FV, typename Tr::VRows, kVWords>(vc, 16 * mt + 2 * c, i, g, vs, lo, hi);
         if constexpr (kVBlocks16) scale_v_blocks16(lo, hi, st + lay.v_params, vs, 16 * mt + 2 * c, i, g, n_lo, n);
         mma_16816<Tr::V::kBf16Mma>(o[2 * i], lo, pb[mt][0], pb[mt][1]);
         mma_16816<Tr::V::kBf16Mma>(o[2 * i + 1], hi, pb[mt][0], pb[mt][1]);
@@ -502,7 +504,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
                 "the warps' merge (and a cluster's split O) fits in the stages");
 
   // ---- merge the warps: unnormalized O, max and sum per head through shared memory
-  float* w_o = reinterpret_cast<float*>(stages);  // [warp][head][D]
+  float* w_o = reinterpret_cast<float*>(stages);  // [warp][head][D], each row swizzled (tc_w_o_slot)
   float* w_m = w_o + Tr::kWarps * Tr::kHeads * D;  // [warp][head]
   float* w_l = w_m + Tr::kWarps * Tr::kHeads;
   const float inv_fold = 1.0f / v_fold;
@@ -514,7 +516,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
   }
 #pragma unroll
   for (int j = 0; j < Tr::kSlices; ++j) {
-    const int i = j / 2, d0 = 32 * i + 4 * g + 2 * (j % 2);  // rows g -> d0, g + 8 -> d0 + 1
+    const int i = j / 2, d0 = tc_v_row_element(j, g, kVWords);  // rows g -> d0, g + 8 -> d0 + 1
     const int first = i & ~((1 << v_shift) - 1);                // the pair that holds the group's sum(p z)
     float z[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -524,7 +526,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     for (int e = 0; e < 4; ++e) {
       const int hh = e % 2, d = d0 + e / 2;
       const float value = kVQuant ? __fmaf_rn(o[j][e], inv_fold, z[hh]) : o[j][e];
-      w_o[(warp * Tr::kHeads + 2 * c + hh) * D + d] = value;
+      w_o[(warp * Tr::kHeads + 2 * c + hh) * D + tc_w_o_slot(2 * c + hh, d)] = value;
     }
   }
   if (g == 0) {
@@ -572,7 +574,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D>::kThreads, TcTraits<FK, FV
     const int i = idx / D, d = idx % D;
     float out = 0.0f;
 #pragma unroll
-    for (int w = 0; w < Tr::kWarps; ++w) out = __fmaf_rn(w_weight[i * Tr::kWarps + w], w_o[(w * Tr::kHeads + i) * D + d], out);
+    for (int w = 0; w < Tr::kWarps; ++w) out = __fmaf_rn(w_weight[i * Tr::kWarps + w], w_o[(w * Tr::kHeads + i) * D + tc_w_o_slot(i, d)], out);
     return out;
   };
   if (!p.v.hadamard) {

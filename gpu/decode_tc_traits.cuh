@@ -129,6 +129,34 @@ KVQ_HD int tc_param_words(const KvOperand& op, int step_tokens, int head_dim) {
   return op.asymmetric ? 2 * one : one;
 }
 
+// int4 K read a word a lane for two k-slices (the kernels whose K scale groups hold whole pairs of
+// k-slices): lane c's word tc_int4_k_word of a key row holds elements e = 16 (j & ~1) + 8c + {0..7};
+// the even k-slice takes e + {0, 4, 1, 5} (nibble pairs of bytes 0 and 2), the odd one, after a shift
+// by a byte, e + {2, 6, 3, 7}, at k positions {2c, 2c + 1, 2c + 8, 2c + 9}. One load and one shift
+// where two 16-bit loads and two byte permutes read the same codes.
+KVQ_HD constexpr int tc_int4_k_word(int j, int c) { return 2 * (j & ~1) + c; }
+// Where Q's element d goes in the prologue's array, whose slice j, lane c operands lie at 16j + 4c + k.
+KVQ_HD constexpr int tc_int4_k_q_slot(int d) {
+  const int e = d % 8, c = d % 32 / 8, odd_slice = (e >> 1) & 1;
+  return 16 * (2 * (d / 32) + odd_slice) + 4 * c + ((e & 1) << 1 | e >> 2);
+}
+
+// int4 V likewise (the kernels whose V scale groups hold whole pairs of m-tile pairs): lane g's word
+// tc_int4_v_word of a key row holds elements 32 (i & ~1) + 8g + {0..7}, bytes 0, 1 for m-tile pair i
+// (i even), bytes 2, 3 for i + 1. Elements of m-tile j's row g (row g + 8: the next element),
+// tc_v_row_element: where the kernel stores each accumulator of O.
+KVQ_HD constexpr int tc_int4_v_word(int i, int g) { return 4 * (i & ~1) + g; }
+KVQ_HD constexpr int tc_v_row_element(int j, int g, bool int4_words) {
+  const int i = j / 2;
+  return int4_words ? 32 * (i & ~1) + 8 * g + 4 * (i & 1) + 2 * (j % 2) : 32 * i + 4 * g + 2 * (j % 2);
+}
+
+// Where element d of head h's row of a warp's O goes in the warps' merge area: rows of D floats put
+// every head of a store (lanes 4g + c: heads 2c + {0, 1}, elements tc_v_row_element) in one bank, 4
+// ways, 8 with the int4 word reads' elements 8g apart; the head's c flips bits 0-1 and bit 5 of d bit
+// 2, so that each store, and each read of 32 aligned elements of a row by the merge, takes 32 banks.
+KVQ_HD constexpr int tc_w_o_slot(int h, int d) { return d ^ ((d >> 3) & 4) ^ ((h >> 1) & 3); }
+
 struct TcStageLayout {
   int k_params = 0, v_params = 0;  // word offsets within a stage (the codes come first)
   int stage_words = 0;

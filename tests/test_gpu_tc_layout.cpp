@@ -103,6 +103,99 @@ void check_v_reads(int pairs, const std::string& what) {
       }
 }
 
+// int4 K a word a lane for two k-slices (k_fragment<.., kWords>): lane (g, c) reads word
+// tc_int4_k_word(j, c) of rows 16 mt + g and + 8, in 32 banks; the element the fragment puts at each k
+// position (a packed row holds element e in nibble e % 8 of word e / 8) is the Q element the prologue
+// stores in that slot, and the slots are a permutation of the row.
+template <typename Rows>
+void check_int4_k_words(int slices, const std::string& what) {
+  CAPTURE(what);
+  for (int mt = 0; mt < 2; ++mt)
+    for (int j = 0; j < slices; ++j)
+      for (int half = 0; half < 2; ++half) {
+        Read read(32);
+        for (int lane = 0; lane < 32; ++lane)
+          read[lane] = {Rows::word(16 * mt + lane / 4 + 8 * half, detail::tc_int4_k_word(j, lane % 4))};
+        CAPTURE(j);
+        CHECK(conflict_free(read));
+      }
+  const int d_max = 16 * slices;
+  std::set<int> slots;
+  for (int d = 0; d < d_max; ++d) slots.insert(detail::tc_int4_k_q_slot(d));
+  CHECK(slots.size() == static_cast<size_t>(d_max));
+  CHECK(*slots.rbegin() == d_max - 1);
+  int wrong = 0;
+  for (int j = 0; j < slices; ++j)
+    for (int c = 0; c < 4; ++c) {
+      // the word shifted right by a byte for odd j; pairs low: nibbles (0, 4), high: (1, 5)
+      const int first = 8 * detail::tc_int4_k_word(j, c) + 2 * (j & 1);
+      const int element[4] = {first, first + 4, first + 1, first + 5};
+      for (int k = 0; k < 4; ++k) wrong += detail::tc_int4_k_q_slot(element[k]) != 16 * j + 4 * c + k;
+    }
+  CHECK(wrong == 0);
+}
+
+// int4 V likewise (v_fragments<.., kWords>): lane (g, c) reads word tc_int4_v_word(i, g) of keys
+// 16 mt + 2c + {0, 1, 8, 9}, in 32 banks; m-tile j's row g takes byte 2 (i % 2) + j % 2's low nibble
+// (row g + 8 its high one), which is the element the kernel stores that accumulator as
+// (tc_v_row_element), and the rows of the m-tiles cover the row once.
+template <typename Rows>
+void check_int4_v_words(int pairs, const std::string& what) {
+  CAPTURE(what);
+  for (int mt = 0; mt < 2; ++mt)
+    for (int i = 0; i < pairs; ++i)
+      for (int key : {0, 1, 8, 9}) {
+        Read read(32);
+        for (int lane = 0; lane < 32; ++lane)
+          read[lane] = {Rows::word(16 * mt + 2 * (lane % 4) + key, detail::tc_int4_v_word(i, lane / 4))};
+        CAPTURE(i);
+        CHECK(conflict_free(read));
+      }
+  std::set<int> elements;
+  int wrong = 0;
+  for (int j = 0; j < 2 * pairs; ++j)
+    for (int g = 0; g < 8; ++g) {
+      const int i = j / 2, byte = 2 * (i % 2) + j % 2;
+      const int element = 8 * detail::tc_int4_v_word(i, g) + 2 * byte;  // the byte's low nibble
+      wrong += detail::tc_v_row_element(j, g, true) != element;
+      elements.insert(element), elements.insert(element + 1);
+    }
+  CHECK(wrong == 0);
+  CHECK(elements.size() == static_cast<size_t>(32 * pairs));
+  CHECK(*elements.rbegin() == 32 * pairs - 1);
+}
+
+// The warps' O in the merge area (tc_w_o_slot): a permutation of each head's row; every store of
+// the epilogue (accumulator j, element e: lane (g, c) writes head 2c + e % 2, element
+// tc_v_row_element(j, g) + e / 2) and every read of 32 aligned elements of a row in 32 banks.
+void check_w_o_slots(int d_max, bool int4_words) {
+  CAPTURE(d_max);
+  CAPTURE(int4_words);
+  for (int h = 0; h < 8; ++h) {
+    std::set<int> slots;
+    for (int d = 0; d < d_max; ++d) slots.insert(detail::tc_w_o_slot(h, d));
+    CHECK(slots.size() == static_cast<size_t>(d_max));
+    CHECK(*slots.rbegin() == d_max - 1);
+  }
+  for (int j = 0; j < d_max / 16; ++j)
+    for (int e = 0; e < 4; ++e) {
+      Read store(32);
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, h = 2 * (lane % 4) + e % 2;
+        store[lane] = {h * d_max + detail::tc_w_o_slot(h, detail::tc_v_row_element(j, g, int4_words) + e / 2)};
+      }
+      CAPTURE(j);
+      CAPTURE(e);
+      CHECK(conflict_free(store));
+    }
+  for (int h = 0; h < 8; ++h)
+    for (int d0 = 0; d0 < d_max; d0 += 32) {
+      Read read(32);
+      for (int lane = 0; lane < 32; ++lane) read[lane] = {h * d_max + detail::tc_w_o_slot(h, d0 + lane)};
+      CHECK(conflict_free(read));
+    }
+}
+
 template <KvFormat FK, KvFormat FV, int D>
 void check_traits(const std::string& what) {
   using Tr = detail::TcTraits<FK, FV, D>;
@@ -126,6 +219,10 @@ void check_head_dim() {
   check_traits<KvFormat::kInt8, KvFormat::kInt8, D>("int8" + d);
   check_traits<KvFormat::kFp8E4m3, KvFormat::kFp8E4m3, D>("fp8" + d);
   check_traits<KvFormat::kInt4, KvFormat::kInt4, D>("int4" + d);
+  check_int4_k_words<typename detail::TcTraits<KvFormat::kInt4, KvFormat::kInt4, D>::KRows>(D / 16, "int4 K words" + d);
+  check_int4_v_words<typename detail::TcTraits<KvFormat::kInt4, KvFormat::kInt4, D>::VRows>(D / 32, "int4 V words" + d);
+  check_w_o_slots(D, false);
+  check_w_o_slots(D, true);
   check_traits<KvFormat::kLut4, KvFormat::kLut4, D>("lut4" + d);
   check_traits<KvFormat::kInt5, KvFormat::kInt5, D>("int5" + d);
   check_traits<KvFormat::kInt8, KvFormat::kBf16, D>("int8/bf16" + d);
