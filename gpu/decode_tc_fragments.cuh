@@ -5,10 +5,11 @@
 //  - QK (keys in M, heads in N, D is the reduction): a lane reads 4 consecutive elements
 //    d = 16j + 4c + {0..3} of keys g and g+8 for k-slice j. D may be permuted freely as long as Q
 //    follows, so the 4 elements fill k positions {2c, 2c+1, 2c+8, 2c+9} in whatever order the
-//    conversion produces them (kQPerm).
+//    conversion produces them (q_perm; int4 read a word for two k-slices: tc_int4_k_word).
 //  - PV (D in M, keys the reduction, heads in N): m-tiles 2i and 2i+1 take d = 32i + 4g + {0..3}
 //    (rows g and g+8 of each), keys 2c, 2c+1, 2c+8, 2c+9 of the 16-key k-step: a lane reads 4
-//    consecutive elements of each of its 4 keys and pairs equal d across two keys.
+//    consecutive elements of each of its 4 keys and pairs equal d across two keys (int4 read a word
+//    for two m-tile pairs: tc_int4_v_word, and O's elements follow, tc_v_row_element).
 // Codes become fp16 exactly: a code byte or nibble ORed into the mantissa of 1024.0 (0x6400) is
 // 1024 + u, one fp16 subtraction (or fma for a nibble in bits 4..7) leaves the signed code. FP8
 // values are fp16 values: e5m2 is the high byte of its fp16, e4m3 widens by one cvt per pair.
