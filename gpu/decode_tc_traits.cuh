@@ -107,12 +107,12 @@ struct TcTraits {
   }();
 };
 
-// Words of shared memory one operand's parameters take per stage.
 // Words of one step's span of planar per-row parameters (+1: a span that starts mid-word).
 KVQ_HD constexpr int tc_span_words(int step_tokens, int groups, int param_bytes) {
   return (step_tokens * groups * param_bytes + 3) / 4 + 1;
 }
 
+// Words of shared memory one operand's parameters take per stage.
 KVQ_HD int tc_param_words(const KvOperand& op, int step_tokens, int head_dim) {
   if (op.mode == ParamMode::kChannel) {  // one token group per step: D scales (and D zero points)
     const int one = head_dim * op.param_bytes() / 4;
