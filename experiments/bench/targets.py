@@ -206,14 +206,13 @@ def report(sources: dict, targets: List[Target] = TARGETS, gpu: Optional[str] = 
     gpus = sorted({r["gpu"] for rows in sources.values() for r in rows if r.get("gpu")})
     if gpus:
         print(f"GPU: {', '.join(gpus)}" + (f" (targets set on the {gpu})" if gpu and gpus != [gpu] else ""), file=out)
+    not_judged = []
     for t in targets:
         rows = sources.get(t.source)
-        if rows is None:
-            print(f"\n{t.name}: not judged (no --{t.source} CSV)", file=out)
-            continue
-        cases = t.cases(rows)
+        cases = t.cases(rows) if rows is not None else []
         if not cases:
-            print(f"\n{t.name}: not judged (no case of it in --{t.source})", file=out)
+            not_judged.append(f"  {t.name} ({'no case of it in' if rows is not None else 'no'} --{t.source}"
+                              f"{'' if rows is not None else ' CSV'})")
             continue
         judged += 1
         failing = [c for c in cases if not t.met(c[1])]
@@ -224,7 +223,9 @@ def report(sources: dict, targets: List[Target] = TARGETS, gpu: Optional[str] = 
         for case, value in sorted(cases, key=lambda c: c[1], reverse=t.at_most):
             if every_case or not t.met(value):
                 print(f"  {'ok  ' if t.met(value) else 'MISS'} {value:7.3f}  {case}", file=out)
-    print(f"\n{met} of {judged} targets judged are met ({len(targets) - judged} not judged)", file=out)
+    if not_judged:
+        print("\nNot judged:\n" + "\n".join(not_judged), file=out)
+    print(f"\n{met} of {judged} targets judged are met ({len(not_judged)} not judged)", file=out)
     return met, judged
 
 

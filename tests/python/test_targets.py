@@ -96,8 +96,9 @@ def test_report_verdicts_and_what_is_not_judged():
     assert "bf16 <= 1.0x cuDNN at every shape: MET (2 of 2 cases" in text
     assert "llama8b B=1 T=1K: int8-head and bf16 <= 0.8x cuDNN: NOT MET (0 of 1 cases" in text
     assert "  MISS   0.900  bf16 llama8b B=1 T=1024" in text
-    assert "quantize per-token >= 70% of the copy: not judged (no --quantize CSV)" in text
-    assert "smollm2 B=1: int8-head and bf16 <= 0.9x cuDNN: not judged (no case of it in --decode)" in text
+    assert "  quantize per-token >= 70% of the copy (no --quantize CSV)" in text
+    assert "  smollm2 B=1: int8-head and bf16 <= 0.9x cuDNN (no case of it in --decode)" in text
+    assert text.endswith("1 of 2 targets judged are met (11 not judged)\n")
 
 
 def test_a_csv_of_another_tool_is_refused_by_name(tmp_path):
