@@ -5,7 +5,8 @@
 # logs and CSV/JSON under $OUT; a short summary table last. Exits non-zero if any step fails.
 # KVQ_PHASE=check (build, tests, sanitizers, validate) or bench (build, benchmarks, sweep latency)
 # splits the work over two calls of a 10-minute device limit; the default runs both. The bench phase
-# ends by comparing every timing with the newest committed run on the same GPU (compare_runs.py).
+# ends by comparing every timing with the newest committed run on the same GPU (compare_runs.py) and
+# judging the speed targets from the run's own CSVs (targets.py, $OUT/targets.txt).
 # Narrower runs: KVQ_SHAPES, KVQ_SCHEMES, KVQ_DECODE_VARIANTS (passed to kvq bench), KVQ_BENCH_QUANTIZE=0,
 # KVQ_NCU=0, KVQ_SANITIZE=0, KVQ_VALIDATE_VARIANTS (regex for kvq validate), KVQ_VALIDATE_DUMPS (dumps,
 # space-separated, that the decode variants are validated on as well).
@@ -156,6 +157,14 @@ compare_with_committed() {
     --csv-out "$OUT/regressions.csv"
 }
 step "timings vs the newest committed run (5 %)" regressions.log compare_with_committed
+# The speed targets judged from this run's CSVs (ratios within the run; targets.txt lists the misses).
+judge_targets() {
+  local args=()
+  [[ -s $OUT/decode.csv ]] && args+=(--decode "$OUT/decode.csv")
+  [[ -s $OUT/quantize_bandwidth.csv ]] && args+=(--quantize "$OUT/quantize_bandwidth.csv")
+  ((${#args[@]})) && python3 experiments/bench/targets.py "${args[@]}" > "$OUT/targets.txt"
+}
+step "speed targets (targets.py)" targets.log judge_targets
 # The sweep on the bundled dump with each pair's decode latency (the trade-off plot's x axis).
 sweep_and_plot() {
   "$kvq" sweep --out "$logs/sweep" && cp "$logs/sweep/sweep.csv" "$OUT/sweep.csv" &&
