@@ -6,7 +6,7 @@
 # KVQ_PHASE=check (build, tests, sanitizers, validate) or bench (build, benchmarks, sweep latency)
 # splits the work over two calls of a 10-minute device limit; the default runs both. The bench phase
 # ends by comparing every timing with the newest committed run on the same GPU (compare_runs.py) and
-# judging the speed targets from the run's own CSVs (targets.py, $OUT/targets.txt).
+# judging the speed targets from the run's own CSVs (targets.py, in summary.txt).
 # Narrower runs: KVQ_SHAPES, KVQ_SCHEMES, KVQ_DECODE_VARIANTS (passed to kvq bench), KVQ_BENCH_QUANTIZE=0,
 # KVQ_NCU=0, KVQ_SANITIZE=0, KVQ_VALIDATE_VARIANTS (regex for kvq validate), KVQ_VALIDATE_DUMPS (dumps,
 # space-separated, that the decode variants are validated on as well).
@@ -157,12 +157,12 @@ compare_with_committed() {
     --csv-out "$OUT/regressions.csv"
 }
 step "timings vs the newest committed run (5 %)" regressions.log compare_with_committed
-# The speed targets judged from this run's CSVs (ratios within the run; targets.txt lists the misses).
+# The speed targets judged from this run's CSVs (ratios within the run; the summary lists the misses).
 judge_targets() {
   local args=()
   [[ -s $OUT/decode.csv ]] && args+=(--decode "$OUT/decode.csv")
   [[ -s $OUT/quantize_bandwidth.csv ]] && args+=(--quantize "$OUT/quantize_bandwidth.csv")
-  ((${#args[@]})) && python3 experiments/bench/targets.py "${args[@]}" > "$OUT/targets.txt"
+  ((${#args[@]})) && python3 experiments/bench/targets.py "${args[@]}" > "$logs/targets.txt"
 }
 step "speed targets (targets.py)" targets.log judge_targets
 # The sweep on the bundled dump with each pair's decode latency (the trade-off plot's x axis).
@@ -196,6 +196,7 @@ fi
   [[ -f $logs/bench.log ]] && grep -E "^read-only bandwidth" "$logs/bench.log" && sed -n '/fastest variant/,$p' "$logs/bench.log"
   echo
   [[ -f $logs/regressions.log ]] && cat "$logs/regressions.log" && echo
+  [[ -f $logs/targets.txt ]] && cat "$logs/targets.txt" && echo
   printf '%s\n' "${summary[@]}"
 } > "$OUT/summary.txt"
 cat "$OUT/summary.txt"
