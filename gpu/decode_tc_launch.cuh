@@ -43,9 +43,9 @@ inline TcGroupShape tc_group_shape(const DecodeParams& p) {
 }
 
 // One operand's share of a launch's plan (what tc_source and the copies would otherwise compute per thread).
-template <KvFormat FK, KvFormat FV, int D>
+template <KvFormat FK, KvFormat FV, int D, bool kLong>
 TcOperandPlan tc_operand_plan(const KvOperand& op, const DecodeParams& p, int row_words, bool is_k) {
-  using Tr = TcTraits<FK, FV, D>;
+  using Tr = TcTraits<FK, FV, D, kLong>;
   TcOperandPlan pl;
   pl.groups = op.group > 0 && op.mode != ParamMode::kChannel ? D / op.group : 1;
   pl.inline_words = op.inline_bytes / 4;
@@ -91,14 +91,14 @@ TcOperandPlan tc_operand_plan(const KvOperand& op, const DecodeParams& p, int ro
   return pl;
 }
 
-template <KvFormat FK, KvFormat FV, int D>
+template <KvFormat FK, KvFormat FV, int D, bool kLong>
 TcPlan tc_plan(const DecodeParams& p) {
-  using Tr = TcTraits<FK, FV, D>;
+  using Tr = TcTraits<FK, FV, D, kLong>;
   TcPlan plan;
-  const TcStageLayout lay = tc_stage_layout<FK, FV, D>(p);
+  const TcStageLayout lay = tc_stage_layout<FK, FV, D, kLong>(p);
   plan.k_params = lay.k_params, plan.v_params = lay.v_params, plan.stage_words = lay.stage_words;
-  plan.k = tc_operand_plan<FK, FV, D>(p.k, p, Tr::kKRowWords, true);
-  plan.v = tc_operand_plan<FK, FV, D>(p.v, p, Tr::kVRowWords, false);
+  plan.k = tc_operand_plan<FK, FV, D, kLong>(p.k, p, Tr::kKRowWords, true);
+  plan.v = tc_operand_plan<FK, FV, D, kLong>(p.v, p, Tr::kVRowWords, false);
   plan.group_size = static_cast<int>(p.q_heads / p.kv_heads);
   plan.head_blocks = (plan.group_size + Tr::kHeads - 1) / Tr::kHeads;
   const bool k_grouped = Tr::K::kQuantized && p.k.mode != ParamMode::kChannel;
@@ -121,10 +121,16 @@ struct TcEntry {
 };
 
 // The kernel of `shape`; paged caches (kernels of their own: kPaged) read with the same shapes, but
-// mixed pairs with the general one only (compile time).
-template <KvFormat FK, KvFormat FV, int D, bool kPaged>
+// mixed pairs with the general one only (compile time). kLong: 16-bit K and V in 32-key steps.
+template <KvFormat FK, KvFormat FV, int D, bool kPaged, bool kLong = false>
 const void* tc_kernel_for(TcGroupShape shape) {
   using Tr = TcTraits<FK, FV, D>;
+  if constexpr (kLong) {  // one shape (raw operands have no scale groups)
+    if constexpr (kTcHasLongSteps<FK, FV, D>)
+      if constexpr (FK == FV) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, Tr::kSlices, Tr::kSlices / 2, kPaged, true>);
+      else return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, 0, kPaged, true>);
+    else return nullptr;
+  }
   constexpr int kSlices = Tr::kSlices;
   // chan-tN K: int8 / int4 K with int8, int4 or raw V (a +wW window's region)
   constexpr bool kChanPair = (FK == KvFormat::kInt8 || FK == KvFormat::kInt4) &&
@@ -167,18 +173,18 @@ const void* tc_kernel_for(TcGroupShape shape) {
   }
 }
 
-template <KvFormat FK, KvFormat FV, int D>
+template <KvFormat FK, KvFormat FV, int D, bool kLong = false>
 const void* tc_kernel_for(TcGroupShape shape, bool paged) {
 #if defined(KVQ_CUDA_COMPILE_CHECK) && KVQ_CUDA_COMPILE_CHECK
   // CI's compile check (a build no GPU runs) instantiates the paged kernels of int8 K only, with every
   // V format (chan-tN K's at D = 128 only): the paged code of every storage compiles there, in an
   // eighth of their compile time.
   if constexpr (FK != KvFormat::kInt8) {
-    return paged ? nullptr : tc_kernel_for<FK, FV, D, false>(shape);
+    return paged ? nullptr : tc_kernel_for<FK, FV, D, false, kLong>(shape);
   } else
 #endif
   {
-    return paged ? tc_kernel_for<FK, FV, D, true>(shape) : tc_kernel_for<FK, FV, D, false>(shape);
+    return paged ? tc_kernel_for<FK, FV, D, true, kLong>(shape) : tc_kernel_for<FK, FV, D, false, kLong>(shape);
   }
 }
 
@@ -193,24 +199,42 @@ R with_tc_head_dim(int head_dim, F&& f, R otherwise) {
   return otherwise;
 }
 
+// f(D, kLong) (std::integral_constant / std::bool_constant) for p's head dim and steps: long steps where
+// p asks for them and (FK, FV, D) has them (kTcHasLongSteps); `otherwise` for a head dim without kernels.
+template <KvFormat FK, KvFormat FV, class F, class R>
+R with_tc_config(const DecodeParams& p, F&& f, R otherwise) {
+  return with_tc_head_dim(
+      p.head_dim,
+      [&](auto d) {
+        constexpr int D = decltype(d)::value;
+        if constexpr (kTcHasLongSteps<FK, FV, D>)
+          if (p.long_steps) return f(d, std::true_type{});
+        return f(d, std::false_type{});
+      },
+      otherwise);
+}
+
 template <KvFormat FK, KvFormat FV>
 TcEntry tc_entry() {
   TcEntry e;
   e.kernel = [](const DecodeParams& p) {
     const TcGroupShape shape = tc_group_shape(p);
     const bool paged = p.block_table != nullptr;
-    return with_tc_head_dim(
-        p.head_dim, [&](auto d) { return tc_kernel_for<FK, FV, decltype(d)::value>(shape, paged); },
+    return with_tc_config<FK, FV>(
+        p, [&](auto d, auto lng) { return tc_kernel_for<FK, FV, decltype(d)::value, decltype(lng)::value>(shape, paged); },
         static_cast<const void*>(nullptr));
   };
   e.smem_bytes = [](const DecodeParams& p) {
-    return with_tc_head_dim(p.head_dim, [&](auto d) { return tc_smem_bytes<FK, FV, decltype(d)::value>(p); }, 0);
+    return with_tc_config<FK, FV>(
+        p, [&](auto d, auto lng) { return tc_smem_bytes<FK, FV, decltype(d)::value, decltype(lng)::value>(p); }, 0);
   };
   e.split_round = [](const DecodeParams& p) {
-    return with_tc_head_dim(p.head_dim, [](auto d) { return TcTraits<FK, FV, decltype(d)::value>::kSplitRound; }, 1);
+    return with_tc_config<FK, FV>(
+        p, [](auto d, auto lng) { return TcTraits<FK, FV, decltype(d)::value, decltype(lng)::value>::kSplitRound; }, 1);
   };
   e.plan = [](const DecodeParams& p) {
-    return with_tc_head_dim(p.head_dim, [&](auto d) { return tc_plan<FK, FV, decltype(d)::value>(p); }, TcPlan{});
+    return with_tc_config<FK, FV>(
+        p, [&](auto d, auto lng) { return tc_plan<FK, FV, decltype(d)::value, decltype(lng)::value>(p); }, TcPlan{});
   };
   e.kernels = [] {
     std::vector<const void*> all;
@@ -220,6 +244,10 @@ TcEntry tc_entry() {
         for (const void* k : {tc_kernel_for<FK, FV, 64>(shape, paged), tc_kernel_for<FK, FV, 128>(shape, paged),
                               tc_kernel_for<FK, FV, 256>(shape, paged)})
           if (k) all.push_back(k);
+    for (bool paged : {false, true})  // long steps: one kernel whatever the shape
+      for (const void* k : {tc_kernel_for<FK, FV, 64, true>(TcGroupShape::kRow, paged),
+                            tc_kernel_for<FK, FV, 128, true>(TcGroupShape::kRow, paged)})
+        if (k) all.push_back(k);
     return all;
   };
   return e;

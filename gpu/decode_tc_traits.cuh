@@ -72,7 +72,13 @@ constexpr int tc_row_pad(int bits, int row_words, bool k) {
   return bits == 16 && k ? 8 : bits == 5 ? (row_words % 8 == 0 ? 4 : 0) : 4;
 }
 
+// Whether (FK, FV, D) has long-step kernels (TcTraits' kLong): 16-bit K and V at D = 64 and 128.
 template <KvFormat FK, KvFormat FV, int D>
+inline constexpr bool kTcHasLongSteps = TcOperand<FK>::kBits == 16 && TcOperand<FV>::kBits == 16 && (D == 64 || D == 128);
+
+// kLong: 16-bit K and V in steps of 32 keys and two stages (DecodeParams::long_steps), for grids of
+// at most one CTA an SM per split: half the steps, each a latency chain, where residency buys nothing.
+template <KvFormat FK, KvFormat FV, int D, bool kLong = false>
 struct TcTraits {
   using K = TcOperand<FK>;
   using V = TcOperand<FV>;
@@ -90,12 +96,13 @@ struct TcTraits {
   // when an operand is bf16, whose rows are 4x larger); a warp consumes a step far slower than
   // memory delivers the next, so two stages suffice for the quantized formats, and the shared
   // memory saved buys a third CTA per SM at 168 registers (fewer registers spill).
-  static constexpr int kStepTokens = KVQ_TC_STEP_TOKENS > 0 ? KVQ_TC_STEP_TOKENS : kQuantized ? 32 : 16;
+  static_assert(!kLong || kTcHasLongSteps<FK, FV, D>, "long steps: 16-bit K and V at D = 64 or 128");
+  static constexpr int kStepTokens = KVQ_TC_STEP_TOKENS > 0 ? KVQ_TC_STEP_TOKENS : kQuantized || kLong ? 32 : 16;
   static constexpr int kMTiles = kStepTokens / 16;
   // A split's keys are whole rounds of steps (every warp of a CTA gets the same number of steps).
   static constexpr int kSplitRound = kWarps * kStepTokens;
   static constexpr int kCodeWords = kStepTokens * (kKStride + kVStride);
-  static constexpr int kStages = KVQ_TC_STAGES > 0 ? KVQ_TC_STAGES : kQuantized ? 2 : 3;
+  static constexpr int kStages = KVQ_TC_STAGES > 0 ? KVQ_TC_STAGES : kQuantized || kLong ? 2 : 3;
   // The register budget __launch_bounds__ asks for: CTAs per SM, 3 (168 registers) for the
   // quantized formats up to D = 128, else what shared memory allows (227 KB less 1 KB per CTA,
   // parameters not counted).
@@ -162,9 +169,9 @@ struct TcStageLayout {
   int stage_words = 0;
 };
 
-template <KvFormat FK, KvFormat FV, int D>
+template <KvFormat FK, KvFormat FV, int D, bool kLong = false>
 KVQ_HD TcStageLayout tc_stage_layout(const DecodeParams& p) {
-  using Tr = TcTraits<FK, FV, D>;
+  using Tr = TcTraits<FK, FV, D, kLong>;
   TcStageLayout l;
   l.k_params = Tr::kCodeWords;
   l.v_params = l.k_params + tc_param_words(p.k, Tr::kStepTokens, D);
@@ -184,10 +191,10 @@ struct TcPrologue {
   float pad[8];  // keeps the stages that follow 16-byte aligned
 };
 
-template <KvFormat FK, KvFormat FV, int D>
+template <KvFormat FK, KvFormat FV, int D, bool kLong = false>
 KVQ_HD int tc_smem_bytes(const DecodeParams& p) {
-  using Tr = TcTraits<FK, FV, D>;
-  return static_cast<int>(sizeof(TcPrologue<D>)) + Tr::kWarps * Tr::kStages * tc_stage_layout<FK, FV, D>(p).stage_words * 4;
+  using Tr = TcTraits<FK, FV, D, kLong>;
+  return static_cast<int>(sizeof(TcPrologue<D>)) + Tr::kWarps * Tr::kStages * tc_stage_layout<FK, FV, D, kLong>(p).stage_words * 4;
 }
 
 // n / d for 0 <= n < 2^31 by a multiply-high, an add and a shift (Granlund-Montgomery), d fixed per

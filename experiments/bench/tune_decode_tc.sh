@@ -6,7 +6,9 @@
 #   OUT=results/tune KVQ_TC_CONFIGS="default KVQ_TC_STAGES=2 KVQ_TC_STAGES=2,KVQ_TC_STEP_TOKENS=64" \
 #     bash experiments/bench/tune_decode_tc.sh
 # A configuration is a comma-separated list of NAME=VALUE ("default": the traits as committed).
-# KVQ_SHAPES / KVQ_SCHEMES narrow the benchmark; KVQ_BENCH_ARGS adds kvq bench options (e.g. --splits 4).
+# KVQ_SHAPES / KVQ_SCHEMES narrow the benchmark; KVQ_BENCH_ARGS adds kvq bench options (e.g. --splits 4);
+# KVQ_CMAKE_ARGS adds configure options (e.g. -DKVQ_TC_PAIRS=Bf16:Bf16: only the pairs measured, a
+# shorter build); KVQ_TUNE_ROUNDS > 1 times the configurations in turn that many times (decode-<name>-r<i>.csv).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-results/tune}
@@ -24,8 +26,9 @@ for config in $configs; do
   [[ $config == default ]] && defs=""
   name=$(tag "$config")
   echo "== configuration $config"
+  # shellcheck disable=SC2086
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a}" \
-    -DKVQ_TC_TUNING="$defs" > "$OUT/configure.log" 2>&1
+    -DKVQ_TC_TUNING="$defs" ${KVQ_CMAKE_ARGS:-} > "$OUT/configure.log" 2>&1
   cmake --build "$build" --target kvq -j "$(nproc)" > "$OUT/build-$name.log" 2>&1 || {
     tail -n 40 "$OUT/build-$name.log"
     exit 1
@@ -35,11 +38,15 @@ for config in $configs; do
   cuobjdump --dump-resource-usage "$build/kvq-$name" 2> /dev/null | grep -A1 "decode_tc_kernel" |
     grep -v "^--" > "$OUT/resources-$name.txt" || true
 done
-for config in $configs; do
-  name=$(tag "$config")
-  echo "== bench $config"
-  # shellcheck disable=SC2086
-  "$build/kvq-$name" bench --variant '^decode-tc$' --schemes "$schemes" --shapes "${KVQ_SHAPES:-.}" \
-    --csv "$OUT/decode-$name.csv" ${KVQ_BENCH_ARGS:-} > "$OUT/bench-$name.log"
-  grep "decode-tc" "$OUT/bench-$name.log" || true
+rounds=${KVQ_TUNE_ROUNDS:-1}
+for ((round = 1; round <= rounds; ++round)); do
+  for config in $configs; do
+    name=$(tag "$config")
+    suffix=$([[ $rounds -gt 1 ]] && echo "-r$round" || true)
+    echo "== bench $config$suffix"
+    # shellcheck disable=SC2086
+    "$build/kvq-$name" bench --variant '^decode-tc$' --schemes "$schemes" --shapes "${KVQ_SHAPES:-.}" \
+      --csv "$OUT/decode-$name$suffix.csv" ${KVQ_BENCH_ARGS:-} > "$OUT/bench-$name$suffix.log"
+    grep "decode-tc" "$OUT/bench-$name$suffix.log" || true
+  done
 done
