@@ -39,3 +39,22 @@ TEST_CASE("the split heuristic splits a long single sequence and keeps a full gr
   p.head_dim = 8;  // the bundled model's head_dim: the CUDA-core kernels
   CHECK(default_decode_variant(p).name == "decode-splitk");
 }
+
+TEST_CASE("16-bit K and V take 32-key steps where a split's CTAs fit on the SMs, and only there") {
+  const DeviceInfo dev = device_info();
+  const DecodeVariant& tc = *find_decode_variants("^decode-tc$").at(0);
+  DecodeParams p;
+  p.batch = 1, p.q_heads = 32, p.kv_heads = 8, p.tokens = 8192, p.head_dim = 128;
+  p.k_format = p.v_format = KvFormat::kBf16;
+  const DecodeParams one = tc.plan(p, dev.sm_count);
+  CHECK(one.long_steps);
+  CHECK(one.splits > 1);
+  p.batch = dev.sm_count / 8 + 1;  // a split's CTAs exceed the SMs
+  CHECK_FALSE(tc.plan(p, dev.sm_count).long_steps);
+  p.batch = 1, p.k_format = KvFormat::kFp16, p.head_dim = 64;
+  CHECK(tc.plan(p, dev.sm_count).long_steps);
+  p.head_dim = 256;  // no room for 32-key steps of 16-bit rows
+  CHECK_FALSE(tc.plan(p, dev.sm_count).long_steps);
+  p.head_dim = 128, p.v_format = KvFormat::kInt8;  // a quantized operand: its own 32-key steps
+  CHECK_FALSE(tc.plan(p, dev.sm_count).long_steps);
+}
