@@ -650,8 +650,8 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
   p.heads_per_cta = hpc;
   const int64_t base = p.batch * p.kv_heads * ((group + hpc - 1) / hpc);  // CTAs per split
   // 16-bit K and V whose split's CTAs fit on the SMs (one CTA an SM, below): 32-key steps, half the
-  // latency chains (H200, bf16 against 16-key steps: llama8b B = 1 T = 1K 0.92, SmolLM2 B = 1 / 8 T = 8K
-  // 0.94 / 0.92; where CTAs share SMs, llama8b B = 64 T = 1K, 1.08 and SmolLM2 B = 64 1.2-1.4).
+  // latency chains (H200, bf16 against 16-key steps: llama8b B = 1 T = 1K 0.94, SmolLM2 B = 1 / 8 T = 8K
+  // 0.89 / 0.86; where CTAs share SMs, llama8b B = 64 T = 1K 1.08 and SmolLM2 B = 64 1.06-1.36).
   p.long_steps = tc_has_long_steps(p) && base <= sm_count;
   if (p.splits == 0 && p.family == DecodeFamily::kTensorCore) {
     // A windowed decode shares its splits among key regions of other lengths: counted as asked.
