@@ -152,9 +152,9 @@ struct DecodeParams {
   // The splits of each (b, KV head) run as one CTA cluster and merge through distributed shared
   // memory, without the merge kernel (launch_decode sets it for small grids on sm_90).
   bool cluster_merge = false;
-  // Tensor cores, 16-bit K and V at D = 64 or 128: 32-key steps in two stages instead of 16-key steps
-  // in three (half the steps, fewer CTAs an SM). plan_decode sets it where a split's CTAs fit on the
-  // SMs, which then run one CTA each (tensor_core_splits' raw_operand rule).
+  // Tensor cores, bf16 or fp16 K and V (one format) at D = 64 or 128: 32-key steps in two stages
+  // instead of 16-key steps in three (half the steps, fewer CTAs an SM). plan_decode sets it where a
+  // split's CTAs fit on the SMs, which then run one CTA each (tensor_core_splits' raw_operand rule).
   bool long_steps = false;
   int heads_per_cta = 0;  // query heads sharing one CTA's K/V reads: 1, 2, 4 or 8
   float* partial_o = nullptr;    // [splits, B, Hq, D] when splits > 1
@@ -217,8 +217,8 @@ std::string tensor_core_unsupported_reason(const DecodeParams& p);
 // kernel `p` runs: the gate derives its tolerance from it.
 const char* decode_precision_profile(const DecodeParams& p);
 
-// Whether p's tensor-core kernels come in two step lengths (DecodeParams::long_steps): 16-bit K and V
-// at D = 64 or 128.
+// Whether p's tensor-core kernels come in two step lengths (DecodeParams::long_steps): bf16 or fp16 K
+// and V in one format at D = 64 or 128.
 bool tc_has_long_steps(const DecodeParams& p);
 
 // Chooses heads_per_cta (the power of two >= Hq/Hkv, at most `max_heads_per_cta`; 8 for tensor

@@ -638,7 +638,7 @@ int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens,
 
 bool tc_has_long_steps(const DecodeParams& p) {
   auto sixteen_bits = [](KvFormat f) { return f == KvFormat::kBf16 || f == KvFormat::kFp16; };
-  return p.family == DecodeFamily::kTensorCore && sixteen_bits(p.k_format) && sixteen_bits(p.v_format) &&
+  return p.family == DecodeFamily::kTensorCore && sixteen_bits(p.k_format) && p.v_format == p.k_format &&
          (p.head_dim == 64 || p.head_dim == 128);
 }
 

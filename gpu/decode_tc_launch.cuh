@@ -127,8 +127,7 @@ const void* tc_kernel_for(TcGroupShape shape) {
   using Tr = TcTraits<FK, FV, D>;
   if constexpr (kLong) {  // one shape (raw operands have no scale groups)
     if constexpr (kTcHasLongSteps<FK, FV, D>)
-      if constexpr (FK == FV) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, Tr::kSlices, Tr::kSlices / 2, kPaged, true>);
-      else return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, 0, kPaged, true>);
+      return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, Tr::kSlices, Tr::kSlices / 2, kPaged, true>);
     else return nullptr;
   }
   constexpr int kSlices = Tr::kSlices;

@@ -72,9 +72,10 @@ constexpr int tc_row_pad(int bits, int row_words, bool k) {
   return bits == 16 && k ? 8 : bits == 5 ? (row_words % 8 == 0 ? 4 : 0) : 4;
 }
 
-// Whether (FK, FV, D) has long-step kernels (TcTraits' kLong): 16-bit K and V at D = 64 and 128.
+// Whether (FK, FV, D) has long-step kernels (TcTraits' kLong): bf16 or fp16 K and V in one format (the
+// pairs the gate covers) at D = 64 and 128.
 template <KvFormat FK, KvFormat FV, int D>
-inline constexpr bool kTcHasLongSteps = TcOperand<FK>::kBits == 16 && TcOperand<FV>::kBits == 16 && (D == 64 || D == 128);
+inline constexpr bool kTcHasLongSteps = FK == FV && TcOperand<FK>::kBits == 16 && (D == 64 || D == 128);
 
 // kLong: 16-bit K and V in steps of 32 keys and two stages (DecodeParams::long_steps), for grids of
 // at most one CTA an SM per split: half the steps, each a latency chain, where residency buys nothing.
@@ -96,7 +97,7 @@ struct TcTraits {
   // when an operand is bf16, whose rows are 4x larger); a warp consumes a step far slower than
   // memory delivers the next, so two stages suffice for the quantized formats, and the shared
   // memory saved buys a third CTA per SM at 168 registers (fewer registers spill).
-  static_assert(!kLong || kTcHasLongSteps<FK, FV, D>, "long steps: 16-bit K and V at D = 64 or 128");
+  static_assert(!kLong || kTcHasLongSteps<FK, FV, D>, "long steps: bf16 or fp16 K and V in one format, D = 64 or 128");
   static constexpr int kStepTokens = KVQ_TC_STEP_TOKENS > 0 ? KVQ_TC_STEP_TOKENS : kQuantized || kLong ? 32 : 16;
   static constexpr int kMTiles = kStepTokens / 16;
   // A split's keys are whole rounds of steps (every warp of a CTA gets the same number of steps).

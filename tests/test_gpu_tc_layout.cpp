@@ -229,7 +229,7 @@ void check_head_dim() {
   check_traits<KvFormat::kBf16, KvFormat::kInt4, D>("bf16/int4" + d);
   if constexpr (D != 256) {  // 32-key steps of 16-bit K and V (DecodeParams::long_steps)
     check_traits<KvFormat::kBf16, KvFormat::kBf16, D, true>("bf16 long steps" + d);
-    check_traits<KvFormat::kFp16, KvFormat::kBf16, D, true>("fp16/bf16 long steps" + d);
+    check_traits<KvFormat::kFp16, KvFormat::kFp16, D, true>("fp16 long steps" + d);
     using Long = detail::TcTraits<KvFormat::kBf16, KvFormat::kBf16, D, true>;
     CHECK(Long::kStepTokens == 32);
     CHECK(Long::kSplitRound == 2 * detail::TcTraits<KvFormat::kBf16, KvFormat::kBf16, D>::kSplitRound);

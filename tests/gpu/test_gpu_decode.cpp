@@ -51,8 +51,11 @@ TEST_CASE("16-bit K and V take 32-key steps where a split's CTAs fit on the SMs,
   CHECK(one.splits > 1);
   p.batch = dev.sm_count / 8 + 1;  // a split's CTAs exceed the SMs
   CHECK_FALSE(tc.plan(p, dev.sm_count).long_steps);
-  p.batch = 1, p.k_format = KvFormat::kFp16, p.head_dim = 64;
+  p.batch = 1, p.k_format = p.v_format = KvFormat::kFp16, p.head_dim = 64;
   CHECK(tc.plan(p, dev.sm_count).long_steps);
+  p.v_format = KvFormat::kBf16;  // mixed 16-bit formats: the 16-key kernel
+  CHECK_FALSE(tc.plan(p, dev.sm_count).long_steps);
+  p.v_format = KvFormat::kFp16;
   p.head_dim = 256;  // no room for 32-key steps of 16-bit rows
   CHECK_FALSE(tc.plan(p, dev.sm_count).long_steps);
   p.head_dim = 128, p.v_format = KvFormat::kInt8;  // a quantized operand: its own 32-key steps
