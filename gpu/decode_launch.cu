@@ -637,9 +637,9 @@ int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens,
 }
 
 bool tc_has_long_steps(const DecodeParams& p) {
-  auto sixteen_bits = [](KvFormat f) { return f == KvFormat::kBf16 || f == KvFormat::kFp16; };
-  return p.family == DecodeFamily::kTensorCore && sixteen_bits(p.k_format) && p.v_format == p.k_format &&
-         (p.head_dim == 64 || p.head_dim == 128);
+  if (p.family != DecodeFamily::kTensorCore) return false;
+  const detail::TcEntry e = detail::tc_entry_of(p);  // the kernels this build has (no CUDA call)
+  return e.has_long_steps && e.has_long_steps(p.head_dim);
 }
 
 DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, double waves) {

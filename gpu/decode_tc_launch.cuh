@@ -118,6 +118,7 @@ struct TcEntry {
   TcPlan (*plan)(const DecodeParams&) = nullptr;
   // Every kernel of the pair, for the one-time shared-memory opt-in.
   std::vector<const void*> (*kernels)() = nullptr;
+  bool (*has_long_steps)(int head_dim) = nullptr;  // kTcHasLongSteps at that head dim
 };
 
 // The kernel of `shape`; paged caches (kernels of their own: kPaged) read with the same shapes, but
@@ -234,6 +235,9 @@ TcEntry tc_entry() {
   e.plan = [](const DecodeParams& p) {
     return with_tc_config<FK, FV>(
         p, [&](auto d, auto lng) { return tc_plan<FK, FV, decltype(d)::value, decltype(lng)::value>(p); }, TcPlan{});
+  };
+  e.has_long_steps = [](int head_dim) {
+    return with_tc_head_dim(head_dim, [](auto d) { return kTcHasLongSteps<FK, FV, decltype(d)::value>; }, false);
   };
   e.kernels = [] {
     std::vector<const void*> all;

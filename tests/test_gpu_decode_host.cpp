@@ -410,6 +410,23 @@ TEST_CASE("tensor-core split counts with a raw operand: one wave of one CTA an S
   CHECK(tensor_core_splits(24, 396, 8192, 132, 64) == 15);
 }
 
+TEST_CASE("bf16 / fp16 K and V of one format at D = 64 and 128 have kernels of two step lengths") {
+  DecodeParams p;
+  p.family = DecodeFamily::kTensorCore, p.head_dim = 128;
+  p.k_format = p.v_format = KvFormat::kBf16;
+  CHECK(tc_has_long_steps(p));
+  p.k_format = p.v_format = KvFormat::kFp16, p.head_dim = 64;
+  CHECK(tc_has_long_steps(p));
+  p.head_dim = 256;  // no room for 32-key steps of 16-bit rows
+  CHECK_FALSE(tc_has_long_steps(p));
+  p.head_dim = 128, p.v_format = KvFormat::kBf16;  // mixed 16-bit formats
+  CHECK_FALSE(tc_has_long_steps(p));
+  p.k_format = p.v_format = KvFormat::kInt8;  // quantized: 32-key steps already
+  CHECK_FALSE(tc_has_long_steps(p));
+  p.k_format = p.v_format = KvFormat::kBf16, p.family = DecodeFamily::kCudaCore;
+  CHECK_FALSE(tc_has_long_steps(p));
+}
+
 TEST_CASE("decode parameters are checked before a launch") {
   DecodeParams p;
   p.batch = 1, p.q_heads = 6, p.kv_heads = 4, p.tokens = 8, p.head_dim = 128, p.splits = 1, p.heads_per_cta = 1;
