@@ -18,7 +18,6 @@ import csv
 import re
 import statistics
 import sys
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable, List, Optional, Tuple
 
