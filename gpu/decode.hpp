@@ -131,6 +131,16 @@ inline constexpr int kDecodeChunk = 8;  // elements of one row a lane dequantize
 // last split copies partial_o 16 bytes at a time, so a less aligned buffer gets the merge kernel.
 enum class SplitMerge { kAuto, kMergeKernel, kLastSplit };
 
+// The tensor-core kernels beside the standard ones, each for a kind of grid (plan_decode picks; the
+// gate runs a case with every one its pair has). kLongSteps: bf16 or fp16 K and V, 32-key steps in two
+// stages instead of 16-key steps in three (half the steps, fewer CTAs an SM), where a split's CTAs fit
+// on the SMs, which then run one CTA each. kFourCtas: int4 K and V, one scale group per row, D = 128,
+// registers for four CTAs an SM instead of three (more instructions a key), where the grid fills the
+// SMs with long splits.
+enum class TcConfig : uint8_t { kStandard, kLongSteps, kFourCtas };
+
+const char* to_string(TcConfig c);
+
 struct DecodeParams {
   int64_t batch = 0, q_heads = 0, kv_heads = 0, tokens = 0;  // B, Hq, Hkv, T (cache capacity)
   int head_dim = 0;                                         // D in {8, 64, 128, 256}
@@ -152,10 +162,9 @@ struct DecodeParams {
   // The splits of each (b, KV head) run as one CTA cluster and merge through distributed shared
   // memory, without the merge kernel (launch_decode sets it for small grids on sm_90).
   bool cluster_merge = false;
-  // Tensor cores, bf16 or fp16 K and V (one format) at D = 64 or 128: 32-key steps in two stages
-  // instead of 16-key steps in three (half the steps, fewer CTAs an SM). plan_decode sets it where a
-  // split's CTAs fit on the SMs, which then run one CTA each (tensor_core_splits' raw_operand rule).
-  bool long_steps = false;
+  // Tensor cores: the kernels' configuration, set by plan_decode. A pair without kernels of it
+  // (tc_configs) runs the standard ones.
+  TcConfig tc_config = TcConfig::kStandard;
   int heads_per_cta = 0;  // query heads sharing one CTA's K/V reads: 1, 2, 4 or 8
   float* partial_o = nullptr;    // [splits, B, Hq, D] when splits > 1
   float* partial_lse = nullptr;  // [splits, B, Hq]
@@ -217,13 +226,14 @@ std::string tensor_core_unsupported_reason(const DecodeParams& p);
 // kernel `p` runs: the gate derives its tolerance from it.
 const char* decode_precision_profile(const DecodeParams& p);
 
-// Whether p's tensor-core kernels come in two step lengths (DecodeParams::long_steps): bf16 or fp16 K
-// and V in one format at D = 64 or 128.
-bool tc_has_long_steps(const DecodeParams& p);
+// The configurations (DecodeParams::tc_config) of which p's tensor-core kernels exist in this build,
+// kStandard first: kLongSteps for bf16 or fp16 K and V in one format at D = 64 or 128, kFourCtas for
+// int4 K and V with one scale group per row at D = 128.
+std::vector<TcConfig> tc_configs(const DecodeParams& p);
 
 // Chooses heads_per_cta (the power of two >= Hq/Hkv, at most `max_heads_per_cta`; 8 for tensor
 // cores) and, when p.splits == 0, the split count: CUDA-core, enough CTAs for `waves` full waves of
-// the device, each split at least 256 keys; tensor cores, tensor_core_splits, and long_steps. Returns
+// the device, each split at least 256 keys; tensor cores, tensor_core_splits, and tc_config. Returns
 // p with them set.
 DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta = 8, double waves = 2.0);
 

@@ -333,6 +333,15 @@ const char* to_string(KvFormat f) {
   return "?";
 }
 
+const char* to_string(TcConfig c) {
+  switch (c) {
+    case TcConfig::kStandard: return "standard";
+    case TcConfig::kLongSteps: return "long-step";
+    case TcConfig::kFourCtas: return "four-CTA";
+  }
+  return "?";
+}
+
 bool is_quantized(KvFormat f) { return f != KvFormat::kBf16 && f != KvFormat::kFp16; }
 
 KvFormat quantized_format(const Scheme& s, bool fbgemm_rows) {
@@ -636,11 +645,48 @@ int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens,
   return best;
 }
 
-bool tc_has_long_steps(const DecodeParams& p) {
-  if (p.family != DecodeFamily::kTensorCore) return false;
+std::vector<TcConfig> tc_configs(const DecodeParams& p) {
+  if (p.family != DecodeFamily::kTensorCore) return {TcConfig::kStandard};
   const detail::TcEntry e = detail::tc_entry_of(p);  // the kernels this build has (no CUDA call)
-  return e.has_long_steps && e.has_long_steps(p.head_dim);
+  std::vector<TcConfig> out = {TcConfig::kStandard};
+  for (TcConfig c : {TcConfig::kLongSteps, TcConfig::kFourCtas})
+    if (e.has_config && e.has_config(p, c)) out.push_back(c);
+  return out;
 }
+
+namespace {
+bool has_config(const DecodeParams& p, TcConfig c) {
+  const std::vector<TcConfig> all = tc_configs(p);
+  return std::find(all.begin(), all.end(), c) != all.end();
+}
+
+// The key splits of p's tensor-core launch (p.splits == 0) with `base` CTAs per split.
+int tc_planned_splits(const DecodeParams& p, int64_t base, int sm_count) {
+  // A windowed decode shares its splits among key regions of other lengths: counted as asked.
+  const bool windowed = p.k_window.present() || p.v_window.present();
+  const int round = windowed ? 1 : detail::tc_split_round(p);
+  const bool raw_operand = !is_quantized(p.k_format) || !is_quantized(p.v_format);
+  int splits = tensor_core_splits(base, sm_count * detail::ctas_per_sm(p), p.tokens, sm_count, round, raw_operand);
+  // Short splits are a latency chain, and merging them in clusters saves the merge kernel's launch
+  // (~2.5 us at B = 1): where the count's clusters do not all fit at once, the largest count up to
+  // it whose clusters do, if its splits stay within 512 keys (H100, llama8b B = 8 T = 1K: 2-3
+  // splits in clusters instead of 4-6 merged by the kernel, 0.91-1.00x; with 1024-key splits at
+  // T = 8K int4-g32 and int8 were up to 1.22x slower).
+  if (!windowed && p.batch > 0 && splits > 1) {
+    DecodeParams q = p;
+    q.splits = splits;
+    if (!detail::tc_cluster_merge_fits(q))
+      for (q.splits = std::min(splits, detail::kMaxClusterSplits); q.splits >= 2 && p.tokens / q.splits <= 512; --q.splits)
+        if (detail::tc_cluster_merge_fits(q)) {
+          splits = q.splits;
+          break;
+        }
+  }
+  // The kernel rounds a split's keys up to whole rounds of steps: the count that leaves no split
+  // empty (H100, SmolLM2 B = 1 T = 8K: 44 splits of 256 keys, 12 of them empty CTAs and partials).
+  return nonempty_splits(p.tokens, splits, round);
+}
+}  // namespace
 
 DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, double waves) {
   const int64_t group = p.q_heads / std::max<int64_t>(p.kv_heads, 1);
@@ -649,32 +695,24 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
   if (p.family == DecodeFamily::kTensorCore) hpc = 8;  // the MMA's N: padded heads cost nothing that matters
   p.heads_per_cta = hpc;
   const int64_t base = p.batch * p.kv_heads * ((group + hpc - 1) / hpc);  // CTAs per split
-  // 16-bit K and V whose split's CTAs fit on the SMs (one CTA an SM, below): 32-key steps, half the
-  // latency chains (H200, bf16 against 16-key steps: llama8b B = 1 T = 1K 0.94, SmolLM2 B = 1 / 8 T = 8K
-  // 0.89 / 0.86; where CTAs share SMs, llama8b B = 64 T = 1K 1.08 and SmolLM2 B = 64 1.06-1.36).
-  p.long_steps = tc_has_long_steps(p) && base <= sm_count;
-  if (p.splits == 0 && p.family == DecodeFamily::kTensorCore) {
-    // A windowed decode shares its splits among key regions of other lengths: counted as asked.
-    const bool windowed = p.k_window.present() || p.v_window.present();
-    const int round = windowed ? 1 : detail::tc_split_round(p);
-    const bool raw_operand = !is_quantized(p.k_format) || !is_quantized(p.v_format);
-    p.splits = tensor_core_splits(base, sm_count * detail::ctas_per_sm(p), p.tokens, sm_count, round, raw_operand);
-    // Short splits are a latency chain, and merging them in clusters saves the merge kernel's launch
-    // (~2.5 us at B = 1): where the count's clusters do not all fit at once, the largest count up to
-    // it whose clusters do, if its splits stay within 512 keys (H100, llama8b B = 8 T = 1K: 2-3
-    // splits in clusters instead of 4-6 merged by the kernel, 0.91-1.00x; with 1024-key splits at
-    // T = 8K int4-g32 and int8 were up to 1.22x slower).
-    if (!windowed && p.batch > 0 && p.splits > 1 && !detail::tc_cluster_merge_fits(p)) {
-      DecodeParams q = p;
-      for (q.splits = std::min(p.splits, detail::kMaxClusterSplits); q.splits >= 2 && p.tokens / q.splits <= 512; --q.splits)
-        if (detail::tc_cluster_merge_fits(q)) {
-          p.splits = q.splits;
-          break;
-        }
+  if (p.family == DecodeFamily::kTensorCore) {
+    // 16-bit K and V whose split's CTAs fit on the SMs (one CTA an SM, below): 32-key steps, half the
+    // latency chains (H200, bf16 against 16-key steps: llama8b B = 1 T = 1K 0.94, SmolLM2 B = 1 / 8
+    // T = 8K 0.89 / 0.86; where CTAs share SMs, llama8b B = 64 T = 1K 1.08 and SmolLM2 B = 64 1.06-1.36).
+    p.tc_config = base <= sm_count && has_config(p, TcConfig::kLongSteps) ? TcConfig::kLongSteps : TcConfig::kStandard;
+    const bool planned = p.splits == 0;
+    if (planned) p.splits = tc_planned_splits(p, base, sm_count);
+    // int4 K and V by the row at D = 128: four CTAs an SM where they share SMs over splits of at least
+    // 512 keys; the 128-register cap costs instructions on every key, which short splits (latency
+    // chains) and grids of one CTA an SM pay for nothing (H200, against three: seed000 B = 128-512
+    // T = 8K 0.90-0.97, llama8b B = 64 T = 1K 0.79 at one split each; llama8b B = 8 T = 1K, 256-key
+    // splits, 1.05).
+    if (has_config(p, TcConfig::kFourCtas)) {
+      DecodeParams four = p;
+      four.tc_config = TcConfig::kFourCtas;
+      if (planned) four.splits = tc_planned_splits(four, base, sm_count);
+      if (four.tokens >= 512LL * four.splits && base * four.splits > sm_count) p = four;
     }
-    // The kernel rounds a split's keys up to whole rounds of steps: the count that leaves no split
-    // empty (H100, SmolLM2 B = 1 T = 8K: 44 splits of 256 keys, 12 of them empty CTAs and partials).
-    p.splits = nonempty_splits(p.tokens, p.splits, round);
   } else if (p.splits == 0) {
     const int per_sm = detail::ctas_per_sm(p);
     const double wanted = waves * sm_count * per_sm;

@@ -141,11 +141,12 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, const TcP
 // kernels carry none of the page arithmetic (at B = 1 every instruction of a CTA is on the latency chain).
 // A raw operand beside a quantized one (a +wW window's region) may lie in pages of a table of its own
 // (DecodeParams::v_block_table); only those mixed pairs carry the second table's ids.
-// kLong: 32-key steps for 16-bit K and V (TcTraits).
-template <KvFormat FK, KvFormat FV, int D, int kKSlicesPerGroup, int kVPairsPerGroup, bool kPaged = false, bool kLong = false>
-__global__ void __launch_bounds__(TcTraits<FK, FV, D, kLong>::kThreads, TcTraits<FK, FV, D, kLong>::kMinCtas)
+// C: the configuration (TcTraits; DecodeParams::tc_config).
+template <KvFormat FK, KvFormat FV, int D, int kKSlicesPerGroup, int kVPairsPerGroup, bool kPaged = false,
+          TcConfig C = TcConfig::kStandard>
+__global__ void __launch_bounds__(TcTraits<FK, FV, D, C>::kThreads, TcTraits<FK, FV, D, C>::kMinCtas)
     decode_tc_kernel(const DecodeParams p, const TcPlan plan) {
-  using Tr = TcTraits<FK, FV, D, kLong>;
+  using Tr = TcTraits<FK, FV, D, C>;
   constexpr bool kChanK = kKSlicesPerGroup < 0;
   constexpr bool kKQuant = Tr::K::kQuantized && !kChanK, kVQuant = Tr::V::kQuantized;  // kKQuant: scales after QK
   constexpr bool kVBlocks16 = kVPairsPerGroup < 0;

@@ -43,9 +43,9 @@ inline TcGroupShape tc_group_shape(const DecodeParams& p) {
 }
 
 // One operand's share of a launch's plan (what tc_source and the copies would otherwise compute per thread).
-template <KvFormat FK, KvFormat FV, int D, bool kLong>
+template <KvFormat FK, KvFormat FV, int D, TcConfig C>
 TcOperandPlan tc_operand_plan(const KvOperand& op, const DecodeParams& p, int row_words, bool is_k) {
-  using Tr = TcTraits<FK, FV, D, kLong>;
+  using Tr = TcTraits<FK, FV, D, C>;
   TcOperandPlan pl;
   pl.groups = op.group > 0 && op.mode != ParamMode::kChannel ? D / op.group : 1;
   pl.inline_words = op.inline_bytes / 4;
@@ -91,14 +91,14 @@ TcOperandPlan tc_operand_plan(const KvOperand& op, const DecodeParams& p, int ro
   return pl;
 }
 
-template <KvFormat FK, KvFormat FV, int D, bool kLong>
+template <KvFormat FK, KvFormat FV, int D, TcConfig C>
 TcPlan tc_plan(const DecodeParams& p) {
-  using Tr = TcTraits<FK, FV, D, kLong>;
+  using Tr = TcTraits<FK, FV, D, C>;
   TcPlan plan;
-  const TcStageLayout lay = tc_stage_layout<FK, FV, D, kLong>(p);
+  const TcStageLayout lay = tc_stage_layout<FK, FV, D, C>(p);
   plan.k_params = lay.k_params, plan.v_params = lay.v_params, plan.stage_words = lay.stage_words;
-  plan.k = tc_operand_plan<FK, FV, D, kLong>(p.k, p, Tr::kKRowWords, true);
-  plan.v = tc_operand_plan<FK, FV, D, kLong>(p.v, p, Tr::kVRowWords, false);
+  plan.k = tc_operand_plan<FK, FV, D, C>(p.k, p, Tr::kKRowWords, true);
+  plan.v = tc_operand_plan<FK, FV, D, C>(p.v, p, Tr::kVRowWords, false);
   plan.group_size = static_cast<int>(p.q_heads / p.kv_heads);
   plan.head_blocks = (plan.group_size + Tr::kHeads - 1) / Tr::kHeads;
   const bool k_grouped = Tr::K::kQuantized && p.k.mode != ParamMode::kChannel;
@@ -118,18 +118,25 @@ struct TcEntry {
   TcPlan (*plan)(const DecodeParams&) = nullptr;
   // Every kernel of the pair, for the one-time shared-memory opt-in.
   std::vector<const void*> (*kernels)() = nullptr;
-  bool (*has_long_steps)(int head_dim) = nullptr;  // kTcHasLongSteps at that head dim
+  bool (*has_config)(const DecodeParams&, TcConfig) = nullptr;  // kernels of it for p's head dim and shape
 };
 
+// The group shapes of which a configuration has kernels (kTcHasConfig: its pairs and head dims): one
+// scale group per row (raw operands count as such).
+constexpr bool tc_config_has_shape(TcConfig c, TcGroupShape shape) {
+  return c == TcConfig::kStandard || shape == TcGroupShape::kRow;
+}
+
 // The kernel of `shape`; paged caches (kernels of their own: kPaged) read with the same shapes, but
-// mixed pairs with the general one only (compile time). kLong: 16-bit K and V in 32-key steps.
-template <KvFormat FK, KvFormat FV, int D, bool kPaged, bool kLong = false>
+// mixed pairs with the general one only (compile time). C: the configuration (TcConfig).
+template <KvFormat FK, KvFormat FV, int D, bool kPaged, TcConfig C = TcConfig::kStandard>
 const void* tc_kernel_for(TcGroupShape shape) {
   using Tr = TcTraits<FK, FV, D>;
-  if constexpr (kLong) {  // one shape (raw operands have no scale groups)
-    if constexpr (kTcHasLongSteps<FK, FV, D>)
-      return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, Tr::kSlices, Tr::kSlices / 2, kPaged, true>);
-    else return nullptr;
+  if constexpr (C != TcConfig::kStandard) {
+    if constexpr (kTcHasConfig<FK, FV, D, C>)
+      if (tc_config_has_shape(C, shape))
+        return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, Tr::kSlices, Tr::kSlices / 2, kPaged, C>);
+    return nullptr;
   }
   constexpr int kSlices = Tr::kSlices;
   // chan-tN K: int8 / int4 K with int8, int4 or raw V (a +wW window's region)
@@ -173,18 +180,18 @@ const void* tc_kernel_for(TcGroupShape shape) {
   }
 }
 
-template <KvFormat FK, KvFormat FV, int D, bool kLong = false>
+template <KvFormat FK, KvFormat FV, int D, TcConfig C = TcConfig::kStandard>
 const void* tc_kernel_for(TcGroupShape shape, bool paged) {
 #if defined(KVQ_CUDA_COMPILE_CHECK) && KVQ_CUDA_COMPILE_CHECK
   // CI's compile check (a build no GPU runs) instantiates the paged kernels of int8 K only, with every
   // V format (chan-tN K's at D = 128 only): the paged code of every storage compiles there, in an
   // eighth of their compile time.
   if constexpr (FK != KvFormat::kInt8) {
-    return paged ? nullptr : tc_kernel_for<FK, FV, D, false, kLong>(shape);
+    return paged ? nullptr : tc_kernel_for<FK, FV, D, false, C>(shape);
   } else
 #endif
   {
-    return paged ? tc_kernel_for<FK, FV, D, true, kLong>(shape) : tc_kernel_for<FK, FV, D, false, kLong>(shape);
+    return paged ? tc_kernel_for<FK, FV, D, true, C>(shape) : tc_kernel_for<FK, FV, D, false, C>(shape);
   }
 }
 
@@ -199,17 +206,37 @@ R with_tc_head_dim(int head_dim, F&& f, R otherwise) {
   return otherwise;
 }
 
-// f(D, kLong) (std::integral_constant / std::bool_constant) for p's head dim and steps: long steps where
-// p asks for them and (FK, FV, D) has them (kTcHasLongSteps); `otherwise` for a head dim without kernels.
+template <TcConfig C>
+using TcConfigConstant = std::integral_constant<TcConfig, C>;
+
+// Whether (FK, FV) has kernels of configuration C at D for p's group shape.
+template <KvFormat FK, KvFormat FV, int D, TcConfig C>
+bool tc_has_config(const DecodeParams& p) {
+  if constexpr (kTcHasConfig<FK, FV, D, C>) return tc_config_has_shape(C, tc_group_shape(p));
+  return false;
+}
+
+// f(D, C) (std::integral_constant) for p's head dim and configuration: p.tc_config where (FK, FV) has
+// kernels of it for p (a launch's other regions are other pairs), else kStandard; `otherwise` for a
+// head dim without kernels.
 template <KvFormat FK, KvFormat FV, class F, class R>
 R with_tc_config(const DecodeParams& p, F&& f, R otherwise) {
   return with_tc_head_dim(
       p.head_dim,
       [&](auto d) {
         constexpr int D = decltype(d)::value;
-        if constexpr (kTcHasLongSteps<FK, FV, D>)
-          if (p.long_steps) return f(d, std::true_type{});
-        return f(d, std::false_type{});
+        switch (p.tc_config) {
+          case TcConfig::kLongSteps:
+            if constexpr (kTcHasConfig<FK, FV, D, TcConfig::kLongSteps>)
+              if (tc_has_config<FK, FV, D, TcConfig::kLongSteps>(p)) return f(d, TcConfigConstant<TcConfig::kLongSteps>{});
+            break;
+          case TcConfig::kFourCtas:
+            if constexpr (kTcHasConfig<FK, FV, D, TcConfig::kFourCtas>)
+              if (tc_has_config<FK, FV, D, TcConfig::kFourCtas>(p)) return f(d, TcConfigConstant<TcConfig::kFourCtas>{});
+            break;
+          case TcConfig::kStandard: break;
+        }
+        return f(d, TcConfigConstant<TcConfig::kStandard>{});
       },
       otherwise);
 }
@@ -221,23 +248,34 @@ TcEntry tc_entry() {
     const TcGroupShape shape = tc_group_shape(p);
     const bool paged = p.block_table != nullptr;
     return with_tc_config<FK, FV>(
-        p, [&](auto d, auto lng) { return tc_kernel_for<FK, FV, decltype(d)::value, decltype(lng)::value>(shape, paged); },
+        p, [&](auto d, auto c) { return tc_kernel_for<FK, FV, decltype(d)::value, decltype(c)::value>(shape, paged); },
         static_cast<const void*>(nullptr));
   };
   e.smem_bytes = [](const DecodeParams& p) {
     return with_tc_config<FK, FV>(
-        p, [&](auto d, auto lng) { return tc_smem_bytes<FK, FV, decltype(d)::value, decltype(lng)::value>(p); }, 0);
+        p, [&](auto d, auto c) { return tc_smem_bytes<FK, FV, decltype(d)::value, decltype(c)::value>(p); }, 0);
   };
   e.split_round = [](const DecodeParams& p) {
     return with_tc_config<FK, FV>(
-        p, [](auto d, auto lng) { return TcTraits<FK, FV, decltype(d)::value, decltype(lng)::value>::kSplitRound; }, 1);
+        p, [](auto d, auto c) { return TcTraits<FK, FV, decltype(d)::value, decltype(c)::value>::kSplitRound; }, 1);
   };
   e.plan = [](const DecodeParams& p) {
     return with_tc_config<FK, FV>(
-        p, [&](auto d, auto lng) { return tc_plan<FK, FV, decltype(d)::value, decltype(lng)::value>(p); }, TcPlan{});
+        p, [&](auto d, auto c) { return tc_plan<FK, FV, decltype(d)::value, decltype(c)::value>(p); }, TcPlan{});
   };
-  e.has_long_steps = [](int head_dim) {
-    return with_tc_head_dim(head_dim, [](auto d) { return kTcHasLongSteps<FK, FV, decltype(d)::value>; }, false);
+  e.has_config = [](const DecodeParams& p, TcConfig c) {
+    return with_tc_head_dim(
+        p.head_dim,
+        [&](auto d) {
+          constexpr int D = decltype(d)::value;
+          switch (c) {
+            case TcConfig::kStandard: return true;
+            case TcConfig::kLongSteps: return tc_has_config<FK, FV, D, TcConfig::kLongSteps>(p);
+            case TcConfig::kFourCtas: return tc_has_config<FK, FV, D, TcConfig::kFourCtas>(p);
+          }
+          return false;
+        },
+        false);
   };
   e.kernels = [] {
     std::vector<const void*> all;
@@ -247,9 +285,10 @@ TcEntry tc_entry() {
         for (const void* k : {tc_kernel_for<FK, FV, 64>(shape, paged), tc_kernel_for<FK, FV, 128>(shape, paged),
                               tc_kernel_for<FK, FV, 256>(shape, paged)})
           if (k) all.push_back(k);
-    for (bool paged : {false, true})  // long steps: one kernel whatever the shape
-      for (const void* k : {tc_kernel_for<FK, FV, 64, true>(TcGroupShape::kRow, paged),
-                            tc_kernel_for<FK, FV, 128, true>(TcGroupShape::kRow, paged)})
+    for (bool paged : {false, true})  // the other configurations: per-row kernels only
+      for (const void* k : {tc_kernel_for<FK, FV, 64, TcConfig::kLongSteps>(TcGroupShape::kRow, paged),
+                            tc_kernel_for<FK, FV, 128, TcConfig::kLongSteps>(TcGroupShape::kRow, paged),
+                            tc_kernel_for<FK, FV, 128, TcConfig::kFourCtas>(TcGroupShape::kRow, paged)})
         if (k) all.push_back(k);
     return all;
   };

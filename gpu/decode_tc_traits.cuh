@@ -72,14 +72,19 @@ constexpr int tc_row_pad(int bits, int row_words, bool k) {
   return bits == 16 && k ? 8 : bits == 5 ? (row_words % 8 == 0 ? 4 : 0) : 4;
 }
 
-// Whether (FK, FV, D) has long-step kernels (TcTraits' kLong): bf16 or fp16 K and V in one format (the
-// pairs the gate covers) at D = 64 and 128.
-template <KvFormat FK, KvFormat FV, int D>
-inline constexpr bool kTcHasLongSteps = FK == FV && TcOperand<FK>::kBits == 16 && (D == 64 || D == 128);
+// Whether (FK, FV, D) has kernels of configuration C (DecodeParams::tc_config): long steps for bf16 or
+// fp16 K and V in one format (the pairs the gate covers) at D = 64 and 128; four CTAs an SM for int4 K
+// and V at D = 128 (their per-row kernel alone: tc_config_has_shape).
+template <KvFormat FK, KvFormat FV, int D, TcConfig C>
+inline constexpr bool kTcHasConfig =
+    C == TcConfig::kStandard ||
+    (C == TcConfig::kLongSteps && FK == FV && TcOperand<FK>::kBits == 16 && (D == 64 || D == 128)) ||
+    (C == TcConfig::kFourCtas && FK == KvFormat::kInt4 && FV == KvFormat::kInt4 && D == 128);
 
-// kLong: 16-bit K and V in steps of 32 keys and two stages (DecodeParams::long_steps), for grids of
-// at most one CTA an SM per split: half the steps, each a latency chain, where residency buys nothing.
-template <KvFormat FK, KvFormat FV, int D, bool kLong = false>
+// C: the configuration (TcConfig). kLongSteps: 16-bit K and V in steps of 32 keys and two stages, for
+// grids of at most one CTA an SM per split: half the steps, each a latency chain, where residency buys
+// nothing. kFourCtas: registers for four CTAs an SM (128, where the kernel fits them without spilling).
+template <KvFormat FK, KvFormat FV, int D, TcConfig C = TcConfig::kStandard>
 struct TcTraits {
   using K = TcOperand<FK>;
   using V = TcOperand<FV>;
@@ -97,7 +102,8 @@ struct TcTraits {
   // when an operand is bf16, whose rows are 4x larger); a warp consumes a step far slower than
   // memory delivers the next, so two stages suffice for the quantized formats, and the shared
   // memory saved buys a third CTA per SM at 168 registers (fewer registers spill).
-  static_assert(!kLong || kTcHasLongSteps<FK, FV, D>, "long steps: bf16 or fp16 K and V in one format, D = 64 or 128");
+  static_assert(kTcHasConfig<FK, FV, D, C>, "a configuration this pair has no kernels of (kTcHasConfig)");
+  static constexpr bool kLong = C == TcConfig::kLongSteps;
   static constexpr int kStepTokens = KVQ_TC_STEP_TOKENS > 0 ? KVQ_TC_STEP_TOKENS : kQuantized || kLong ? 32 : 16;
   static constexpr int kMTiles = kStepTokens / 16;
   // A split's keys are whole rounds of steps (every warp of a CTA gets the same number of steps).
@@ -105,10 +111,11 @@ struct TcTraits {
   static constexpr int kCodeWords = kStepTokens * (kKStride + kVStride);
   static constexpr int kStages = KVQ_TC_STAGES > 0 ? KVQ_TC_STAGES : kQuantized || kLong ? 2 : 3;
   // The register budget __launch_bounds__ asks for: CTAs per SM, 3 (168 registers) for the
-  // quantized formats up to D = 128, else what shared memory allows (227 KB less 1 KB per CTA,
-  // parameters not counted).
+  // quantized formats up to D = 128, 4 (128) for kFourCtas, else what shared memory allows (227 KB
+  // less 1 KB per CTA, parameters not counted).
   static constexpr int kMinCtas = [] {
     if (KVQ_TC_MIN_CTAS > 0) return KVQ_TC_MIN_CTAS;
+    if (C == TcConfig::kFourCtas) return 4;
     if (kQuantized && D <= 128) return 3;
     const int n = 232448 / (kWarps * kStages * kCodeWords * 4 + 3000 + 1024);
     return n < 1 ? 1 : n > 4 ? 4 : n;
@@ -170,9 +177,9 @@ struct TcStageLayout {
   int stage_words = 0;
 };
 
-template <KvFormat FK, KvFormat FV, int D, bool kLong = false>
+template <KvFormat FK, KvFormat FV, int D, TcConfig C = TcConfig::kStandard>
 KVQ_HD TcStageLayout tc_stage_layout(const DecodeParams& p) {
-  using Tr = TcTraits<FK, FV, D, kLong>;
+  using Tr = TcTraits<FK, FV, D, C>;
   TcStageLayout l;
   l.k_params = Tr::kCodeWords;
   l.v_params = l.k_params + tc_param_words(p.k, Tr::kStepTokens, D);
@@ -192,10 +199,10 @@ struct TcPrologue {
   float pad[8];  // keeps the stages that follow 16-byte aligned
 };
 
-template <KvFormat FK, KvFormat FV, int D, bool kLong = false>
+template <KvFormat FK, KvFormat FV, int D, TcConfig C = TcConfig::kStandard>
 KVQ_HD int tc_smem_bytes(const DecodeParams& p) {
-  using Tr = TcTraits<FK, FV, D, kLong>;
-  return static_cast<int>(sizeof(TcPrologue<D>)) + Tr::kWarps * Tr::kStages * tc_stage_layout<FK, FV, D, kLong>(p).stage_words * 4;
+  using Tr = TcTraits<FK, FV, D, C>;
+  return static_cast<int>(sizeof(TcPrologue<D>)) + Tr::kWarps * Tr::kStages * tc_stage_layout<FK, FV, D, C>(p).stage_words * 4;
 }
 
 // n / d for 0 <= n < 2^31 by a multiply-high, an add and a shift (Granlund-Montgomery), d fixed per

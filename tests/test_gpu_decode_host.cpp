@@ -410,21 +410,41 @@ TEST_CASE("tensor-core split counts with a raw operand: one wave of one CTA an S
   CHECK(tensor_core_splits(24, 396, 8192, 132, 64) == 15);
 }
 
-TEST_CASE("bf16 / fp16 K and V of one format at D = 64 and 128 have kernels of two step lengths") {
+TEST_CASE("the tensor-core kernels' other configurations: long steps for 16-bit K and V, four CTAs for int4 by the row") {
+  using C = std::vector<TcConfig>;
+  const C standard = {TcConfig::kStandard}, long_steps = {TcConfig::kStandard, TcConfig::kLongSteps},
+          four = {TcConfig::kStandard, TcConfig::kFourCtas};
   DecodeParams p;
   p.family = DecodeFamily::kTensorCore, p.head_dim = 128;
   p.k_format = p.v_format = KvFormat::kBf16;
-  CHECK(tc_has_long_steps(p));
+  CHECK(tc_configs(p) == long_steps);
   p.k_format = p.v_format = KvFormat::kFp16, p.head_dim = 64;
-  CHECK(tc_has_long_steps(p));
+  CHECK(tc_configs(p) == long_steps);
   p.head_dim = 256;  // no room for 32-key steps of 16-bit rows
-  CHECK_FALSE(tc_has_long_steps(p));
+  CHECK(tc_configs(p) == standard);
   p.head_dim = 128, p.v_format = KvFormat::kBf16;  // mixed 16-bit formats
-  CHECK_FALSE(tc_has_long_steps(p));
+  CHECK(tc_configs(p) == standard);
   p.k_format = p.v_format = KvFormat::kInt8;  // quantized: 32-key steps already
-  CHECK_FALSE(tc_has_long_steps(p));
+  CHECK(tc_configs(p) == standard);
+
+  p.k_format = p.v_format = KvFormat::kInt4;  // one scale group per row (fp16 parameters)
+  for (KvOperand* op : {&p.k, &p.v}) op->mode = ParamMode::kHead, op->asymmetric = true;
+  CHECK(tc_configs(p) == four);
+  const KvOperand planar = p.v;
+  for (KvOperand* op : {&p.k, &p.v}) op->mode = ParamMode::kInlineRow, op->group = 128, op->inline_bytes = 4;
+  p.k_format = p.v_format = KvFormat::kInt4Fbgemm;  // FBGEMM's rows: the same kernel
+  CHECK(tc_configs(p) == four);
+  p.k = p.v = planar, p.k_format = p.v_format = KvFormat::kInt4;
+  p.k.scale_dtype = ScaleDtype::kFp32;  // fp32 parameters: the general kernel
+  CHECK(tc_configs(p) == standard);
+  p.k.scale_dtype = ScaleDtype::kFp16;
+  p.head_dim = 64;  // at D = 64 three CTAs measured faster (H200, SmolLM2)
+  CHECK(tc_configs(p) == standard);
+  p.head_dim = 128;
+  for (KvOperand* op : {&p.k, &p.v}) op->mode = ParamMode::kGroup, op->group = 32;  // g32 spills at 128 registers
+  CHECK(tc_configs(p) == standard);
   p.k_format = p.v_format = KvFormat::kBf16, p.family = DecodeFamily::kCudaCore;
-  CHECK_FALSE(tc_has_long_steps(p));
+  CHECK(tc_configs(p) == standard);
 }
 
 TEST_CASE("decode parameters are checked before a launch") {

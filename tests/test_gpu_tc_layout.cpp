@@ -196,9 +196,9 @@ void check_w_o_slots(int d_max, bool int4_words) {
     }
 }
 
-template <KvFormat FK, KvFormat FV, int D, bool kLong = false>
+template <KvFormat FK, KvFormat FV, int D, TcConfig C = TcConfig::kStandard>
 void check_traits(const std::string& what) {
-  using Tr = detail::TcTraits<FK, FV, D, kLong>;
+  using Tr = detail::TcTraits<FK, FV, D, C>;
   // On sectors: V's rows (pairs of rows padded together; 5-bit V only at D = 256, its rows of 10 / 20
   // words at D = 64 / 128 are not whole sectors) and 16-bit K (padded by 8 words). Quantized K rows stay
   // padded by 4 words, off-sector every other row: an XOR swizzle that put them on sectors measured
@@ -227,17 +227,30 @@ void check_head_dim() {
   check_traits<KvFormat::kInt5, KvFormat::kInt5, D>("int5" + d);
   check_traits<KvFormat::kInt8, KvFormat::kBf16, D>("int8/bf16" + d);
   check_traits<KvFormat::kBf16, KvFormat::kInt4, D>("bf16/int4" + d);
-  if constexpr (D != 256) {  // 32-key steps of 16-bit K and V (DecodeParams::long_steps)
-    check_traits<KvFormat::kBf16, KvFormat::kBf16, D, true>("bf16 long steps" + d);
-    check_traits<KvFormat::kFp16, KvFormat::kFp16, D, true>("fp16 long steps" + d);
-    using Long = detail::TcTraits<KvFormat::kBf16, KvFormat::kBf16, D, true>;
+  if constexpr (D != 256) {  // 32-key steps of 16-bit K and V (TcConfig::kLongSteps)
+    check_traits<KvFormat::kBf16, KvFormat::kBf16, D, TcConfig::kLongSteps>("bf16 long steps" + d);
+    check_traits<KvFormat::kFp16, KvFormat::kFp16, D, TcConfig::kLongSteps>("fp16 long steps" + d);
+    using Long = detail::TcTraits<KvFormat::kBf16, KvFormat::kBf16, D, TcConfig::kLongSteps>;
     CHECK(Long::kStepTokens == 32);
     CHECK(Long::kSplitRound == 2 * detail::TcTraits<KvFormat::kBf16, KvFormat::kBf16, D>::kSplitRound);
     DecodeParams raw;
     raw.head_dim = D;
-    const int smem = detail::tc_smem_bytes<KvFormat::kBf16, KvFormat::kBf16, D, true>(raw);
+    const int smem = detail::tc_smem_bytes<KvFormat::kBf16, KvFormat::kBf16, D, TcConfig::kLongSteps>(raw);
     CHECK(smem <= 227 * 1024);  // a CTA's opt-in shared memory on sm_90
     CHECK(Long::kMinCtas * (smem + 1024) <= 228 * 1024);  // the registers budgeted for CTAs that fit
+  }
+  if constexpr (D == 128) {  // int4 K and V by the row, registers for four CTAs (TcConfig::kFourCtas)
+    using Four = detail::TcTraits<KvFormat::kInt4, KvFormat::kInt4, D, TcConfig::kFourCtas>;
+    using Three = detail::TcTraits<KvFormat::kInt4, KvFormat::kInt4, D>;
+    CHECK(Four::kMinCtas == 4);
+    CHECK(Three::kMinCtas == 3);
+    CHECK(Four::kSplitRound == Three::kSplitRound);  // the same tiles: only the register budget differs
+    DecodeParams rows;
+    rows.head_dim = D;
+    for (KvOperand* op : {&rows.k, &rows.v}) op->mode = ParamMode::kHead, op->asymmetric = true;
+    const int smem = detail::tc_smem_bytes<KvFormat::kInt4, KvFormat::kInt4, D, TcConfig::kFourCtas>(rows);
+    CHECK(smem == detail::tc_smem_bytes<KvFormat::kInt4, KvFormat::kInt4, D>(rows));
+    CHECK(Four::kMinCtas * (smem + 1024) <= 228 * 1024);  // four CTAs' shared memory fits an SM
   }
 }
 

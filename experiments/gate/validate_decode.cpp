@@ -354,15 +354,20 @@ struct Gate {
           for (size_t i = 0; i < out.size(); ++i) merge_differs += std::memcmp(&out[i], &out2[i], sizeof(float)) != 0;
           for (size_t i = 0; i < lse.size(); ++i) merge_differs += std::memcmp(&lse[i], &lse2[i], sizeof(float)) != 0;
         }
-      // 16-bit K and V decode in two step lengths (plan_decode picks one by the grid): the one not
-      // planned is judged on the same case too, so that both stay gated.
-      std::vector<float> other_out, other_lse;
-      if (tc_has_long_steps(planned)) {
-        DecodeParams flipped = planned;
-        flipped.long_steps = !planned.long_steps;
-        run.run(flipped);
-        other_out = run.output(), other_lse = run.lse();
-      }
+      // The kernels' other configurations (plan_decode picks one by the grid, which the gate's small
+      // shapes seldom reach) are judged on the same case too, so that every one stays gated.
+      struct Other {
+        TcConfig config;
+        std::vector<float> out, lse;
+      };
+      std::vector<Other> others;
+      for (TcConfig c : tc_configs(planned))
+        if (c != planned.tc_config) {
+          DecodeParams other = planned;
+          other.tc_config = c;
+          run.run(other);
+          others.push_back({c, run.output(), run.lse()});
+        }
 
       AttentionProblem p;
       p.batch = s.batch, p.q_heads = s.q_heads, p.kv_heads = s.kv_heads, p.q_len = 1, p.head_dim = s.head_dim;
@@ -395,15 +400,15 @@ struct Gate {
           }
         };
         keep(judged_out, judged_lse), keep(ref.o, ref.lse), keep(mimic.o, mimic.lse);
-        if (!other_out.empty()) keep(other_out, other_lse);
+        for (Other& o : others) keep(o.out, o.lse);
         r.values = static_cast<int64_t>(judged_out.size());
       }
       const ToleranceCheck t = check_tolerance(judged_out, judged_lse, ref.o, ref.lse, mimic.o, mimic.lse);
       r.ok = t.ok && merge_differs == 0, r.detail = t.detail;
-      if (!other_out.empty()) {
-        const ToleranceCheck other = check_tolerance(other_out, other_lse, ref.o, ref.lse, mimic.o, mimic.lse);
+      for (const Other& o : others) {
+        const ToleranceCheck other = check_tolerance(o.out, o.lse, ref.o, ref.lse, mimic.o, mimic.lse);
         r.ok = r.ok && other.ok;
-        if (!other.ok) r.detail += fmt::format("; {} steps: {}", planned.long_steps ? "16-key" : "32-key", other.detail);
+        if (!other.ok) r.detail += fmt::format("; the {} kernels: {}", to_string(o.config), other.detail);
       }
       if (merge_differs)
         r.detail += fmt::format("; {} values differ between the split merges (merge kernel, last split, planned)", merge_differs);
