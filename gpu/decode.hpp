@@ -242,7 +242,7 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta = 8
 // full; for tiny grids (<= 16 CTAs per split) whose splits stay <= 1024 keys, one CTA per SM. The
 // kernel gives each split a multiple of `round` keys (default 1): counts are those that leave no
 // split empty, and waves are counted with them. `raw_operand` (a bf16 / fp16 K or V): where one
-// split's CTAs fit on the SMs, one wave of one CTA an SM instead.
+// split's CTAs fit on the SMs, one wave of one CTA an SM instead; where they exceed the SMs, one split.
 int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens, int64_t sm_count, int64_t round = 1,
                        bool raw_operand = false);
 

@@ -627,7 +627,11 @@ int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens,
   // (H100 sweeps, decode-split-counts/, this count against the resident slots': SmolLM2 B = 8 T = 8K
   // 5 splits 25.3 us / 15 27.6, T = 1K 4 10.6 / 8 11.4; llama8b B = 8 T = 1K 2 18.4 / 3 19.4, T = 8K
   // 2 95.7 / 4 99.5; seed000 B = 64 2 97.7 / 4 101.0; one loss, seed000 B = 32 4 58.8 / 8 55.3).
-  if (raw_operand && grid && base_ctas <= sm_count) return one_per_sm;
+  // Where a split's CTAs exceed the SMs, one split: the CTAs already cover every SM, and each added
+  // split only re-reads Q and adds partials to merge (H200 sweeps, decode-four-ctas/split-counts/, bf16
+  // one split against the fill rule's two: SmolLM2 B = 64 T = 1K 17.6 / 18.4 us, T = 8K 94.8 / 96.1;
+  // llama8b B = 64 and seed000 B = 256 / 512 planned one already).
+  if (raw_operand && grid) return base_ctas <= sm_count ? one_per_sm : 1;
   int best = 1;
   double best_fill = 0;
   for (int64_t s = 1; s <= most && base_ctas > 0 && resident_ctas > 0; ++s) {
