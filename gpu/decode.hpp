@@ -241,10 +241,11 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta = 8
 // holding `resident_ctas` at once: the fewest (each at least 128 keys) whose last wave is >= 85%
 // full; for tiny grids (<= 16 CTAs per split) whose splits stay <= 1024 keys, one CTA per SM. The
 // kernel gives each split a multiple of `round` keys (default 1): counts are those that leave no
-// split empty, and waves are counted with them. `raw_operand` (a bf16 / fp16 K or V): where one
-// split's CTAs fit on the SMs, one wave of one CTA an SM instead; where they exceed the SMs, one split.
+// split empty, and waves are counted with them. `raw_operands` (how many of K and V are bf16 / fp16):
+// with one or two, where one split's CTAs fit on the SMs, one wave of one CTA an SM instead; with two,
+// where they exceed the SMs, one split.
 int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens, int64_t sm_count, int64_t round = 1,
-                       bool raw_operand = false);
+                       int raw_operands = 0);
 
 // The splits that hold keys when `tokens` keys are cut into `splits` splits of a multiple of `round`.
 int nonempty_splits(int64_t tokens, int64_t splits, int64_t round);

@@ -613,7 +613,7 @@ int nonempty_splits(int64_t tokens, int64_t splits, int64_t round) {
 }
 
 int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens, int64_t sm_count, int64_t round,
-                       bool raw_operand) {
+                       int raw_operands) {
   // Each split re-reads Q and pays a prologue and a merge: at least 128 keys (one step per warp)
   // per split. Among the counts allowed, the first whose last wave is at least 85% full; else the
   // fullest. Waves are counted with the splits that hold keys (H100, SmolLM2 B = 8 T = 8K int8:
@@ -627,11 +627,13 @@ int tensor_core_splits(int64_t base_ctas, int64_t resident_ctas, int64_t tokens,
   // (H100 sweeps, decode-split-counts/, this count against the resident slots': SmolLM2 B = 8 T = 8K
   // 5 splits 25.3 us / 15 27.6, T = 1K 4 10.6 / 8 11.4; llama8b B = 8 T = 1K 2 18.4 / 3 19.4, T = 8K
   // 2 95.7 / 4 99.5; seed000 B = 64 2 97.7 / 4 101.0; one loss, seed000 B = 32 4 58.8 / 8 55.3).
-  // Where a split's CTAs exceed the SMs, one split: the CTAs already cover every SM, and each added
-  // split only re-reads Q and adds partials to merge (H200 sweeps, decode-four-ctas/split-counts/, bf16
-  // one split against the fill rule's two: SmolLM2 B = 64 T = 1K 17.6 / 18.4 us, T = 8K 94.8 / 96.1;
-  // llama8b B = 64 and seed000 B = 256 / 512 planned one already).
-  if (raw_operand && grid) return base_ctas <= sm_count ? one_per_sm : 1;
+  if (raw_operands > 0 && grid && base_ctas <= sm_count) return one_per_sm;
+  // bf16 / fp16 K and V whose split's CTAs exceed the SMs: one split. The CTAs already cover every SM,
+  // and each added split only re-reads Q and adds partials to merge (H200 sweeps,
+  // decode-four-ctas/split-counts/, bf16 one split against the fill rule's two: SmolLM2 B = 64 T = 1K
+  // 17.6 / 18.4 us, T = 8K 94.8 / 96.1; llama8b B = 64 and seed000 B = 256 / 512 planned one already).
+  // Quantized CTAs want the resident slots' warps there (int4-g32 seed000 B = 256: 1 split 204 us, 3 183).
+  if (raw_operands == 2 && grid) return 1;
   int best = 1;
   double best_fill = 0;
   for (int64_t s = 1; s <= most && base_ctas > 0 && resident_ctas > 0; ++s) {
@@ -669,8 +671,8 @@ int tc_planned_splits(const DecodeParams& p, int64_t base, int sm_count) {
   // A windowed decode shares its splits among key regions of other lengths: counted as asked.
   const bool windowed = p.k_window.present() || p.v_window.present();
   const int round = windowed ? 1 : detail::tc_split_round(p);
-  const bool raw_operand = !is_quantized(p.k_format) || !is_quantized(p.v_format);
-  int splits = tensor_core_splits(base, sm_count * detail::ctas_per_sm(p), p.tokens, sm_count, round, raw_operand);
+  const int raw_operands = (is_quantized(p.k_format) ? 0 : 1) + (is_quantized(p.v_format) ? 0 : 1);
+  int splits = tensor_core_splits(base, sm_count * detail::ctas_per_sm(p), p.tokens, sm_count, round, raw_operands);
   // Short splits are a latency chain, and merging them in clusters saves the merge kernel's launch
   // (~2.5 us at B = 1): where the count's clusters do not all fit at once, the largest count up to
   // it whose clusters do, if its splits stay within 512 keys (H100, llama8b B = 8 T = 1K: 2-3

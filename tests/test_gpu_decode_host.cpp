@@ -401,14 +401,15 @@ TEST_CASE("tensor-core split counts leave no split empty where the kernel rounds
   CHECK(tensor_core_splits(8, 396, 1024, 132, 128) == 8);
 }
 
-TEST_CASE("tensor-core split counts with a raw operand: one wave of one CTA an SM where a split fits, else one split") {
-  CHECK(tensor_core_splits(24, 396, 1024, 132, 64, true) == 4);   // SmolLM2 B=8 T=1K: 5 asked hold 4
-  CHECK(tensor_core_splits(24, 396, 8192, 132, 64, true) == 5);   // T=8K (the resident slots: 15)
-  CHECK(tensor_core_splits(64, 264, 1024, 132, 64, true) == 2);   // llama8b B=8 T=1K
-  CHECK(tensor_core_splits(8, 264, 1024, 132, 64, true) == 8);    // 128 keys a split at most 8
-  CHECK(tensor_core_splits(192, 396, 1024, 132, 64, true) == 1);  // SmolLM2 B=64: more CTAs than SMs (the fill rule: 2)
+TEST_CASE("tensor-core split counts with raw operands: one wave of one CTA an SM where a split fits; raw K and V, else one split") {
+  CHECK(tensor_core_splits(24, 396, 1024, 132, 64, 2) == 4);   // SmolLM2 B=8 T=1K: 5 asked hold 4
+  CHECK(tensor_core_splits(24, 396, 8192, 132, 64, 1) == 5);   // T=8K (the resident slots: 15)
+  CHECK(tensor_core_splits(64, 264, 1024, 132, 64, 2) == 2);   // llama8b B=8 T=1K
+  CHECK(tensor_core_splits(8, 264, 1024, 132, 64, 1) == 8);    // 128 keys a split at most 8
+  CHECK(tensor_core_splits(192, 396, 1024, 132, 64, 2) == 1);  // SmolLM2 B=64: more CTAs than SMs (the fill rule: 2)
   CHECK(tensor_core_splits(192, 396, 1024, 132, 64) == 2);
-  CHECK(tensor_core_splits(512, 264, 32768, 132, 64, true) == 1);
+  CHECK(tensor_core_splits(192, 396, 1024, 132, 64, 1) == 2);  // one raw operand: the fill rule
+  CHECK(tensor_core_splits(512, 264, 32768, 132, 64, 2) == 1);
   CHECK(tensor_core_splits(24, 396, 8192, 132, 64) == 15);
 }
 
