@@ -401,7 +401,7 @@ TEST_CASE("tensor-core split counts leave no split empty where the kernel rounds
   CHECK(tensor_core_splits(8, 396, 1024, 132, 128) == 8);
 }
 
-TEST_CASE("tensor-core split counts with raw operands: one wave of one CTA an SM where a split fits; raw K and V, else one split") {
+TEST_CASE("tensor-core split counts with raw operands: one wave of one CTA an SM where a split fits, one split for raw K and V where it does not") {
   CHECK(tensor_core_splits(24, 396, 1024, 132, 64, 2) == 4);   // SmolLM2 B=8 T=1K: 5 asked hold 4
   CHECK(tensor_core_splits(24, 396, 8192, 132, 64, 1) == 5);   // T=8K (the resident slots: 15)
   CHECK(tensor_core_splits(64, 264, 1024, 132, 64, 2) == 2);   // llama8b B=8 T=1K
