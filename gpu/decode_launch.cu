@@ -661,11 +661,6 @@ std::vector<TcConfig> tc_configs(const DecodeParams& p) {
 }
 
 namespace {
-bool has_config(const DecodeParams& p, TcConfig c) {
-  const std::vector<TcConfig> all = tc_configs(p);
-  return std::find(all.begin(), all.end(), c) != all.end();
-}
-
 // The key splits of p's tensor-core launch (p.splits == 0) with `base` CTAs per split.
 int tc_planned_splits(const DecodeParams& p, int64_t base, int sm_count) {
   // A windowed decode shares its splits among key regions of other lengths: counted as asked.
@@ -705,7 +700,9 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
     // 16-bit K and V whose split's CTAs fit on the SMs (one CTA an SM, below): 32-key steps, half the
     // latency chains (H200, bf16 against 16-key steps: llama8b B = 1 T = 1K 0.94, SmolLM2 B = 1 / 8
     // T = 8K 0.89 / 0.86; where CTAs share SMs, llama8b B = 64 T = 1K 1.08 and SmolLM2 B = 64 1.06-1.36).
-    p.tc_config = base <= sm_count && has_config(p, TcConfig::kLongSteps) ? TcConfig::kLongSteps : TcConfig::kStandard;
+    const std::vector<TcConfig> configs = tc_configs(p);
+    auto has = [&](TcConfig c) { return std::find(configs.begin(), configs.end(), c) != configs.end(); };
+    p.tc_config = base <= sm_count && has(TcConfig::kLongSteps) ? TcConfig::kLongSteps : TcConfig::kStandard;
     const bool planned = p.splits == 0;
     if (planned) p.splits = tc_planned_splits(p, base, sm_count);
     // int4 K and V by the row at D = 128: four CTAs an SM where they share SMs over splits of at least
@@ -713,7 +710,7 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
     // chains) and grids of one CTA an SM pay for nothing (H200, against three: seed000 B = 128-512
     // T = 8K 0.90-0.97, llama8b B = 64 T = 1K 0.79 at one split each; llama8b B = 8 T = 1K, 256-key
     // splits, 1.05).
-    if (has_config(p, TcConfig::kFourCtas)) {
+    if (has(TcConfig::kFourCtas)) {
       DecodeParams four = p;
       four.tc_config = TcConfig::kFourCtas;
       if (planned) four.splits = tc_planned_splits(four, base, sm_count);

@@ -263,19 +263,10 @@ TcEntry tc_entry() {
     return with_tc_config<FK, FV>(
         p, [&](auto d, auto c) { return tc_plan<FK, FV, decltype(d)::value, decltype(c)::value>(p); }, TcPlan{});
   };
-  e.has_config = [](const DecodeParams& p, TcConfig c) {
-    return with_tc_head_dim(
-        p.head_dim,
-        [&](auto d) {
-          constexpr int D = decltype(d)::value;
-          switch (c) {
-            case TcConfig::kStandard: return true;
-            case TcConfig::kLongSteps: return tc_has_config<FK, FV, D, TcConfig::kLongSteps>(p);
-            case TcConfig::kFourCtas: return tc_has_config<FK, FV, D, TcConfig::kFourCtas>(p);
-          }
-          return false;
-        },
-        false);
+  e.has_config = [](const DecodeParams& p, TcConfig c) {  // c is one that with_tc_config keeps
+    DecodeParams asked = p;
+    asked.tc_config = c;
+    return with_tc_config<FK, FV>(asked, [&](auto, auto kept) { return decltype(kept)::value == c; }, false);
   };
   e.kernels = [] {
     std::vector<const void*> all;
@@ -285,11 +276,16 @@ TcEntry tc_entry() {
         for (const void* k : {tc_kernel_for<FK, FV, 64>(shape, paged), tc_kernel_for<FK, FV, 128>(shape, paged),
                               tc_kernel_for<FK, FV, 256>(shape, paged)})
           if (k) all.push_back(k);
-    for (bool paged : {false, true})  // the other configurations: per-row kernels only
-      for (const void* k : {tc_kernel_for<FK, FV, 64, TcConfig::kLongSteps>(TcGroupShape::kRow, paged),
-                            tc_kernel_for<FK, FV, 128, TcConfig::kLongSteps>(TcGroupShape::kRow, paged),
-                            tc_kernel_for<FK, FV, 128, TcConfig::kFourCtas>(TcGroupShape::kRow, paged)})
-        if (k) all.push_back(k);
+    auto add_config = [&](auto c) {  // the other configurations: per-row kernels only
+      constexpr TcConfig C = decltype(c)::value;
+      for (bool paged : {false, true})
+        for (const void* k : {tc_kernel_for<FK, FV, 64, C>(TcGroupShape::kRow, paged),
+                              tc_kernel_for<FK, FV, 128, C>(TcGroupShape::kRow, paged),
+                              tc_kernel_for<FK, FV, 256, C>(TcGroupShape::kRow, paged)})
+          if (k) all.push_back(k);
+    };
+    add_config(TcConfigConstant<TcConfig::kLongSteps>{});
+    add_config(TcConfigConstant<TcConfig::kFourCtas>{});
     return all;
   };
   return e;
