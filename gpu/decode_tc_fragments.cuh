@@ -11,8 +11,10 @@
 //    consecutive elements of each of its 4 keys and pairs equal d across two keys (int4 read a word
 //    for two m-tile pairs: tc_int4_v_word, and O's elements follow, tc_v_row_element).
 // Codes become fp16 exactly: a code byte or nibble ORed into the mantissa of 1024.0 (0x6400) is
-// 1024 + u, one fp16 subtraction (or fma for a nibble in bits 4..7) leaves the signed code. FP8
-// values are fp16 values: e5m2 is the high byte of its fp16, e4m3 widens by one cvt per pair.
+// 1024 + u, one fp16 subtraction (or fma for a nibble in bits 4..7) leaves the signed code. (A nibble
+// as an fp16 subnormal, u * 2^-24 with no bias, would save that subtraction but loses up to 13 bits in
+// mma.sync: experiments/results/nvidia-h200/mma-subnormal-codes/.) FP8 values are fp16 values: e5m2
+// is the high byte of its fp16, e4m3 widens by one cvt per pair.
 // Scales and zero points are applied around the products (decode_tc_kernel.cuh), never here.
 #pragma once
 
