@@ -209,32 +209,21 @@ R with_tc_head_dim(int head_dim, F&& f, R otherwise) {
 template <TcConfig C>
 using TcConfigConstant = std::integral_constant<TcConfig, C>;
 
-// Whether (FK, FV) has kernels of configuration C at D for p's group shape.
-template <KvFormat FK, KvFormat FV, int D, TcConfig C>
-bool tc_has_config(const DecodeParams& p) {
-  if constexpr (kTcHasConfig<FK, FV, D, C>) return tc_config_has_shape(C, tc_group_shape(p));
-  return false;
-}
-
 // f(D, C) (std::integral_constant) for p's head dim and configuration: p.tc_config where (FK, FV) has
-// kernels of it for p (a launch's other regions are other pairs), else kStandard; `otherwise` for a
-// head dim without kernels.
+// kernels of it for p's head dim and group shape (a launch's other regions are other pairs), else
+// kStandard; `otherwise` for a head dim without kernels.
 template <KvFormat FK, KvFormat FV, class F, class R>
 R with_tc_config(const DecodeParams& p, F&& f, R otherwise) {
   return with_tc_head_dim(
       p.head_dim,
       [&](auto d) {
         constexpr int D = decltype(d)::value;
-        switch (p.tc_config) {
-          case TcConfig::kLongSteps:
-            if constexpr (kTcHasConfig<FK, FV, D, TcConfig::kLongSteps>)
-              if (tc_has_config<FK, FV, D, TcConfig::kLongSteps>(p)) return f(d, TcConfigConstant<TcConfig::kLongSteps>{});
-            break;
-          case TcConfig::kFourCtas:
-            if constexpr (kTcHasConfig<FK, FV, D, TcConfig::kFourCtas>)
-              if (tc_has_config<FK, FV, D, TcConfig::kFourCtas>(p)) return f(d, TcConfigConstant<TcConfig::kFourCtas>{});
-            break;
-          case TcConfig::kStandard: break;
+        const TcConfig c = p.tc_config;
+        if (c != TcConfig::kStandard && tc_config_has_shape(c, tc_group_shape(p))) {
+          if constexpr (kTcHasConfig<FK, FV, D, TcConfig::kLongSteps>)
+            if (c == TcConfig::kLongSteps) return f(d, TcConfigConstant<TcConfig::kLongSteps>{});
+          if constexpr (kTcHasConfig<FK, FV, D, TcConfig::kFourCtas>)
+            if (c == TcConfig::kFourCtas) return f(d, TcConfigConstant<TcConfig::kFourCtas>{});
         }
         return f(d, TcConfigConstant<TcConfig::kStandard>{});
       },
