@@ -663,8 +663,9 @@ std::vector<TcConfig> tc_configs(const DecodeParams& p) {
 namespace {
 // The key splits of p's tensor-core launch (p.splits == 0) with `base` CTAs per split.
 int tc_planned_splits(const DecodeParams& p, int64_t base, int sm_count) {
-  // A windowed decode shares its splits among key regions of other lengths: counted as asked.
-  const bool windowed = p.k_window.present() || p.v_window.present();
+  // A windowed decode shares its splits among key regions of other lengths: counted as asked (one
+  // read at the end of the last split is planned as its plain scheme).
+  const bool windowed = (p.k_window.present() || p.v_window.present()) && !window_tail_fits(p);
   const int round = windowed ? 1 : detail::tc_split_round(p);
   const int raw_operands = (is_quantized(p.k_format) ? 0 : 1) + (is_quantized(p.v_format) ? 0 : 1);
   int splits = tensor_core_splits(base, sm_count * detail::ctas_per_sm(p), p.tokens, sm_count, round, raw_operands);
@@ -726,10 +727,23 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
   return p;
 }
 
+bool window_tail_fits(const DecodeParams& p) {
+  const KvWindow &kw = p.k_window, &vw = p.v_window;
+  return p.family == DecodeFamily::kTensorCore && !p.block_table && kw.present() && vw.present() &&
+         kw.tokens == vw.tokens && kw.round_to == vw.round_to && kw.format == KvFormat::kBf16 &&
+         vw.format == KvFormat::kBf16 && is_quantized(p.k_format) &&
+         is_quantized(p.v_format) && p.k.mode != ParamMode::kChannel && !p.k.hadamard && !p.v.hadamard;
+}
+
 std::vector<DecodeParams> decode_regions(const DecodeParams& p) {
   DecodeParams all = p;
   all.region = KeyRegion::kAll, all.split_base = 0;
   if (!p.k_window.present() && !p.v_window.present()) return {all};
+  if (window_tail_fits(p)) {
+    DecodeParams one = p;
+    one.region = KeyRegion::kBothQuantized, one.split_base = 0, one.region_count = 1, one.window_tail = true;
+    return {one};
+  }
   std::vector<KeyRegion> regions = {KeyRegion::kBothQuantized};
   // Windows of the same length and rounding start at the same key in every sequence: no key has one
   // operand raw and the other quantized, whatever the lengths on the device (`+wW` on K and V alike).

@@ -497,17 +497,19 @@ __device__ __forceinline__ void channel_dequant(uint32_t (&a)[4], const uint32_t
 
 // A fragments of PV m-tiles 2i (`lo`) and 2i + 1 (`hi`) for the k-step whose lane keys are
 // key0 = 16 mt + 2c, key0 + 1, key0 + 8, key0 + 9. kWords (int4): the elements of tc_int4_v_word
-// (pairs i and i + 1 read the same words, which the compiler loads once).
+// (pairs i and i + 1 read the same words, which the compiler loads once); 16-bit V: the same elements.
 template <KvFormat F, typename Rows, bool kWords = false>
 __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i, int g, const TcSource& s,
                                             uint32_t (&lo)[4], uint32_t (&hi)[4]) {
-  static_assert(!kWords || F == KvFormat::kInt4, "word reads: int4 V");
+  constexpr bool k16Bit = F == KvFormat::kBf16 || F == KvFormat::kFp16;
+  static_assert(!kWords || F == KvFormat::kInt4 || k16Bit, "word reads: int4 V (16-bit V: their element order)");
   const bool sym = !s.has_zero;
   const int rows[4] = {key0, key0 + 1, key0 + 8, key0 + 9};
-  if constexpr (F == KvFormat::kBf16 || F == KvFormat::kFp16) {
+  if constexpr (k16Bit) {  // kWords: O's elements in int4 V's order (a window's tail, decode_tc_window_tail.cuh)
+    const int word = kWords ? tc_v_row_element(2 * i, g, true) / 2 : 16 * i + 2 * g;
     uint2 w[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) w[k] = *reinterpret_cast<const uint2*>(vc + Rows::word(rows[k], 16 * i + 2 * g));
+    for (int k = 0; k < 4; ++k) w[k] = *reinterpret_cast<const uint2*>(vc + Rows::word(rows[k], word));
     // element e of keys (A, B): (A.e, B.e) -- low halves for even e, high halves for odd e
     lo[0] = __byte_perm(w[0].x, w[1].x, 0x5410), lo[1] = __byte_perm(w[0].x, w[1].x, 0x7632);
     lo[2] = __byte_perm(w[2].x, w[3].x, 0x5410), lo[3] = __byte_perm(w[2].x, w[3].x, 0x7632);

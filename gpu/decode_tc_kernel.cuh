@@ -22,33 +22,14 @@
 #include "gpu/cuda_check.hpp"
 #include "gpu/decode_merge.cuh"
 #include "gpu/decode_tc_fragments.cuh"
+#include "gpu/decode_tc_softmax.cuh"
+#include "gpu/decode_tc_window_tail.cuh"
 #include "quant/float_formats.hpp"
 #include "quant/hadamard.hpp"
 
 namespace kvq::detail {
 
-inline constexpr float kTcLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float quad_max(float x) {  // over the 8 lanes g of one c
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 4);
-  x += __shfl_xor_sync(0xffffffffu, x, 8);
-  return x + __shfl_xor_sync(0xffffffffu, x, 16);
-}
-
 __host__ __device__ constexpr int ilog2(int x) { return x > 1 ? 1 + ilog2(x / 2) : 0; }
-
-__device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }  // e in [-126, 127]
-
-__device__ __forceinline__ float fast_exp2(float x) {  // 2^-22 relative error, far below the fp16 rounding of P
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // The codec's normalized Walsh-Hadamard transform (quant/hadamard.hpp) of a row of D elements held
 // E consecutive per lane, in blocks of `block` elements (+had<N>; D: the whole row): the same fp32
@@ -130,6 +111,17 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, const TcP
   }
 }
 
+// The sums of p z (one per head of the lane's pair) of O row element j's V scale group, which the
+// main loop keeps at the group's first m-tile pair (2^v_shift pairs a group).
+template <int kPairs>
+__device__ __forceinline__ void group_zero_sums(const float (&z_acc)[kPairs][2], int j, int v_shift, float (&z)[2]) {
+  const int first = (j / 2) & ~((1 << v_shift) - 1);
+  z[0] = z[1] = 0.0f;
+#pragma unroll
+  for (int f = 0; f < kPairs; ++f)  // a select, not a run-time register index
+    if (f == first) z[0] = z_acc[f][0], z[1] = z_acc[f][1];
+}
+
 // kKSlicesPerGroup / kVPairsPerGroup: K k-slices per K scale group and V m-tile pairs per V scale
 // group when known at compile time (0: read from p). The common shapes -- one group per row, and
 // groups of 32 -- get their own kernels: the group boundaries in the unrolled loops are then
@@ -142,14 +134,17 @@ __device__ void tc_prologue(TcPrologue<D>& pro, const DecodeParams& p, const TcP
 // A raw operand beside a quantized one (a +wW window's region) may lie in pages of a table of its own
 // (DecodeParams::v_block_table); only those mixed pairs carry the second table's ids.
 // C: the configuration (TcTraits; DecodeParams::tc_config).
+// kTail: the last split reads the +wW windows' raw keys after its own (DecodeParams::window_tail;
+// decode_tc_window_tail.cuh), a kernel of its own so that the others carry none of it (registers).
 template <KvFormat FK, KvFormat FV, int D, int kKSlicesPerGroup, int kVPairsPerGroup, bool kPaged = false,
-          TcConfig C = TcConfig::kStandard>
+          TcConfig C = TcConfig::kStandard, bool kTail = false>
 __global__ void __launch_bounds__(TcTraits<FK, FV, D, C>::kThreads, TcTraits<FK, FV, D, C>::kMinCtas)
     decode_tc_kernel(const DecodeParams p, const TcPlan plan) {
   using Tr = TcTraits<FK, FV, D, C>;
   constexpr bool kChanK = kKSlicesPerGroup < 0;
   constexpr bool kKQuant = Tr::K::kQuantized && !kChanK, kVQuant = Tr::V::kQuantized;  // kKQuant: scales after QK
   constexpr bool kVBlocks16 = kVPairsPerGroup < 0;
+  static_assert(!kTail || (!kPaged && kKQuant && kVQuant), "window tails: contiguous K and V, both quantized");
   // int4 K a word a lane for two k-slices where no scale group ends between them (tc_int4_k_word)
   constexpr bool kKWords = FK == KvFormat::kInt4 && kKSlicesPerGroup >= 2;
   constexpr bool kVWords = FV == KvFormat::kInt4 && kVPairsPerGroup >= 2;  // tc_int4_v_word
@@ -166,11 +161,9 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D, C>::kThreads, TcTraits<FK,
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
   // blockIdx.x = ((b * Hkv + hk) * splits + split) * head_blocks + hb, taken apart without dividing
-  const uint32_t cta = blockIdx.x, bh_split = plan.by_head_blocks.div(cta), bh = plan.by_splits.div(bh_split);
-  const int64_t hb = cta - bh_split * static_cast<uint32_t>(plan.head_blocks);
-  const int split = static_cast<int>(bh_split - bh * static_cast<uint32_t>(p.splits));
-  const uint32_t b32 = plan.by_kv_heads.div(bh);
-  const int64_t b = b32, hk = bh - b32 * static_cast<uint32_t>(p.kv_heads);
+  const TcCta cta = tc_cta(p, plan);
+  const int64_t b = cta.b, hk = cta.hk, hb = cta.hb;
+  const int split = cta.split;
   const int64_t len = p.seq_lens ? p.seq_lens[b] : p.tokens;
   // The region's keys [lo, hi). Steps start at lo, except where a step must lie in one token group
   // (chan-tN K, N a multiple of 32) or in whole 16-key halves of a page (paged kernels with a raw
@@ -283,6 +276,8 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D, C>::kThreads, TcTraits<FK,
     issue(s, s == 0 && warp == 0 ? first_masked : 0, next_ids);
   }
   if constexpr (paged) next_ids = step_page_ids(kS - 1);
+  if constexpr (kTail)
+    if (split == p.splits - 1) prefetch_window_rows<2 * D>(p, b, hk, len);
   // The split's first V scale (2^Ev below) loaded before the prologue: its latency overlaps Q's.
   float first_v_scale = 0.0f;
   if (kVQuant && t_begin < t_end) {
@@ -319,7 +314,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D, C>::kThreads, TcTraits<FK,
   const float slope[2] = {pro.slope[2 * c], pro.slope[2 * c + 1]};
 
   // 2^Ev: the V scale of the split's first key brings P' = p * s * 2^Ev near 1.
-  const float v_fold = first_v_scale > 0.0f ? pow2(fp16_operand_exponent(first_v_scale) - 14) : 1.0f;  // 2^-floor(log2 s)
+  float v_fold = first_v_scale > 0.0f ? pow2(fp16_operand_exponent(first_v_scale) - 14) : 1.0f;  // 2^-floor(log2 s)
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float o[Tr::kSlices][4];
@@ -403,45 +398,11 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D, C>::kThreads, TcTraits<FK,
         const float raw = kChains == 1 ? acc[mt][0][e] : acc[mt][0][e] + acc[mt][kChains - 1][e];  // raw K: the chains' sum
         sc[mt][e] = (kKQuant ? total[mt][e] : raw) * factor[e % 2];
       }
-    if (p.alibi_slopes)
-#pragma unroll
-      for (int mt = 0; mt < Tr::kMTiles; ++mt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          sc[mt][e] -= slope[e % 2] * static_cast<float>(len - 1 - (t0 + 16 * mt + g + (e < 2 ? 0 : 8)));
-    if (n < kST)  // the range's last step: rows past it are no keys
-#pragma unroll
-      for (int mt = 0; mt < Tr::kMTiles; ++mt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (16 * mt + g + (e < 2 ? 0 : 8) >= n) sc[mt][e] = -INFINITY;
-    if (n_lo > 0)
-#pragma unroll
-      for (int mt = 0; mt < Tr::kMTiles; ++mt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (16 * mt + g + (e < 2 ? 0 : 8) < n_lo) sc[mt][e] = -INFINITY;
+    bias_and_mask_scores<Tr::kMTiles, kST>(sc, slope, p.alibi_slopes != nullptr, len, t0, g, n_lo, n);
 
-    // ---- online softmax over the step (per head: lanes with the same c hold it)
+    // ---- online softmax over the step
     float alpha[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int mt = 0; mt < Tr::kMTiles; ++mt) mx = fmaxf(mx, fmaxf(sc[mt][hh], sc[mt][hh + 2]));
-      const float m_new = fmaxf(m[hh], quad_max(mx));
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[hh] = fast_exp2(m[hh] - m_use);  // 0 for the first keys, 1 while the max holds
-      m[hh] = m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int mt = 0; mt < Tr::kMTiles; ++mt) {
-        sc[mt][hh] = fast_exp2(sc[mt][hh] - m_use), sc[mt][hh + 2] = fast_exp2(sc[mt][hh + 2] - m_use);
-        sum += sc[mt][hh] + sc[mt][hh + 2];
-      }
-      l[hh] = l[hh] * alpha[hh] + sum;
-    }
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+    if (softmax_step(sc, m, l, alpha)) {
 #pragma unroll
       for (int j = 0; j < Tr::kSlices; ++j) o[j][0] *= alpha[0], o[j][1] *= alpha[1], o[j][2] *= alpha[0], o[j][3] *= alpha[1];
 #pragma unroll
@@ -501,6 +462,26 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D, C>::kThreads, TcTraits<FK,
     }
   }
   cp_async_wait<0>();
+  if constexpr (kTail)
+    if (split == p.splits - 1) {  // the window's raw keys continue the last split
+      // O out of V's folded domain (the window's raw V has no scales), as the merge below takes it:
+      // o / 2^Ev plus its group's sum(p z) over the warp's keys; the merge then finds a fold of 1 and
+      // no sums left.
+#pragma unroll
+      for (int i = 0; i < Tr::kSlices / 2; ++i) z_acc[i][0] = quad_sum(z_acc[i][0]), z_acc[i][1] = quad_sum(z_acc[i][1]);
+#pragma unroll
+      for (int j = 0; j < Tr::kSlices; ++j) {
+        float z[2];
+        group_zero_sums(z_acc, j, v_shift, z);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[j][e] = __fmaf_rn(o[j][e], 1.0f / v_fold, z[e % 2]);
+      }
+#pragma unroll
+      for (int i = 0; i < Tr::kSlices / 2; ++i) z_acc[i][0] = z_acc[i][1] = 0.0f;
+      v_fold = 1.0f;
+      tc_window_tail<D, kVWords, kS, Tr::kCodeWords>(p, plan, stages, pro.slope, m, l, o);
+      cp_async_wait<0>();
+    }
   __syncthreads();  // the rings become the merge area
   static_assert(Tr::kWarps * Tr::kStages * Tr::kCodeWords >= (Tr::kWarps + 1) * Tr::kHeads * D + 3 * Tr::kWarps * Tr::kHeads + Tr::kHeads,
                 "the warps' merge (and a cluster's split O) fits in the stages");
@@ -518,12 +499,9 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D, C>::kThreads, TcTraits<FK,
   }
 #pragma unroll
   for (int j = 0; j < Tr::kSlices; ++j) {
-    const int i = j / 2, d0 = tc_v_row_element(j, g, kVWords);  // rows g -> d0, g + 8 -> d0 + 1
-    const int first = i & ~((1 << v_shift) - 1);                // the pair that holds the group's sum(p z)
-    float z[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int f = 0; f < Tr::kSlices / 2; ++f)  // a select, not a run-time register index
-      if (f == first) z[0] = z_acc[f][0], z[1] = z_acc[f][1];
+    const int d0 = tc_v_row_element(j, g, kVWords);  // rows g -> d0, g + 8 -> d0 + 1
+    float z[2];
+    group_zero_sums(z_acc, j, v_shift, z);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int hh = e % 2, d = d0 + e / 2;

@@ -107,6 +107,11 @@ TcPlan tc_plan(const DecodeParams& p) {
   plan.by_head_blocks = FastDiv(static_cast<uint32_t>(plan.head_blocks));
   plan.by_splits = FastDiv(static_cast<uint32_t>(p.splits));
   plan.by_kv_heads = FastDiv(static_cast<uint32_t>(p.kv_heads));
+  if (p.window_tail) {  // the windows' bf16 rows, read as the window region's kernel would
+    using Tw = TcTraits<KvFormat::kBf16, KvFormat::kBf16, D>;
+    plan.k_tail = tc_operand_plan<KvFormat::kBf16, KvFormat::kBf16, D, TcConfig::kStandard>(p.k_window.raw, p, Tw::kKRowWords, true);
+    plan.v_tail = tc_operand_plan<KvFormat::kBf16, KvFormat::kBf16, D, TcConfig::kStandard>(p.v_window.raw, p, Tw::kVRowWords, false);
+  }
   return plan;
 }
 
@@ -127,15 +132,25 @@ constexpr bool tc_config_has_shape(TcConfig c, TcGroupShape shape) {
   return c == TcConfig::kStandard || shape == TcGroupShape::kRow;
 }
 
+// decode_tc_kernel's instance, or nullptr for a +wW window tail (kTail) where none is built: paged
+// caches, chan-tN K, a raw K or V (decode_regions runs those windows as regions of their own).
+template <KvFormat FK, KvFormat FV, int D, int kKSlicesPerGroup, int kVPairsPerGroup, bool kPaged, TcConfig C, bool kTail>
+const void* tc_kernel_ptr() {
+  if constexpr (kTail && (kPaged || kKSlicesPerGroup < 0 || !TcOperand<FK>::kQuantized || !TcOperand<FV>::kQuantized))
+    return nullptr;
+  else
+    return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kKSlicesPerGroup, kVPairsPerGroup, kPaged, C, kTail>);
+}
+
 // The kernel of `shape`; paged caches (kernels of their own: kPaged) read with the same shapes, but
 // mixed pairs with the general one only (compile time). C: the configuration (TcConfig).
-template <KvFormat FK, KvFormat FV, int D, bool kPaged, TcConfig C = TcConfig::kStandard>
+template <KvFormat FK, KvFormat FV, int D, bool kPaged, TcConfig C = TcConfig::kStandard, bool kTail = false>
 const void* tc_kernel_for(TcGroupShape shape) {
   using Tr = TcTraits<FK, FV, D>;
   if constexpr (C != TcConfig::kStandard) {
     if constexpr (kTcHasConfig<FK, FV, D, C>)
       if (tc_config_has_shape(C, shape))
-        return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, Tr::kSlices, Tr::kSlices / 2, kPaged, C>);
+        return tc_kernel_ptr<FK, FV, D, Tr::kSlices, Tr::kSlices / 2, kPaged, C, kTail>();
     return nullptr;
   }
   constexpr int kSlices = Tr::kSlices;
@@ -149,11 +164,11 @@ const void* tc_kernel_for(TcGroupShape shape) {
 #endif
   if (shape == TcGroupShape::kChannelK) {
     if constexpr (kChanPair && (!kPaged || kChanPages))
-      return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, -1, 0, kPaged>);
+      return tc_kernel_ptr<FK, FV, D, -1, 0, kPaged, TcConfig::kStandard, kTail>();
     else return nullptr;  // tensor_core_unsupported_reason names it
   }
   if (shape == TcGroupShape::kVBlocks16) {
-    if constexpr (FV == KvFormat::kLut4) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, -1, kPaged>);
+    if constexpr (FV == KvFormat::kLut4) return tc_kernel_ptr<FK, FV, D, 0, -1, kPaged, TcConfig::kStandard, kTail>();
     else return nullptr;
   }
   if constexpr (FK != FV) {
@@ -164,34 +179,36 @@ const void* tc_kernel_for(TcGroupShape shape) {
                              (FK == KvFormat::kInt8 || FK == KvFormat::kFp8E4m3 || FK == KvFormat::kBf16 || FK == KvFormat::kFp16);
     constexpr bool kG32Row = kSmallD && FK == KvFormat::kInt4 && FV == KvFormat::kInt8;
     if constexpr (kRowG32)
-      if (shape == TcGroupShape::kRowG32) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kSlices, 1>);
+      if (shape == TcGroupShape::kRowG32) return tc_kernel_ptr<FK, FV, D, kSlices, 1, false, TcConfig::kStandard, kTail>();
     if constexpr (kG32Row)
-      if (shape == TcGroupShape::kG32Row) return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 2, kSlices / 2>);
-    return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, 0, kPaged>);
+      if (shape == TcGroupShape::kG32Row) return tc_kernel_ptr<FK, FV, D, 2, kSlices / 2, false, TcConfig::kStandard, kTail>();
+    return tc_kernel_ptr<FK, FV, D, 0, 0, kPaged, TcConfig::kStandard, kTail>();
   } else if constexpr (!Tr::kQuantized) {
-    return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kSlices, kSlices / 2, kPaged>);
+    return tc_kernel_ptr<FK, FV, D, kSlices, kSlices / 2, kPaged, TcConfig::kStandard, kTail>();
   } else {
     switch (shape) {
-      case TcGroupShape::kRow: return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kSlices, kSlices / 2, kPaged>);
-      case TcGroupShape::kG32: return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 2, 1, kPaged>);
+      case TcGroupShape::kRow: return tc_kernel_ptr<FK, FV, D, kSlices, kSlices / 2, kPaged, TcConfig::kStandard, kTail>();
+      case TcGroupShape::kG32: return tc_kernel_ptr<FK, FV, D, 2, 1, kPaged, TcConfig::kStandard, kTail>();
       default: break;
     }
-    return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, 0, 0, kPaged>);
+    return tc_kernel_ptr<FK, FV, D, 0, 0, kPaged, TcConfig::kStandard, kTail>();
   }
 }
 
+// tail: the kernel that reads a +wW window after the last split's keys (DecodeParams::window_tail).
 template <KvFormat FK, KvFormat FV, int D, TcConfig C = TcConfig::kStandard>
-const void* tc_kernel_for(TcGroupShape shape, bool paged) {
+const void* tc_kernel_for(TcGroupShape shape, bool paged, bool tail = false) {
 #if defined(KVQ_CUDA_COMPILE_CHECK) && KVQ_CUDA_COMPILE_CHECK
   // CI's compile check (a build no GPU runs) instantiates the paged kernels of int8 K only, with every
   // V format (chan-tN K's at D = 128 only): the paged code of every storage compiles there, in an
   // eighth of their compile time.
   if constexpr (FK != KvFormat::kInt8) {
-    return paged ? nullptr : tc_kernel_for<FK, FV, D, false, C>(shape);
+    return paged ? nullptr : tail ? tc_kernel_for<FK, FV, D, false, C, true>(shape) : tc_kernel_for<FK, FV, D, false, C>(shape);
   } else
 #endif
   {
-    return paged ? tc_kernel_for<FK, FV, D, true, C>(shape) : tc_kernel_for<FK, FV, D, false, C>(shape);
+    if (paged) return tail ? nullptr : tc_kernel_for<FK, FV, D, true, C>(shape);
+    return tail ? tc_kernel_for<FK, FV, D, false, C, true>(shape) : tc_kernel_for<FK, FV, D, false, C>(shape);
   }
 }
 
@@ -237,7 +254,8 @@ TcEntry tc_entry() {
     const TcGroupShape shape = tc_group_shape(p);
     const bool paged = p.block_table != nullptr;
     return with_tc_config<FK, FV>(
-        p, [&](auto d, auto c) { return tc_kernel_for<FK, FV, decltype(d)::value, decltype(c)::value>(shape, paged); },
+        p,
+        [&](auto d, auto c) { return tc_kernel_for<FK, FV, decltype(d)::value, decltype(c)::value>(shape, paged, p.window_tail); },
         static_cast<const void*>(nullptr));
   };
   e.smem_bytes = [](const DecodeParams& p) {
@@ -261,16 +279,16 @@ TcEntry tc_entry() {
     std::vector<const void*> all;
     for (TcGroupShape shape : {TcGroupShape::kRow, TcGroupShape::kG32, TcGroupShape::kAny, TcGroupShape::kChannelK,
                                TcGroupShape::kRowG32, TcGroupShape::kG32Row, TcGroupShape::kVBlocks16})
-      for (bool paged : {false, true})
-        for (const void* k : {tc_kernel_for<FK, FV, 64>(shape, paged), tc_kernel_for<FK, FV, 128>(shape, paged),
-                              tc_kernel_for<FK, FV, 256>(shape, paged)})
+      for (auto [paged, tail] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}})
+        for (const void* k : {tc_kernel_for<FK, FV, 64>(shape, paged, tail), tc_kernel_for<FK, FV, 128>(shape, paged, tail),
+                              tc_kernel_for<FK, FV, 256>(shape, paged, tail)})
           if (k) all.push_back(k);
     auto add_config = [&](auto c) {  // the other configurations: per-row kernels only
       constexpr TcConfig C = decltype(c)::value;
-      for (bool paged : {false, true})
-        for (const void* k : {tc_kernel_for<FK, FV, 64, C>(TcGroupShape::kRow, paged),
-                              tc_kernel_for<FK, FV, 128, C>(TcGroupShape::kRow, paged),
-                              tc_kernel_for<FK, FV, 256, C>(TcGroupShape::kRow, paged)})
+      for (auto [paged, tail] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}})
+        for (const void* k : {tc_kernel_for<FK, FV, 64, C>(TcGroupShape::kRow, paged, tail),
+                              tc_kernel_for<FK, FV, 128, C>(TcGroupShape::kRow, paged, tail),
+                              tc_kernel_for<FK, FV, 256, C>(TcGroupShape::kRow, paged, tail)})
           if (k) all.push_back(k);
     };
     add_config(TcConfigConstant<TcConfig::kLongSteps>{});

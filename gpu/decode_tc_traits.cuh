@@ -252,9 +252,24 @@ struct TcPlan {
   int q_lanes_per_group = 1;  // lanes holding one K scale group of a Q row (the prologue's sums)
   FastDiv by_head_blocks, by_splits, by_kv_heads;
   int page_shift = 0;         // paged caches: log2(tokens per page)
+  TcOperandPlan k_tail, v_tail;  // the +wW windows' raw K and V (DecodeParams::window_tail)
 };
 
 #if defined(__CUDACC__)
+// The CTA's sequence b, KV head hk, split and block of query heads hb, from blockIdx.x = ((b * Hkv +
+// hk) * splits + split) * head_blocks + hb, taken apart without dividing.
+struct TcCta {
+  int64_t b, hk, hb;
+  int split;
+};
+__device__ __forceinline__ TcCta tc_cta(const DecodeParams& p, const TcPlan& plan) {
+  const uint32_t cta = blockIdx.x, bh_split = plan.by_head_blocks.div(cta), bh = plan.by_splits.div(bh_split);
+  const uint32_t b32 = plan.by_kv_heads.div(bh);
+  return {b32, bh - b32 * static_cast<uint32_t>(p.kv_heads), cta - bh_split * static_cast<uint32_t>(plan.head_blocks),
+          static_cast<int>(bh_split - bh * static_cast<uint32_t>(p.splits))};
+}
+
+
 // ---- PTX ------------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -204,6 +204,33 @@ TEST_CASE("window starts and key regions follow quantized_length, per operand") 
     CHECK((two[0].region == KeyRegion::kBothQuantized && two[1].region == KeyRegion::kBothRaw));
     CHECK((two[0].splits == 9 && two[1].splits == 1 && two[1].split_base == 9 && two[1].region_count == 2));
   }
+  // Tensor cores, K and V quantized: the window is read at the end of the last split, in one launch
+  // with every split; the cases it does not fit keep a launch per region.
+  DecodeParams tail = same;
+  tail.family = DecodeFamily::kTensorCore, tail.k_format = tail.v_format = KvFormat::kInt4;
+  REQUIRE(window_tail_fits(tail));
+  for (const int32_t* device_lens : {static_cast<const int32_t*>(nullptr), lens}) {
+    tail.seq_lens = device_lens;
+    const std::vector<DecodeParams> one = decode_regions(tail);
+    REQUIRE(one.size() == 1);
+    CHECK((one[0].window_tail && one[0].region == KeyRegion::kBothQuantized && one[0].region_count == 1 &&
+           one[0].splits == 10 && total_splits(tail) == 10));
+  }
+  auto regions_of = [&](DecodeParams q) { return decode_regions(q).size(); };
+  DecodeParams other = tail;
+  other.v_window.format = KvFormat::kFp16;  // K's window bf16, V's fp16 (fp16 windows: a launch per region)
+  CHECK((!window_tail_fits(other) && regions_of(other) == 2));
+  other.k_window.format = KvFormat::kFp16;
+  CHECK(!window_tail_fits(other));
+  other = tail, other.v_format = KvFormat::kBf16, other.v_window = KvWindow{};  // raw V beside K's window
+  CHECK((!window_tail_fits(other) && regions_of(other) == 2));
+  other = tail, other.k_window = k;  // K's window rounded to token groups of 32, V's not
+  CHECK((!window_tail_fits(other) && regions_of(other) == 4));
+  other = tail, other.family = DecodeFamily::kCudaCore;
+  CHECK(!window_tail_fits(other));
+  const int32_t table[1] = {0};
+  other = tail, other.block_table = table;  // paged windows: pages of their own, a launch per region
+  CHECK(!window_tail_fits(other));
 }
 
 TEST_CASE("paged windows: each region reads each operand through its own pages' table") {

@@ -624,6 +624,8 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
       quantized("int4-token-asym+w16", "int4-token-asym+w16"), quantized("int4-g32-asym+w64", "int8-head+w64"),
       quantized("int8-head+w100", "int4-g32-asym"), quantized("bf16", "fp8-e4m3-head+w40"),
       quantized("int4-head-asym+w0", "int4-head-asym+w1000"), quantized("int4-g32-asym+w32", "int4-g32-asym+w80"),
+      // one window on K and V: read at the end of the last split (int4 V by the word, nvfp4 V's blocks)
+      quantized("int4-head-asym+w40", "int4-head-asym+w40"), quantized("q8_0+w24", "nvfp4+w24"),
       // chan-tN K (KIVI), with and without windows; token groups tensor cores cannot read
       quantized("int4-chan-t32-asym", "int4-g32-asym"), quantized("int8-chan-t64", "int8-head"),
       quantized("int4-chan-t32-asym+w64", "int4-g32-asym+w64"), quantized("int8-chan-t32-asym+w50", "int4-head-asym"),
@@ -649,7 +651,8 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
                                std::pair{"int4-head-asym", "int8-g32-asym"}, std::pair{"q5_1", "q4_0"},
                                std::pair{"nvfp4", "mxfp4"}, std::pair{"q5_0", "q5_0"},
                                std::pair{"int4-chan-t32-asym+w128", "int4-g32-asym+w128"}, std::pair{"bf16", "q4_0"},
-                               std::pair{"iq4_nl", "nvfp4"}, std::pair{"q8_0+had", "q4_0+had64"}}) {
+                               std::pair{"iq4_nl", "nvfp4"}, std::pair{"q8_0+had", "q4_0+had64"},
+                               std::pair{"int4-g32-asym+w40", "int4-head-asym+w40"}}) {
     // raw K with quantized V: the general kernel (at D = 256 one MMA chain, whose sum is the score)
     const Storage st = std::string(k) == "bf16" && std::string(vs) == "bf16" ? raw(KvFormat::kBf16) : quantized(k, vs);
     for (int d : {64, 256}) g.run({"head_dim", {"", 2, 4, 2, T, d}, {}, false, st});
@@ -668,6 +671,8 @@ std::vector<CaseResult> validate_decode_variant(const DecodeVariant& v, const Va
       g.run(c);
       g.run({fmt::format("forced {} splits, windows", splits), {"", 2, 8, 2, 1000, 128}, {1000, 333}, false,
              quantized("int4-g32-asym+w200", "int8-head+w37"), splits});
+      g.run({fmt::format("forced {} splits, one window", splits), {"", 2, 8, 2, 1000, 128}, {1000, 333}, false,
+             quantized("int8-head+w64", "int4-g32-asym+w64"), splits});
       // rotated K and V: each split's O rotated back before the merge (kernel or cluster)
       g.run({fmt::format("forced {} splits, +had", splits), {"", 2, 8, 2, 1000, 128}, {1000, 333}, false,
              quantized("q4_0+had", "q4_0+had64"), splits});
