@@ -165,8 +165,8 @@ struct DecodeParams {
   // Tensor cores: the kernels' configuration, set by plan_decode. A pair without kernels of it
   // (tc_configs) runs the standard ones.
   TcConfig tc_config = TcConfig::kStandard;
-  // Set by decode_regions (window_tail_fits): the +wW windows' raw keys are read by the quantized
-  // region's last split after its own, in one launch (no window region, no merge kernel).
+  // Set by plan_decode where window_tail_fits and it pays: the +wW windows' raw keys are read by the
+  // quantized region's last split after its own, in one launch (no window region, no merge kernel).
   bool window_tail = false;
   int heads_per_cta = 0;  // query heads sharing one CTA's K/V reads: 1, 2, 4 or 8
   float* partial_o = nullptr;    // [splits, B, Hq, D] when splits > 1
@@ -256,12 +256,13 @@ int nonempty_splits(int64_t tokens, int64_t splits, int64_t round);
 // The launches of a planned `p`: one (region kAll) without windows; with windows one per region an
 // operand pair can have (no K-only / V-only region where both windows start alike in every
 // sequence), p.splits divided over them by their expected share of the keys (at least one each),
-// partial slots consecutive. Their splits sum to total_splits(p). Where window_tail_fits(p), one
-// launch of the quantized region with window_tail set and all of p.splits.
+// partial slots consecutive. Their splits sum to total_splits(p). With p.window_tail (and
+// window_tail_fits(p)), one launch of the quantized region with all of p.splits.
 std::vector<DecodeParams> decode_regions(const DecodeParams& p);
 // Whether p's +wW windows are read at the end of its quantized region's last split (one launch): the
 // tensor-core family, a contiguous cache, K and V quantized (chan-tN K aside) with windows of the same
-// length and rounding, both bf16. Other windowed decodes run a launch per region.
+// length and rounding, both bf16. Other windowed decodes run a launch per region, and so do these
+// where plan_decode finds the tail slower (a one-stage tail over few splits in a grid of waves).
 bool window_tail_fits(const DecodeParams& p);
 int total_splits(const DecodeParams& p);
 

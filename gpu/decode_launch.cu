@@ -665,7 +665,7 @@ namespace {
 int tc_planned_splits(const DecodeParams& p, int64_t base, int sm_count) {
   // A windowed decode shares its splits among key regions of other lengths: counted as asked (one
   // read at the end of the last split is planned as its plain scheme).
-  const bool windowed = (p.k_window.present() || p.v_window.present()) && !window_tail_fits(p);
+  const bool windowed = (p.k_window.present() || p.v_window.present()) && !p.window_tail;
   const int round = windowed ? 1 : detail::tc_split_round(p);
   const int raw_operands = (is_quantized(p.k_format) ? 0 : 1) + (is_quantized(p.v_format) ? 0 : 1);
   int splits = tensor_core_splits(base, sm_count * detail::ctas_per_sm(p), p.tokens, sm_count, round, raw_operands);
@@ -688,6 +688,42 @@ int tc_planned_splits(const DecodeParams& p, int64_t base, int sm_count) {
   // empty (H100, SmolLM2 B = 1 T = 8K: 44 splits of 256 keys, 12 of them empty CTAs and partials).
   return nonempty_splits(p.tokens, splits, round);
 }
+// The tensor-core launch of p with `base` CTAs a split: configuration and (unless forced) splits.
+DecodeParams plan_tensor_core(DecodeParams p, int64_t base, int sm_count) {
+  // 16-bit K and V whose split's CTAs fit on the SMs (one CTA an SM, below): 32-key steps, half the
+  // latency chains (H200, bf16 against 16-key steps: llama8b B = 1 T = 1K 0.94, SmolLM2 B = 1 / 8
+  // T = 8K 0.89 / 0.86; where CTAs share SMs, llama8b B = 64 T = 1K 1.08 and SmolLM2 B = 64 1.06-1.36).
+  const std::vector<TcConfig> configs = tc_configs(p);
+  auto has = [&](TcConfig c) { return std::find(configs.begin(), configs.end(), c) != configs.end(); };
+  p.tc_config = base <= sm_count && has(TcConfig::kLongSteps) ? TcConfig::kLongSteps : TcConfig::kStandard;
+  const bool planned = p.splits == 0;
+  if (planned) p.splits = tc_planned_splits(p, base, sm_count);
+  // int4 K and V by the row at D = 128: four CTAs an SM where they share SMs over splits of at least
+  // 512 keys; the 128-register cap costs instructions on every key, which short splits (latency
+  // chains) and grids of one CTA an SM pay for nothing (H200, against three: seed000 B = 128-512
+  // T = 8K 0.90-0.97, llama8b B = 64 T = 1K 0.79 at one split each; llama8b B = 8 T = 1K, 256-key
+  // splits, 1.05).
+  if (has(TcConfig::kFourCtas)) {
+    DecodeParams four = p;
+    four.tc_config = TcConfig::kFourCtas;
+    if (planned) four.splits = tc_planned_splits(four, base, sm_count);
+    if (four.tokens >= 512LL * four.splits && base * four.splits > sm_count) p = four;
+  }
+  return p;
+}
+
+// Whether reading the windows at the end of the last split beats their launch of their own and the
+// merge kernel after it. A tail whose raw steps take one stage of the warps' rings (int4's, int5's) is
+// two latency chains added to each last-split CTA: where the splits are few (a third of the CTAs or
+// more carry it) and the grid runs in waves, each wave waits for it (H200, seed000 T = 8K, tail /
+// regions: int4-g32-asym B = 128 / 256 / 512, 3 / 3 / 2 splits, 1.065 / 1.123 / 1.080; int4-head-asym
+// B = 256, 2 splits, 1.080, B = 512, 1, 1.005). In one wave or over 4 splits or more it pays (SmolLM2
+// B = 64, 2 splits: 0.74-0.76; 4-16 splits 0.69-0.99), and two stages (int8-head) everywhere (0.64-0.95).
+bool window_tail_pays(const DecodeParams& p, int64_t base, int sm_count) {
+  const detail::TcEntry e = detail::tc_entry_of(p);
+  if (!e.window_tail_stages || e.window_tail_stages(p) >= 2 || p.splits > 3) return true;
+  return base * p.splits <= static_cast<int64_t>(sm_count) * detail::ctas_per_sm(p);
+}
 }  // namespace
 
 DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, double waves) {
@@ -698,25 +734,14 @@ DecodeParams plan_decode(DecodeParams p, int sm_count, int max_heads_per_cta, do
   p.heads_per_cta = hpc;
   const int64_t base = p.batch * p.kv_heads * ((group + hpc - 1) / hpc);  // CTAs per split
   if (p.family == DecodeFamily::kTensorCore) {
-    // 16-bit K and V whose split's CTAs fit on the SMs (one CTA an SM, below): 32-key steps, half the
-    // latency chains (H200, bf16 against 16-key steps: llama8b B = 1 T = 1K 0.94, SmolLM2 B = 1 / 8
-    // T = 8K 0.89 / 0.86; where CTAs share SMs, llama8b B = 64 T = 1K 1.08 and SmolLM2 B = 64 1.06-1.36).
-    const std::vector<TcConfig> configs = tc_configs(p);
-    auto has = [&](TcConfig c) { return std::find(configs.begin(), configs.end(), c) != configs.end(); };
-    p.tc_config = base <= sm_count && has(TcConfig::kLongSteps) ? TcConfig::kLongSteps : TcConfig::kStandard;
-    const bool planned = p.splits == 0;
-    if (planned) p.splits = tc_planned_splits(p, base, sm_count);
-    // int4 K and V by the row at D = 128: four CTAs an SM where they share SMs over splits of at least
-    // 512 keys; the 128-register cap costs instructions on every key, which short splits (latency
-    // chains) and grids of one CTA an SM pay for nothing (H200, against three: seed000 B = 128-512
-    // T = 8K 0.90-0.97, llama8b B = 64 T = 1K 0.79 at one split each; llama8b B = 8 T = 1K, 256-key
-    // splits, 1.05).
-    if (has(TcConfig::kFourCtas)) {
-      DecodeParams four = p;
-      four.tc_config = TcConfig::kFourCtas;
-      if (planned) four.splits = tc_planned_splits(four, base, sm_count);
-      if (four.tokens >= 512LL * four.splits && base * four.splits > sm_count) p = four;
+    // +wW windows on K and V: read at the end of the last split where that pays, planned as such
+    p.window_tail = window_tail_fits(p);
+    DecodeParams planned = plan_tensor_core(p, base, sm_count);
+    if (planned.window_tail && !window_tail_pays(planned, base, sm_count)) {
+      p.window_tail = false;
+      planned = plan_tensor_core(p, base, sm_count);
     }
+    p = planned;
   } else if (p.splits == 0) {
     const int per_sm = detail::ctas_per_sm(p);
     const double wanted = waves * sm_count * per_sm;
@@ -739,7 +764,7 @@ std::vector<DecodeParams> decode_regions(const DecodeParams& p) {
   DecodeParams all = p;
   all.region = KeyRegion::kAll, all.split_base = 0;
   if (!p.k_window.present() && !p.v_window.present()) return {all};
-  if (window_tail_fits(p)) {
+  if (p.window_tail && window_tail_fits(p)) {
     DecodeParams one = p;
     one.region = KeyRegion::kBothQuantized, one.split_base = 0, one.region_count = 1, one.window_tail = true;
     return {one};

@@ -124,6 +124,7 @@ struct TcEntry {
   // Every kernel of the pair, for the one-time shared-memory opt-in.
   std::vector<const void*> (*kernels)() = nullptr;
   bool (*has_config)(const DecodeParams&, TcConfig) = nullptr;  // kernels of it for p's head dim and shape
+  int (*window_tail_stages)(const DecodeParams&) = nullptr;     // tc_window_tail_stages of p's kernel
 };
 
 // The group shapes of which a configuration has kernels (kTcHasConfig: its pairs and head dims): one
@@ -274,6 +275,15 @@ TcEntry tc_entry() {
     DecodeParams asked = p;
     asked.tc_config = c;
     return with_tc_config<FK, FV>(asked, [&](auto, auto kept) { return decltype(kept)::value == c; }, false);
+  };
+  e.window_tail_stages = [](const DecodeParams& p) {
+    return with_tc_config<FK, FV>(
+        p,
+        [](auto d, auto c) {
+          using Tr = TcTraits<FK, FV, decltype(d)::value, decltype(c)::value>;
+          return tc_window_tail_stages<decltype(d)::value>(Tr::kStages * Tr::kCodeWords);
+        },
+        0);
   };
   e.kernels = [] {
     std::vector<const void*> all;

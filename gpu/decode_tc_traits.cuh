@@ -122,6 +122,13 @@ struct TcTraits {
   }();
 };
 
+// Stages of a +wW window tail's raw steps (16 bf16 keys, decode_tc_window_tail.cuh) that a warp's
+// ring of the main loop, `ring_words` words at least, holds: two where it can, else one.
+template <int D>
+KVQ_HD constexpr int tc_window_tail_stages(int ring_words) {
+  using Tw = TcTraits<KvFormat::kBf16, KvFormat::kBf16, D>;
+  return ring_words >= 2 * Tw::kCodeWords ? 2 : 1;
+}
 // Words of one step's span of planar per-row parameters (+1: a span that starts mid-word).
 KVQ_HD constexpr int tc_span_words(int step_tokens, int groups, int param_bytes) {
   return (step_tokens * groups * param_bytes + 3) / 4 + 1;

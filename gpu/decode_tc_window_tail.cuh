@@ -45,9 +45,8 @@ __device__ __forceinline__ void tc_window_tail(const DecodeParams& p, const TcPl
   using Tw = TcTraits<FW, FW, D>;
   constexpr int kST = Tw::kStepTokens, kSlices = Tw::kSlices;
   static_assert(kST == 16 && Tw::kMTiles == 1, "the tail's steps are one m-tile");
-  constexpr int kRingWords = kMainStages * kMainCodeWords;
-  static_assert(kRingWords >= Tw::kCodeWords, "a raw step fits in a warp's ring");
-  constexpr int kStages = kRingWords >= 2 * Tw::kCodeWords ? 2 : 1;
+  static_assert(kMainStages * kMainCodeWords >= Tw::kCodeWords, "a raw step fits in a warp's ring");
+  constexpr int kStages = tc_window_tail_stages<D>(kMainStages * kMainCodeWords);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
   const TcCta cta = tc_cta(p, plan);
   const int64_t b = cta.b, hk = cta.hk, hb = cta.hb;

@@ -204,11 +204,13 @@ TEST_CASE("window starts and key regions follow quantized_length, per operand") 
     CHECK((two[0].region == KeyRegion::kBothQuantized && two[1].region == KeyRegion::kBothRaw));
     CHECK((two[0].splits == 9 && two[1].splits == 1 && two[1].split_base == 9 && two[1].region_count == 2));
   }
-  // Tensor cores, K and V quantized: the window is read at the end of the last split, in one launch
-  // with every split; the cases it does not fit keep a launch per region.
+  // Tensor cores, K and V quantized: the window is read at the end of the last split (where planned so),
+  // in one launch with every split; the cases it does not fit keep a launch per region.
   DecodeParams tail = same;
   tail.family = DecodeFamily::kTensorCore, tail.k_format = tail.v_format = KvFormat::kInt4;
   REQUIRE(window_tail_fits(tail));
+  CHECK(decode_regions(tail).size() == 2);  // not planned as a tail
+  tail.window_tail = true;
   for (const int32_t* device_lens : {static_cast<const int32_t*>(nullptr), lens}) {
     tail.seq_lens = device_lens;
     const std::vector<DecodeParams> one = decode_regions(tail);
