@@ -1,13 +1,18 @@
 // The thread-per-group quantize variant (head and gG granularities, G a multiple of 8): each
 // thread owns one scale group, or a 32-element segment of a larger group (G = 64, 128, 256: 2, 4
 // or 8 neighbouring lanes, merged with xor-shuffles). The codec's per-group work (division, fp16
-// rounding of the scale) is then done by few lanes, not by a whole warp. Pass 1 reads the segment
-// in 8-element chunks (one 16-byte load for 16-bit input) for its statistics; pass 2 reads it
-// again (from L1) and encodes. Consecutive threads own consecutive segments, so a warp covers a
-// contiguous stretch of the row-major input. Codes come from encode() per element: IntegerCoder
-// (quantize_chunk.cuh) spilled here under the 48-register cap and ran 1.09-1.32x slower, or without
-// the spill at 4 blocks an SM 1.13-1.23x (the kernel is bound by the loads its warps keep in flight;
-// experiments/results/nvidia-h100-80gb-hbm3/quantize-integer-coder/).
+// rounding of the scale) is then done by few lanes, not by a whole warp. Consecutive threads own
+// consecutive segments, so a warp covers a contiguous stretch of the row-major input. Two kernels,
+// by measurement (H200, B=128 T=8192, experiments/results/nvidia-h200/quantize-groupthread-int8/):
+//  - int8 planar codes: the segment's chunk loads all issued first and the chunks held in registers
+//    for both passes (read once), integer codes from the group's IntegerCoder (one fma an element;
+//    a chunk it is not sure of is coded again by the division), at 4 blocks an SM: 0.91-0.98x the
+//    form below. Under the 5-block cap it spilled (32-48 bytes) and was 1.00-1.08x slower.
+//  - int4 codes (planar and FBGEMM rows): pass 1 reads the segment in 8-element chunks for its
+//    statistics, pass 2 again (from L1) and codes each element by encode(); the held form was
+//    1.01-1.08x slower here. IntegerCoder in this kernel spilled under its 48-register cap and ran
+//    1.09-1.32x slower, or without the spill at 4 blocks an SM 1.13-1.23x
+//    (experiments/results/nvidia-h100-80gb-hbm3/quantize-integer-coder/).
 #include <algorithm>
 
 #include "gpu/quantize_chunk.cuh"
@@ -20,13 +25,14 @@ constexpr int kThreads = 256;
 constexpr int kChunk = detail::kChunkElems;
 constexpr int kSegment = 32;  // elements per lane at most: keeps each lane's bytes in L1 between passes
 
-// At least 5 blocks per SM: the register cap keeps 40 warps in flight (ncu: 4 blocks left the
+// The int4 kernel (it also takes int8 codes, which groupthread_int8_kernel codes faster). At least
+// 5 blocks per SM: the register cap keeps 40 warps in flight (ncu: 4 blocks left the
 // memory system under-fed); the plain 16-bit input kernels still do not spill (the strided ones
 // spill 8-12 bytes, stored once a thread, outside the segment loop).
 // kStrided: the launch strides a few resident waves over the segments (int4 planar output, see
 // launch_quantize_groupthread) and every segment is on 16 bytes. A thread then quantizes many
 // segments, and a segment's four chunk loads are issued before their arithmetic (H100, B=128
-// T=8192: int4 planar 0.92-0.96x). One thread a segment (int8, FBGEMM rows) keeps the plain form:
+// T=8192: int4 planar 0.92-0.96x). One thread a segment (FBGEMM rows) keeps the plain form:
 // there the same change spilled under the cap and ran 1.02-1.10x slower, and so did dropping only
 // the alignment test (int8-head 1.05x; experiments/results/nvidia-h100-80gb-hbm3/quantize-fast-paths/).
 template <typename Storage, InputDtype DT, bool ASYM, bool kStrided>
@@ -134,6 +140,89 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
   }
 }
 
+// int8 planar codes (see the top of the file). kAligned: every chunk of the launch lies on 16 bytes
+// (wide_chunks_aligned): no per-load test. fp32 input would hold twice the registers and spill:
+// its chunks are read again (from L1) to be coded.
+template <typename Storage, InputDtype DT, bool ASYM, bool kAligned>
+__global__ void __launch_bounds__(kThreads, 4) groupthread_int8_kernel(QuantizeParams p) {
+  using Chunk = detail::InputChunk<DT>;
+  constexpr int kChunks = kSegment / kChunk;
+  constexpr bool kHold = DT != InputDtype::kFp32;
+  const KvShape& s = p.shape;
+  const Scheme scheme = detail::fixed_scheme<ASYM, 8>(p.scheme);
+  const int64_t D = s.head_dim;
+  const int G = scheme.granularity == Granularity::kHead ? static_cast<int>(D) : scheme.group;
+  const int64_t groups_per_row = D / G, groups = s.rows() * groups_per_row;
+  const bool contiguous = p.stride_t == D && p.stride_h == s.tokens * D && p.stride_b == s.heads * s.tokens * D;
+  const Storage* input = static_cast<const Storage*>(p.input);
+  const int parts = G > kSegment ? G / kSegment : 1, parts_log2 = __ffs(parts) - 1, seg = G / parts;
+  const bool pow2_row = (groups_per_row & (groups_per_row - 1)) == 0;
+  const int row_log2 = __ffsll(groups_per_row) - 1;
+  const int lane = threadIdx.x & 31;
+  const int64_t total = groups * parts, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i - lane < total; i += stride) {
+    const bool active = i < total;
+    const int64_t g = active ? i >> parts_log2 : 0, part = i & (parts - 1);
+    const int64_t r = pow2_row ? g >> row_log2 : g / groups_per_row;
+    const int64_t d0 = (pow2_row ? g & (groups_per_row - 1) : g % groups_per_row) * G + part * seg;
+    // The segment's input and codes first: its coordinates then die, leaving registers for the chunks.
+    const int64_t flat0 = r * D + d0;  // [B, H, T, D] index of its first element: its code index too
+    const Storage* src = input + flat0;
+    if (!contiguous) {
+      const int64_t b = r / (s.tokens * s.heads), h = (r / s.tokens) % s.heads, t = r % s.tokens;
+      src = input + detail::element_offset(p, b, h, t, d0);
+    }
+    uint8_t* codes = p.codes + flat0;
+    const bool aligned = kAligned || reinterpret_cast<uintptr_t>(src) % 16 == 0;
+
+    Chunk held[kHold ? kChunks : 1];
+    detail::LaneStats<DT, ASYM> acc;  // symmetric schemes read amax only
+    if constexpr (kHold) {
+#pragma unroll
+      for (int k = 0; k < kChunks; ++k)
+        if (active && k * kChunk < seg) held[k].load(src + k * kChunk, aligned);
+#pragma unroll
+      for (int k = 0; k < kChunks; ++k)
+        if (active && k * kChunk < seg) acc.add(held[k]);
+    } else {
+      for (int k = 0; active && k * kChunk < seg; ++k) {
+        held[0].load(src + k * kChunk, aligned);
+        acc.add(held[0]);
+      }
+    }
+    GroupStats st = acc.finish();
+    const bool finite = st.all_finite(ASYM);  // before the merge: this lane's own segment
+    st = detail::shuffle_merge(st, parts, ASYM);  // the group's segments
+    if (!active) continue;
+    if (!finite) {  // rare: report this segment's first bad element
+      for (int d = seg - 1; d >= 0; --d)
+        if (!is_finite_float(detail::load_as_float(src, DT, d)))
+          atomicMin(p.first_bad, static_cast<unsigned long long>(flat0 + d));
+    }
+    const GroupParams gp = integer_group_params(st, scheme);  // an active lane added >= 8 elements: never empty
+    const IntegerCoder coder = detail::group_coder(gp, st, scheme);
+    if (part == 0) {
+      if (gp.overflow) atomicMin(p.first_overflow, static_cast<unsigned long long>(g));
+      detail::store_param(p.scales, g, gp.scale, scheme.scale_dtype);
+      if (ASYM) detail::store_param(p.zeros, g, gp.zero, scheme.scale_dtype);
+    }
+    bool sure = true;
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) {
+      if (k * kChunk >= seg) break;
+      if constexpr (!kHold) held[0].load(src + k * kChunk, aligned);  // from L1
+      sure &= detail::encode_chunk<ASYM, 8>(codes + k * kChunk, held[kHold ? k : 0], gp, coder, scheme);
+    }
+    if (!sure) {  // rare: the segment again, by the division (read again: the held chunks are dead here)
+      for (int k = 0; k * kChunk < seg; ++k) {
+        Chunk c;
+        c.load(src + k * kChunk, aligned);
+        detail::encode_chunk_exact<8>(codes + k * kChunk, c, gp, scheme);
+      }
+    }
+  }
+}
+
 template <typename Storage, InputDtype DT, bool kStrided>
 void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks) {
   if (p.scheme.asymmetric) groupthread_kernel<Storage, DT, true, kStrided><<<blocks, kThreads, 0, stream>>>(p);
@@ -145,6 +234,23 @@ template <typename Storage, InputDtype DT>
 void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks, bool strided) {
   if (strided) launch_typed<Storage, DT, true>(p, stream, blocks);
   else launch_typed<Storage, DT, false>(p, stream, blocks);
+}
+
+template <typename Storage, InputDtype DT, bool kAligned>
+void launch_int8(const QuantizeParams& p, cudaStream_t stream, int blocks) {
+  if (p.scheme.asymmetric) groupthread_int8_kernel<Storage, DT, true, kAligned><<<blocks, kThreads, 0, stream>>>(p);
+  else groupthread_int8_kernel<Storage, DT, false, kAligned><<<blocks, kThreads, 0, stream>>>(p);
+  KVQ_CHECK_LAUNCH();
+}
+
+// The one place where the launch's scheme, layout, dtype and alignment become a kernel.
+template <typename Storage, InputDtype DT>
+void dispatch(const QuantizeParams& p, cudaStream_t stream, int blocks, bool grid_stride) {
+  const bool aligned = wide_chunks_aligned(p);
+  if (p.scheme.bits == 8)  // planar: FBGEMM rows hold int4 only
+    aligned ? launch_int8<Storage, DT, true>(p, stream, blocks) : launch_int8<Storage, DT, false>(p, stream, blocks);
+  else
+    launch_typed<Storage, DT>(p, stream, blocks, grid_stride && aligned);
 }
 
 }  // namespace
@@ -175,11 +281,10 @@ void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream) {
     max_blocks = int64_t(sms) * 5 * 8;
   }
   const int blocks = static_cast<int>(std::min<int64_t>((threads + kThreads - 1) / kThreads, max_blocks));
-  const bool strided = grid_stride && wide_chunks_aligned(p);
   switch (p.in_dtype) {
-    case InputDtype::kFp32: launch_typed<float, InputDtype::kFp32>(p, stream, blocks, strided); break;
-    case InputDtype::kFp16: launch_typed<uint16_t, InputDtype::kFp16>(p, stream, blocks, strided); break;
-    case InputDtype::kBf16: launch_typed<uint16_t, InputDtype::kBf16>(p, stream, blocks, strided); break;
+    case InputDtype::kFp32: dispatch<float, InputDtype::kFp32>(p, stream, blocks, grid_stride); break;
+    case InputDtype::kFp16: dispatch<uint16_t, InputDtype::kFp16>(p, stream, blocks, grid_stride); break;
+    case InputDtype::kBf16: dispatch<uint16_t, InputDtype::kBf16>(p, stream, blocks, grid_stride); break;
   }
 }
 

@@ -177,6 +177,7 @@ int run_validate(const ValidateArgs& a) {
 struct BenchArgs {
   std::string csv = "results/bench-quantize/quantize_bandwidth.csv";
   std::string schemes = ".";  // regex over the cases' scheme names
+  std::string variant = ".";  // regex over the variant names
   int reps = 30;
 };
 
@@ -211,13 +212,14 @@ int run_bench_quantize(const BenchArgs& a) {
       {"iq4_nl"},         {"mxfp4"},            {"nvfp4"},
       {"nvfp4", CodeLayout::kPlanar, true},
       {"fp8-e4m3-head"},  {"fp8-e4m3-tensor"},  {"fp8-e4m3-tensor", CodeLayout::kPlanar, true}};
-  const std::regex wanted = [&] {
+  auto regex_option = [](const char* option, const std::string& re) {
     try {
-      return std::regex(a.schemes);
+      return std::regex(re);
     } catch (const std::regex_error& e) {
-      throw InputError(fmt::format("--schemes '{}': not a valid regular expression ({})", a.schemes, e.what()));
+      throw InputError(fmt::format("{} '{}': not a valid regular expression ({})", option, re, e.what()));
     }
-  }();
+  };
+  const std::regex wanted = regex_option("--schemes", a.schemes), wanted_variant = regex_option("--variant", a.variant);
   for (int64_t hkv : {1, 8})
     for (const Case& c : cases) {
       if (!std::regex_search(c.scheme, wanted)) continue;
@@ -226,7 +228,7 @@ int run_bench_quantize(const BenchArgs& a) {
       TimedCase tc(shape, s, c.layout);
       const std::string name = fmt::format("{}{}", c.scheme, c.given_scale ? " (given)" : "");
       for (const QuantizeVariant& v : quantize_variants()) {  // every variant that takes the case
-        if (!v.accepts(s, shape.head_dim, c.layout, InputDtype::kBf16)) continue;
+        if (!v.accepts(s, shape.head_dim, c.layout, InputDtype::kBf16) || !std::regex_search(v.name, wanted_variant)) continue;
         tc.ws->reset();
         v.launch(tc.ws->params(), nullptr);
         tc.ws->check_flags("K", nullptr);
@@ -288,6 +290,7 @@ std::vector<Command> add_gpu_commands(CLI::App& parent) {
       "bench-quantize", "Quantize bandwidth at B=128 T=8192 Hkv={1,8} D=128 bf16, beside the device copy bandwidth");
   bench->add_option("--csv", ba->csv, "CSV of the timings")->capture_default_str();
   bench->add_option("--schemes", ba->schemes, "Regex over the cases' scheme names")->capture_default_str();
+  bench->add_option("--variant", ba->variant, "Regex over the quantize variants' names")->capture_default_str();
   bench->add_option("--reps", ba->reps, "Timed graph replays per case")->capture_default_str()->check(CLI::PositiveNumber);
   out.push_back({bench, [ba] { return run_bench_quantize(*ba); }});
   for (Command& c : add_bench_command(parent)) out.push_back(std::move(c));
