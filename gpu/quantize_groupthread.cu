@@ -4,7 +4,7 @@
 // rounding of the scale) is then done by few lanes, not by a whole warp. Consecutive threads own
 // consecutive segments, so a warp covers a contiguous stretch of the row-major input. Two kernels,
 // by measurement (H200, B=128 T=8192, experiments/results/nvidia-h200/quantize-groupthread-int8/):
-//  - int8 planar codes: the segment's chunk loads all issued first and the chunks held in registers
+//  - int8 and FP8 planar codes: the segment's chunk loads all issued first and the chunks held in registers
 //    for both passes (read once), integer codes from the group's IntegerCoder (one fma an element;
 //    a chunk it is not sure of is coded again by the division), at 4 blocks an SM: 0.91-0.98x the
 //    form below. Under the 5-block cap it spilled (32-48 bytes) and was 1.00-1.08x slower.
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
   const KvShape& s = p.shape;
   Scheme scheme = p.scheme;
   scheme.asymmetric = ASYM;
-  scheme.format = CodeFormat::kInt;  // integer schemes only (groupthread_accepts): encode() folds its FP8 branch
+  scheme.format = CodeFormat::kInt;  // int4 launches only (FP8 takes groupthread_int8_kernel): encode() folds its FP8 branch
   const int64_t D = s.head_dim;
   const int G = scheme.granularity == Granularity::kHead ? static_cast<int>(D) : scheme.group;
   const int64_t groups_per_row = D / G, groups = s.rows() * groups_per_row;
@@ -140,16 +140,16 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
   }
 }
 
-// int8 planar codes (see the top of the file). kAligned: every chunk of the launch lies on 16 bytes
+// int8 and FP8 planar codes (see the top of the file). kAligned: every chunk of the launch lies on 16 bytes
 // (wide_chunks_aligned): no per-load test. fp32 input would hold twice the registers and spill:
 // its chunks are read again (from L1) to be coded.
-template <typename Storage, InputDtype DT, bool ASYM, bool kAligned>
+template <typename Storage, InputDtype DT, bool ASYM, bool FP8, bool kAligned>
 __global__ void __launch_bounds__(kThreads, 4) groupthread_int8_kernel(QuantizeParams p) {
   using Chunk = detail::InputChunk<DT>;
   constexpr int kChunks = kSegment / kChunk;
   constexpr bool kHold = DT != InputDtype::kFp32;
   const KvShape& s = p.shape;
-  const Scheme scheme = detail::fixed_scheme<ASYM, 8>(p.scheme);
+  const Scheme scheme = detail::fixed_scheme<ASYM, 8, FP8>(p.scheme);
   const int64_t D = s.head_dim;
   const int G = scheme.granularity == Granularity::kHead ? static_cast<int>(D) : scheme.group;
   const int64_t groups_per_row = D / G, groups = s.rows() * groups_per_row;
@@ -199,7 +199,8 @@ __global__ void __launch_bounds__(kThreads, 4) groupthread_int8_kernel(QuantizeP
         if (!is_finite_float(detail::load_as_float(src, DT, d)))
           atomicMin(p.first_bad, static_cast<unsigned long long>(flat0 + d));
     }
-    const GroupParams gp = integer_group_params(st, scheme);  // an active lane added >= 8 elements: never empty
+    // An active lane added >= 8 elements: never empty. FP8 codes come from encode() (no tie to test).
+    const GroupParams gp = FP8 ? fp8_params(st.amax, scheme) : integer_group_params(st, scheme);
     const IntegerCoder coder = detail::group_coder(gp, st, scheme);
     if (part == 0) {
       if (gp.overflow) atomicMin(p.first_overflow, static_cast<unsigned long long>(g));
@@ -213,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 4) groupthread_int8_kernel(QuantizeP
       if constexpr (!kHold) held[0].load(src + k * kChunk, aligned);  // from L1
       sure &= detail::encode_chunk<ASYM, 8>(codes + k * kChunk, held[kHold ? k : 0], gp, coder, scheme);
     }
-    if (!sure) {  // rare: the segment again, by the division (read again: the held chunks are dead here)
+    if (!FP8 && !sure) {  // rare: the segment again, by the division (read again: the held chunks are dead here)
       for (int k = 0; k * kChunk < seg; ++k) {
         Chunk c;
         c.load(src + k * kChunk, aligned);
@@ -238,8 +239,9 @@ void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks, bool
 
 template <typename Storage, InputDtype DT, bool kAligned>
 void launch_int8(const QuantizeParams& p, cudaStream_t stream, int blocks) {
-  if (p.scheme.asymmetric) groupthread_int8_kernel<Storage, DT, true, kAligned><<<blocks, kThreads, 0, stream>>>(p);
-  else groupthread_int8_kernel<Storage, DT, false, kAligned><<<blocks, kThreads, 0, stream>>>(p);
+  if (p.scheme.fp8()) groupthread_int8_kernel<Storage, DT, false, true, kAligned><<<blocks, kThreads, 0, stream>>>(p);
+  else if (p.scheme.asymmetric) groupthread_int8_kernel<Storage, DT, true, false, kAligned><<<blocks, kThreads, 0, stream>>>(p);
+  else groupthread_int8_kernel<Storage, DT, false, false, kAligned><<<blocks, kThreads, 0, stream>>>(p);
   KVQ_CHECK_LAUNCH();
 }
 
@@ -247,7 +249,7 @@ void launch_int8(const QuantizeParams& p, cudaStream_t stream, int blocks) {
 template <typename Storage, InputDtype DT>
 void dispatch(const QuantizeParams& p, cudaStream_t stream, int blocks, bool grid_stride) {
   const bool aligned = wide_chunks_aligned(p);
-  if (p.scheme.bits == 8)  // planar: FBGEMM rows hold int4 only
+  if (p.scheme.bits == 8)  // int8 and FP8, planar: FBGEMM rows hold int4 only
     aligned ? launch_int8<Storage, DT, true>(p, stream, blocks) : launch_int8<Storage, DT, false>(p, stream, blocks);
   else
     launch_typed<Storage, DT>(p, stream, blocks, grid_stride && aligned);

@@ -32,7 +32,8 @@ bool generic_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, Input
 }
 
 bool groupthread_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype dtype) {
-  return !s.fp8() && plain(s) && groupthread_supports(s, head_dim) && generic_accepts(s, head_dim, layout, dtype);
+  return (!s.fp8() || layout == CodeLayout::kPlanar) && plain(s) && groupthread_supports(s, head_dim) &&
+         generic_accepts(s, head_dim, layout, dtype);
 }
 
 bool rowwarp_accepts(const Scheme& s, int64_t head_dim, CodeLayout layout, InputDtype dtype) {
@@ -69,9 +70,11 @@ const std::vector<QuantizeVariant>& quantize_variants() {
        rowwarp_accepts, launch_quantize_rowwarp},
       {"quantize-groupthread",
        "one thread per scale group or 32-element segment of one (larger groups merge 2-8 lanes by xor-shuffle), "
-       "16-byte loads in 8-element chunks, two passes over the segment (the second from L1)",
+       "16-byte loads in 8-element chunks; int8 and FP8: the segment held in registers from its loads to its codes, "
+       "integer codes by one fma; int4: two passes over the segment (the second from L1)",
        "head and gG granularities with G a multiple of 8 (above 32: 32 x a power of two); any D that G divides; "
-       "planar and FBGEMM layouts; fp32/fp16/bf16 input", false, groupthread_accepts, launch_quantize_groupthread},
+       "planar and FBGEMM layouts (FP8: planar); fp32/fp16/bf16 input", false, groupthread_accepts,
+       launch_quantize_groupthread},
       {"quantize-tokenteam",
        "one pass: a team of 1-32 lanes of a warp per (b,t) token (the smallest that leaves <= 4 chunks a lane; 8 for "
        "16-bit tokens above 1024 elements, larger ones re-read the rest), 8-element chunks read once into registers "
