@@ -4,10 +4,11 @@
 // rounding of the scale) is then done by few lanes, not by a whole warp. Consecutive threads own
 // consecutive segments, so a warp covers a contiguous stretch of the row-major input. Two kernels,
 // by measurement (H200, B=128 T=8192, experiments/results/nvidia-h200/quantize-groupthread-int8/):
-//  - int8 and FP8 planar codes: the segment's chunk loads all issued first and the chunks held in registers
-//    for both passes (read once), integer codes from the group's IntegerCoder (one fma an element;
-//    a chunk it is not sure of is coded again by the division), at 4 blocks an SM: 0.91-0.98x the
-//    form below. Under the 5-block cap it spilled (32-48 bytes) and was 1.00-1.08x slower.
+//  - int8 and FP8 planar codes: the segment's chunk loads all issued first and the chunks held in
+//    registers for both passes (read once), integer codes from the group's IntegerCoder (one fma an
+//    element; a chunk it is not sure of is coded again by the division; FP8 codes by encode()), at 4
+//    blocks an SM: int8 0.91-0.98x the form below (held under its 5-block cap, it spilled 32-48
+//    bytes and was 1.00-1.08x slower); fp8-e4m3-head 6.2x quantize-generic.
 //  - int4 codes (planar and FBGEMM rows): pass 1 reads the segment in 8-element chunks for its
 //    statistics, pass 2 again (from L1) and codes each element by encode(); the held form was
 //    1.01-1.08x slower here. IntegerCoder in this kernel spilled under its 48-register cap and ran
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
   const KvShape& s = p.shape;
   Scheme scheme = p.scheme;
   scheme.asymmetric = ASYM;
-  scheme.format = CodeFormat::kInt;  // int4 launches only (FP8 takes groupthread_int8_kernel): encode() folds its FP8 branch
+  scheme.format = CodeFormat::kInt;  // int4 launches only (FP8: groupthread_int8_kernel): encode() folds its FP8 branch
   const int64_t D = s.head_dim;
   const int G = scheme.granularity == Granularity::kHead ? static_cast<int>(D) : scheme.group;
   const int64_t groups_per_row = D / G, groups = s.rows() * groups_per_row;
@@ -140,9 +141,9 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
   }
 }
 
-// int8 and FP8 planar codes (see the top of the file). kAligned: every chunk of the launch lies on 16 bytes
-// (wide_chunks_aligned): no per-load test. fp32 input would hold twice the registers and spill:
-// its chunks are read again (from L1) to be coded.
+// int8 and FP8 planar codes (see the top of the file). kAligned: every chunk of the launch lies on
+// 16 bytes (wide_chunks_aligned): no per-load test. fp32 input would hold twice the registers and
+// spill: its chunks are read again (from L1) to be coded.
 template <typename Storage, InputDtype DT, bool ASYM, bool FP8, bool kAligned>
 __global__ void __launch_bounds__(kThreads, 4) groupthread_int8_kernel(QuantizeParams p) {
   using Chunk = detail::InputChunk<DT>;
@@ -239,9 +240,10 @@ void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks, bool
 
 template <typename Storage, InputDtype DT, bool kAligned>
 void launch_int8(const QuantizeParams& p, cudaStream_t stream, int blocks) {
-  if (p.scheme.fp8()) groupthread_int8_kernel<Storage, DT, false, true, kAligned><<<blocks, kThreads, 0, stream>>>(p);
-  else if (p.scheme.asymmetric) groupthread_int8_kernel<Storage, DT, true, false, kAligned><<<blocks, kThreads, 0, stream>>>(p);
-  else groupthread_int8_kernel<Storage, DT, false, false, kAligned><<<blocks, kThreads, 0, stream>>>(p);
+  const auto kernel = p.scheme.fp8()          ? groupthread_int8_kernel<Storage, DT, false, true, kAligned>
+                      : p.scheme.asymmetric ? groupthread_int8_kernel<Storage, DT, true, false, kAligned>
+                                            : groupthread_int8_kernel<Storage, DT, false, false, kAligned>;
+  kernel<<<blocks, kThreads, 0, stream>>>(p);
   KVQ_CHECK_LAUNCH();
 }
 
@@ -250,7 +252,8 @@ template <typename Storage, InputDtype DT>
 void dispatch(const QuantizeParams& p, cudaStream_t stream, int blocks, bool grid_stride) {
   const bool aligned = wide_chunks_aligned(p);
   if (p.scheme.bits == 8)  // int8 and FP8, planar: FBGEMM rows hold int4 only
-    aligned ? launch_int8<Storage, DT, true>(p, stream, blocks) : launch_int8<Storage, DT, false>(p, stream, blocks);
+    aligned ? launch_int8<Storage, DT, true>(p, stream, blocks)
+            : launch_int8<Storage, DT, false>(p, stream, blocks);
   else
     launch_typed<Storage, DT>(p, stream, blocks, grid_stride && aligned);
 }
