@@ -6,6 +6,7 @@
 
 #include "gpu/device.hpp"
 #include "gpu/fp8_check.hpp"
+#include "quant/codec.hpp"
 #include "quant/float_formats.hpp"
 
 namespace kvq {
@@ -47,6 +48,39 @@ __global__ void from_fp8_kernel(unsigned long long* counters) {
   }
 }
 
+// counters: [0] mismatches, [1] first mismatching bits, [2] not sure, [3] finite ones not sure.
+// Each thread codes runs of 8 consecutive patterns, as the quantize kernels code 8-element chunks.
+__global__ void coder_kernel(GroupParams p, CodeFormat format, unsigned long long* counters) {
+  const Fp8Coder coder = fp8_coder(p);
+  const Fp8Format f = fp8_format(format);
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  unsigned long long bad = 0, not_sure = 0, finite_not_sure = 0;
+  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < (1ull << 29); i += stride) {
+    float x[8];
+    for (int e = 0; e < 8; ++e) x[e] = bits_float(static_cast<uint32_t>(8 * i + e));
+    uint32_t w[2];
+    bool sure = true;
+    coder.codes8(x, f, w, sure);
+    for (int e = 0; e < 8; ++e) {
+      const int want = encode_fp8(x[e], p.scale, format), got = (w[e / 4] >> (8 * (e % 4))) & 0xff;
+      if (sure && got != want) ++bad, atomicMin(counters + 1, static_cast<unsigned long long>(8 * i + e));
+    }
+    if (!sure) {  // per chunk, as kernels fall back; then by element, which of them needed it
+      for (int e = 0; e < 8; ++e) {
+        bool one = true;
+        uint32_t w1[2];
+        const float x1[8] = {x[e], 0, 0, 0, 0, 0, 0, 0};
+        coder.codes8(x1, f, w1, one);
+        not_sure += !one;
+        finite_not_sure += !one && is_finite_float(x[e]) && is_finite_float(ieee_div(x[e], p.scale));
+      }
+    }
+  }
+  if (bad) atomicAdd(counters + 0, bad);
+  if (not_sure) atomicAdd(counters + 2, not_sure);
+  if (finite_not_sure) atomicAdd(counters + 3, finite_not_sure);
+}
+
 __global__ void convert_one_kernel(const float* in, uint8_t* out, bool e5) {
   out[0] = __nv_cvt_float_to_fp8(in[0], __NV_SATFINITE, e5 ? __NV_E5M2 : __NV_E4M3);
 }
@@ -83,6 +117,18 @@ Fp8CheckResult check_fp8_conversions() {
     r.e5m2_first_sw = fp32_to_fp8_bits_soft(bits_float(static_cast<uint32_t>(r.e5m2_first_bits)), fp8_e5m2());
   }
   return r;
+}
+
+Fp8CoderCheck check_fp8_coder(float scale, bool e5m2) {
+  require_device();
+  DeviceBuffer<unsigned long long> counters(4);
+  counters.fill_bytes(0);
+  KVQ_CUDA_CHECK(cudaMemset(counters.data() + 1, 0xff, 8));
+  coder_kernel<<<4096, 256>>>(stored_params(scale, 0.0f), e5m2 ? CodeFormat::kFp8E5M2 : CodeFormat::kFp8E4M3,
+                              counters.data());
+  KVQ_CHECK_LAUNCH();
+  const std::vector<unsigned long long> c = counters.download();
+  return {scale, e5m2, c[0], c[1], c[2], c[3]};
 }
 
 }  // namespace kvq

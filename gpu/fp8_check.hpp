@@ -18,4 +18,17 @@ struct Fp8CheckResult {
 
 Fp8CheckResult check_fp8_conversions();
 
+// Fp8Coder (quant/codec.hpp) on the device against encode_fp8, the division, for one scale over every
+// fp32 pattern of x (non-finite ones included: the coder must call them not sure).
+struct Fp8CoderCheck {
+  float scale;
+  bool e5m2;
+  unsigned long long mismatches;   // codes the coder called sure that differ from encode_fp8's
+  unsigned long long first_bits;   // x of the first (lowest) mismatch; ~0 when none
+  unsigned long long not_sure;     // elements the coder left to the division
+  unsigned long long finite_not_sure;  // of them, finite x whose product x / s is finite
+};
+
+Fp8CoderCheck check_fp8_coder(float scale, bool e5m2);
+
 }  // namespace kvq

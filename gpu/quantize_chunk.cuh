@@ -100,23 +100,35 @@ __device__ __forceinline__ GroupStats merge_lanes(GroupStats st, int lanes) {
   return st;
 }
 
-// The scheme with its symmetry, bit width and integer-or-FP8 fixed at compile time, so that
-// encode() and group_params() fold their constants and drop the other branches (an FP8 path left in
-// an integer kernel costs it registers, and occupancy).
-template <bool ASYM, int BITS, bool FP8 = false>
+// The scheme with its symmetry, bit width and code format fixed at compile time, so that encode()
+// and group_params() fold their constants and drop the other branches (an FP8 path left in an integer
+// kernel costs it registers, and occupancy; a run-time e4m3 / e5m2 choice, a second conversion an
+// element).
+template <bool ASYM, int BITS, CodeFormat F = CodeFormat::kInt>
 __device__ __forceinline__ Scheme fixed_scheme(Scheme s) {
-  static_assert(!FP8 || (BITS == 8 && !ASYM), "FP8 codes are 8-bit and symmetric");
+  static_assert(F == CodeFormat::kInt || (BITS == 8 && !ASYM), "FP8 codes are 8-bit and symmetric");
   s.asymmetric = ASYM;
   s.bits = BITS;
-  if (!FP8) s.format = CodeFormat::kInt;  // an FP8 kernel keeps the run-time e4m3 / e5m2
+  s.format = F;
   return s;
 }
 
-// The integer coder of a group (IntegerCoder): its statistics bound its values. FP8 schemes code by
-// encode() and take none.
-__device__ __forceinline__ IntegerCoder group_coder(const GroupParams& gp, const GroupStats& st, const Scheme& s) {
-  if (s.fp8()) return IntegerCoder{};
-  return s.asymmetric ? integer_coder(gp, s, st.lo(), st.hi()) : integer_coder(gp, s, -st.amax, st.amax);
+// Calls launch(format) with an FP8 scheme's format as a std::integral_constant (a template argument).
+template <typename Launch>
+void with_fp8_format(const Scheme& s, Launch&& launch) {
+  if (s.format == CodeFormat::kFp8E5M2) launch(std::integral_constant<CodeFormat, CodeFormat::kFp8E5M2>{});
+  else launch(std::integral_constant<CodeFormat, CodeFormat::kFp8E4M3>{});
+}
+
+// The coder of a group: FP8 schemes' Fp8Coder, or the IntegerCoder of integer ones, whose values the
+// group's statistics bound.
+template <bool FP8>
+using GroupCoder = std::conditional_t<FP8, Fp8Coder, IntegerCoder>;
+
+template <bool FP8>
+__device__ __forceinline__ GroupCoder<FP8> group_coder(const GroupParams& gp, const GroupStats& st, const Scheme& s) {
+  if constexpr (FP8) return fp8_coder(gp);
+  else return s.asymmetric ? integer_coder(gp, s, st.lo(), st.hi()) : integer_coder(gp, s, -st.amax, st.amax);
 }
 
 // Planar code words of a chunk: 8 bytes for int8 and FP8, 4 for int4 with element 2i in the low nibble.
@@ -142,17 +154,11 @@ __device__ __forceinline__ uint2 pack_chunk_codes(Code code) {
 // group may need the clamp: rare where the statistics bound the group), and the caller then codes its
 // chunks again with encode_chunk_exact, outside its hot loop so that the division's registers do not
 // weigh on it. kClamp clamps every code (two instructions an element): for a scale not derived from
-// the values, such as a given one. FP8 codes (no tie to test) come from the codec's encode().
+// the values, such as a given one.
 template <bool ASYM, int BITS, InputDtype DT, bool kClamp = false>
-__device__ __forceinline__ bool encode_chunk(uint8_t* dst, const InputChunk<DT>& c, const GroupParams& gp,
-                                             const IntegerCoder& coder, const Scheme& s) {
+__device__ __forceinline__ bool encode_chunk(uint8_t* dst, const InputChunk<DT>& c, const IntegerCoder& coder,
+                                             const Scheme&) {
   static_assert(BITS == 8 || BITS == 4, "int8 or int4 codes");
-  if constexpr (BITS == 8) {
-    if (s.fp8()) {
-      store_chunk_codes<BITS>(dst, pack_chunk_codes<BITS>([&](int e) { return encode(c[e], gp, s); }));
-      return true;
-    }
-  }
   bool sure = kClamp || !coder.clamp;
   uint32_t m[kChunkElems];
 #pragma unroll
@@ -165,11 +171,29 @@ __device__ __forceinline__ bool encode_chunk(uint8_t* dst, const InputChunk<DT>&
   return sure;
 }
 
-// An integer chunk's codes by the IEEE division alone (encode_chunk's fallback).
+// FP8 codes from the group's Fp8Coder (two multiplies and half a conversion an element; saturating,
+// so no clamp to ask for), false likewise near a rounding boundary.
+template <bool ASYM, int BITS, InputDtype DT, bool kClamp = false>
+__device__ __forceinline__ bool encode_chunk(uint8_t* dst, const InputChunk<DT>& c, const Fp8Coder& coder,
+                                             const Scheme& s) {
+  static_assert(BITS == 8 && !ASYM, "FP8 codes are 8-bit and symmetric");
+  float x[kChunkElems];
+#pragma unroll
+  for (int e = 0; e < kChunkElems; ++e) x[e] = c[e];
+  uint32_t w[2];
+  bool sure = true;
+  coder.codes8(x, fp8_format(s.format), w, sure);
+  store_chunk_codes<BITS>(dst, make_uint2(w[0], w[1]));
+  return sure;
+}
+
+// A chunk's codes by the IEEE division alone (encode_chunk's fallback).
 template <int BITS, InputDtype DT>
 __device__ __forceinline__ void encode_chunk_exact(uint8_t* dst, const InputChunk<DT>& c, const GroupParams& gp,
                                                    const Scheme& s) {
-  store_chunk_codes<BITS>(dst, pack_chunk_codes<BITS>([&](int e) { return encode_integer_exact(c[e], gp, s); }));
+  store_chunk_codes<BITS>(dst, pack_chunk_codes<BITS>([&](int e) {
+    return s.fp8() ? encode_fp8(c[e], gp.scale, s.format) : encode_integer_exact(c[e], gp, s);
+  }));
 }
 
 // Rare path: the flat [B, H, T, D] index of the chunk's first non-finite element into first_bad.

@@ -5,10 +5,10 @@
 // consecutive segments, so a warp covers a contiguous stretch of the row-major input. Two kernels,
 // by measurement (H200, B=128 T=8192, experiments/results/nvidia-h200/quantize-groupthread-int8/):
 //  - int8 and FP8 planar codes: the segment's chunk loads all issued first and the chunks held in
-//    registers for both passes (read once), integer codes from the group's IntegerCoder (one fma an
-//    element; a chunk it is not sure of is coded again by the division; FP8 codes by encode()), at 4
-//    blocks an SM: int8 0.91-0.98x the form below (held under its 5-block cap, it spilled 32-48
-//    bytes and was 1.00-1.08x slower); fp8-e4m3-head 6.2x quantize-generic.
+//    registers for both passes (read once), codes from the group's IntegerCoder (one fma an element)
+//    or Fp8Coder (a chunk either is not sure of is coded again by the division), at 4 blocks an SM:
+//    int8 0.91-0.98x the form below (held under its 5-block cap, it spilled 32-48 bytes and was
+//    1.00-1.08x slower); fp8-e4m3-head 6.2x quantize-generic.
 //  - int4 codes (planar and FBGEMM rows): pass 1 reads the segment in 8-element chunks for its
 //    statistics, pass 2 again (from L1) and codes each element by encode(); the held form was
 //    1.01-1.08x slower here. IntegerCoder in this kernel spilled under its 48-register cap and ran
@@ -144,13 +144,14 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
 // int8 and FP8 planar codes (see the top of the file). kAligned: every chunk of the launch lies on
 // 16 bytes (wide_chunks_aligned): no per-load test. fp32 input would hold twice the registers and
 // spill: its chunks are read again (from L1) to be coded.
-template <typename Storage, InputDtype DT, bool ASYM, bool FP8, bool kAligned>
+template <typename Storage, InputDtype DT, bool ASYM, CodeFormat F, bool kAligned>
 __global__ void __launch_bounds__(kThreads, 4) groupthread_int8_kernel(QuantizeParams p) {
   using Chunk = detail::InputChunk<DT>;
   constexpr int kChunks = kSegment / kChunk;
   constexpr bool kHold = DT != InputDtype::kFp32;
   const KvShape& s = p.shape;
-  const Scheme scheme = detail::fixed_scheme<ASYM, 8, FP8>(p.scheme);
+  constexpr bool FP8 = F != CodeFormat::kInt;
+  const Scheme scheme = detail::fixed_scheme<ASYM, 8, F>(p.scheme);
   const int64_t D = s.head_dim;
   const int G = scheme.granularity == Granularity::kHead ? static_cast<int>(D) : scheme.group;
   const int64_t groups_per_row = D / G, groups = s.rows() * groups_per_row;
@@ -200,9 +201,9 @@ __global__ void __launch_bounds__(kThreads, 4) groupthread_int8_kernel(QuantizeP
         if (!is_finite_float(detail::load_as_float(src, DT, d)))
           atomicMin(p.first_bad, static_cast<unsigned long long>(flat0 + d));
     }
-    // An active lane added >= 8 elements: never empty. FP8 codes come from encode() (no tie to test).
+    // An active lane added >= 8 elements: never empty.
     const GroupParams gp = FP8 ? fp8_params(st.amax, scheme) : integer_group_params(st, scheme);
-    const IntegerCoder coder = detail::group_coder(gp, st, scheme);
+    const detail::GroupCoder<FP8> coder = detail::group_coder<FP8>(gp, st, scheme);
     if (part == 0) {
       if (gp.overflow) atomicMin(p.first_overflow, static_cast<unsigned long long>(g));
       detail::store_param(p.scales, g, gp.scale, scheme.scale_dtype);
@@ -213,9 +214,9 @@ __global__ void __launch_bounds__(kThreads, 4) groupthread_int8_kernel(QuantizeP
     for (int k = 0; k < kChunks; ++k) {
       if (k * kChunk >= seg) break;
       if constexpr (!kHold) held[0].load(src + k * kChunk, aligned);  // from L1
-      sure &= detail::encode_chunk<ASYM, 8>(codes + k * kChunk, held[kHold ? k : 0], gp, coder, scheme);
+      sure &= detail::encode_chunk<ASYM, 8>(codes + k * kChunk, held[kHold ? k : 0], coder, scheme);
     }
-    if (!FP8 && !sure) {  // rare: the segment again, by the division (read again: the held chunks are dead here)
+    if (!sure) {  // rare: the segment again, by the division (read again: the held chunks are dead here)
       for (int k = 0; k * kChunk < seg; ++k) {
         Chunk c;
         c.load(src + k * kChunk, aligned);
@@ -240,9 +241,11 @@ void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks, bool
 
 template <typename Storage, InputDtype DT, bool kAligned>
 void launch_int8(const QuantizeParams& p, cudaStream_t stream, int blocks) {
-  const auto kernel = p.scheme.fp8()          ? groupthread_int8_kernel<Storage, DT, false, true, kAligned>
-                      : p.scheme.asymmetric ? groupthread_int8_kernel<Storage, DT, true, false, kAligned>
-                                            : groupthread_int8_kernel<Storage, DT, false, false, kAligned>;
+  constexpr CodeFormat kInt = CodeFormat::kInt, kE4M3 = CodeFormat::kFp8E4M3, kE5M2 = CodeFormat::kFp8E5M2;
+  const auto kernel = p.scheme.format == kE4M3 ? groupthread_int8_kernel<Storage, DT, false, kE4M3, kAligned>
+                      : p.scheme.format == kE5M2 ? groupthread_int8_kernel<Storage, DT, false, kE5M2, kAligned>
+                      : p.scheme.asymmetric      ? groupthread_int8_kernel<Storage, DT, true, kInt, kAligned>
+                                                 : groupthread_int8_kernel<Storage, DT, false, kInt, kAligned>;
   kernel<<<blocks, kThreads, 0, stream>>>(p);
   KVQ_CHECK_LAUNCH();
 }

@@ -64,25 +64,27 @@ __global__ void __launch_bounds__(kThreads) tensor_stats_kernel(QuantizeParams p
 }
 
 // kGiven: p's given scale, no pass 1 (symmetric schemes only). FP8: e4m3 / e5m2 codes.
-template <InputDtype DT, bool ASYM, int BITS, bool kGiven, bool kAligned, bool FP8>
+template <InputDtype DT, bool ASYM, int BITS, bool kGiven, bool kAligned, CodeFormat F>
 __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams p, TensorPlan plan) {
   using Chunk = InputChunk<DT>;
   using Storage = typename Chunk::Storage;
   __shared__ int32_t lo[kWarps], hi[kWarps];
   __shared__ float amax[kWarps];
-  const Scheme scheme = detail::fixed_scheme<ASYM, BITS, FP8>(p.scheme);
+  constexpr bool FP8 = F != CodeFormat::kInt;
+  const Scheme scheme = detail::fixed_scheme<ASYM, BITS, F>(p.scheme);
   GroupParams gp;
-  IntegerCoder coder;
+  detail::GroupCoder<FP8> coder;
   if constexpr (kGiven) {
     static_assert(!ASYM, "a given tensor scale is symmetric");
     gp = given_scale_params(p.given_tensor_scale, scheme);
-    coder = integer_coder(gp, scheme, -INFINITY, INFINITY);  // bounds unknown: encode_chunk<.., true> clamps
+    if constexpr (FP8) coder = fp8_coder(gp);
+    else coder = integer_coder(gp, scheme, -INFINITY, INFINITY);  // bounds unknown: encode_chunk<.., true> clamps
   } else {
     GroupStats st;
     for (int i = threadIdx.x; i < plan.partials; i += kThreads) st.merge(p.partials[i]);
     st = detail::block_merge<kThreads>(st, lo, hi, amax);
     gp = p.tensor_scale_given ? given_scale_params(p.given_tensor_scale, scheme) : group_params(st, scheme);
-    coder = detail::group_coder(gp, st, scheme);
+    coder = detail::group_coder<FP8>(gp, st, scheme);
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (gp.overflow) atomicMin(p.first_overflow, 0ull);
@@ -105,11 +107,14 @@ __global__ void __launch_bounds__(kThreads) tensor_encode_kernel(QuantizeParams 
       const int64_t c = last - (i0 + u * stride);
       if (c < 0) continue;
       if constexpr (kGiven) magnitudes.add(chunk[u]);
-      sure &= detail::encode_chunk<ASYM, BITS, DT, kGiven>(p.codes + c * BITS, chunk[u], gp, coder, scheme);
+      sure &= detail::encode_chunk<ASYM, BITS, DT, kGiven>(p.codes + c * BITS, chunk[u], coder, scheme);
     }
-    for (int u = 0; !sure && u < kUnroll; ++u) {  // rare: these chunks again, by the division
-      const int64_t c = last - (i0 + u * stride);
-      if (c >= 0) detail::encode_chunk_exact<BITS>(p.codes + c * BITS, chunk[u], gp, scheme);
+    if (!sure) {  // rare: these chunks again, by the division (unrolled: the held chunks stay in registers)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = last - (i0 + u * stride);
+        if (c >= 0) detail::encode_chunk_exact<BITS>(p.codes + c * BITS, chunk[u], gp, scheme);
+      }
     }
   }
   if constexpr (kGiven) {
@@ -132,9 +137,9 @@ int device_sms() {
 }
 
 // The encode pass's grid: at most kMaxWaves rounds of resident blocks.
-template <InputDtype DT, bool ASYM, int BITS, bool kGiven, bool kAligned, bool FP8>
+template <InputDtype DT, bool ASYM, int BITS, bool kGiven, bool kAligned, CodeFormat F>
 void launch_encode(const QuantizeParams& p, const TensorPlan& plan, int sms, cudaStream_t stream) {
-  const auto kernel = tensor_encode_kernel<DT, ASYM, BITS, kGiven, kAligned, FP8>;
+  const auto kernel = tensor_encode_kernel<DT, ASYM, BITS, kGiven, kAligned, F>;
   const int64_t needed = ceil_div(plan.chunks, int64_t(kThreads) * kUnroll);
   int resident = 0;
   KVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, 0));
@@ -145,11 +150,11 @@ void launch_encode(const QuantizeParams& p, const TensorPlan& plan, int sms, cud
 
 // Unaligned input (rare) with a given scale takes the two passes (pass 1 finds non-finite input, the
 // encode pass uses the given scale): one set of one-pass kernels fewer.
-template <InputDtype DT, bool ASYM, int BITS, bool kAligned, bool FP8 = false>
+template <InputDtype DT, bool ASYM, int BITS, bool kAligned, CodeFormat F = CodeFormat::kInt>
 void launch_passes(const QuantizeParams& p, TensorPlan plan, cudaStream_t stream) {
   const int sms = device_sms();
   if constexpr (!ASYM && kAligned) {
-    if (p.tensor_scale_given) return launch_encode<DT, ASYM, BITS, true, kAligned, FP8>(p, plan, sms, stream);
+    if (p.tensor_scale_given) return launch_encode<DT, ASYM, BITS, true, kAligned, F>(p, plan, sms, stream);
   }
   const int64_t needed = ceil_div(plan.chunks, int64_t(kThreads) * kUnroll);
   int resident = 0;
@@ -158,14 +163,15 @@ void launch_passes(const QuantizeParams& p, TensorPlan plan, cudaStream_t stream
   plan.partials = static_cast<int>(std::min<int64_t>({needed, int64_t(sms) * std::max(resident, 1), kMaxPartials}));
   tensor_stats_kernel<DT, kAligned><<<plan.partials, kThreads, 0, stream>>>(p, plan);
   KVQ_CHECK_LAUNCH();
-  launch_encode<DT, ASYM, BITS, false, kAligned, FP8>(p, plan, sms, stream);
+  launch_encode<DT, ASYM, BITS, false, kAligned, F>(p, plan, sms, stream);
 }
 
 // The one place where run-time scheme, dtype and alignment become template arguments.
 template <InputDtype DT, bool kAligned>
 void dispatch_scheme(const QuantizeParams& p, const TensorPlan& plan, cudaStream_t stream) {
   const bool asym = p.scheme.asymmetric, int8 = p.scheme.bits == 8;
-  if (p.scheme.fp8()) launch_passes<DT, false, 8, kAligned, true>(p, plan, stream);
+  if (p.scheme.fp8())
+    detail::with_fp8_format(p.scheme, [&](auto f) { launch_passes<DT, false, 8, kAligned, decltype(f)::value>(p, plan, stream); });
   else if (asym)
     int8 ? launch_passes<DT, true, 8, kAligned>(p, plan, stream) : launch_passes<DT, true, 4, kAligned>(p, plan, stream);
   else

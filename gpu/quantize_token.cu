@@ -7,7 +7,7 @@
 // then read once, held in registers, reduced with xor-shuffles inside the team and encoded from the
 // registers. Tokens of more than 32 K chunks (16-bit input: Hkv D > 2048) read their further chunks
 // twice, the second time from L1/L2. Scales and zero points come from the codec's group_params(),
-// integer codes from its IntegerCoder (FP8 codes from encode(), in kernels of their own). Input whose
+// codes from its IntegerCoder or Fp8Coder (FP8 in kernels of their own). Input whose
 // chunks all lie on 16 bytes (the usual case) is read by kernels without the per-load alignment
 // test. The plan (gpu/quantize_wide_plan.hpp) is tested on the CPU.
 #include <algorithm>
@@ -24,11 +24,12 @@ using detail::kChunkElems;
 constexpr int kThreads = 256;
 constexpr int kMaxWaves = 4;  // grid: at most this many rounds of resident blocks; the warps loop
 
-template <InputDtype DT, bool ASYM, int BITS, int K, bool kAligned, bool FP8>
+template <InputDtype DT, bool ASYM, int BITS, int K, bool kAligned, CodeFormat F>
 __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, TokenPlan plan) {
   using Chunk = InputChunk<DT>;
   using Storage = typename Chunk::Storage;
-  const Scheme scheme = detail::fixed_scheme<ASYM, BITS, FP8>(p.scheme);
+  constexpr bool FP8 = F != CodeFormat::kInt;
+  const Scheme scheme = detail::fixed_scheme<ASYM, BITS, F>(p.scheme);
   const KvShape& s = p.shape;
   const Storage* input = static_cast<const Storage*>(p.input);
   const TeamWalk walk = token_walk(plan, blockIdx.x * int64_t(kThreads) + threadIdx.x, int64_t(gridDim.x) * kThreads);
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
       }
     }
     const GroupParams gp = group_params(st, scheme);
-    const IntegerCoder coder = detail::group_coder(gp, st, scheme);
+    const detail::GroupCoder<FP8> coder = detail::group_coder<FP8>(gp, st, scheme);
     if (j == 0) {
       if (gp.overflow) atomicMin(p.first_overflow, static_cast<unsigned long long>(token));
       detail::store_param(p.scales, token, gp.scale, scheme.scale_dtype);
@@ -90,11 +91,11 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
     bool sure = true;
 #pragma unroll
     for (int k = 0; k < K; ++k)
-      if (k < n) sure &= detail::encode_chunk<ASYM, BITS>(codes_of(k), cache[k], gp, coder, scheme);
+      if (k < n) sure &= detail::encode_chunk<ASYM, BITS>(codes_of(k), cache[k], coder, scheme);
     for (int k = K; k < n; ++k) {
       Chunk c;
       load(c, k);
-      sure &= detail::encode_chunk<ASYM, BITS>(codes_of(k), c, gp, coder, scheme);
+      sure &= detail::encode_chunk<ASYM, BITS>(codes_of(k), c, coder, scheme);
     }
     for (int k = 0; !sure && k < n; ++k) {  // rare: the lane's chunks again, by the division
       Chunk c;
@@ -104,16 +105,16 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
   }
 }
 
-template <InputDtype DT, bool ASYM, int BITS, int K, bool kAligned, bool FP8 = false>
+template <InputDtype DT, bool ASYM, int BITS, int K, bool kAligned, CodeFormat F = CodeFormat::kInt>
 void launch_kernel(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t stream) {
   int device = 0, sms = 0, resident = 0;
   KVQ_CUDA_CHECK(cudaGetDevice(&device));
   KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   KVQ_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, token_kernel<DT, ASYM, BITS, K, kAligned, FP8>, kThreads, 0));
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, token_kernel<DT, ASYM, BITS, K, kAligned, F>, kThreads, 0));
   const int64_t needed = ceil_div(plan.tokens << plan.lanes_log2, kThreads);
   const int blocks = static_cast<int>(std::min<int64_t>(needed, int64_t(sms) * std::max(resident, 1) * kMaxWaves));
-  token_kernel<DT, ASYM, BITS, K, kAligned, FP8><<<blocks, kThreads, 0, stream>>>(p, plan);
+  token_kernel<DT, ASYM, BITS, K, kAligned, F><<<blocks, kThreads, 0, stream>>>(p, plan);
   KVQ_CHECK_LAUNCH();
 }
 
@@ -121,7 +122,8 @@ void launch_kernel(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t 
 template <InputDtype DT, int K, bool kAligned>
 void dispatch_format(const QuantizeParams& p, const TokenPlan& plan, cudaStream_t stream) {
   const bool asym = p.scheme.asymmetric, int8 = p.scheme.bits == 8;
-  if (p.scheme.fp8()) launch_kernel<DT, false, 8, K, kAligned, true>(p, plan, stream);
+  if (p.scheme.fp8())
+    detail::with_fp8_format(p.scheme, [&](auto f) { launch_kernel<DT, false, 8, K, kAligned, decltype(f)::value>(p, plan, stream); });
   else if (asym)
     int8 ? launch_kernel<DT, true, 8, K, kAligned>(p, plan, stream) : launch_kernel<DT, true, 4, K, kAligned>(p, plan, stream);
   else

@@ -1,6 +1,6 @@
 // The scalar codec of DESIGN.md: the single source of truth for every quantizer, host and device.
 // fp32 IEEE arithmetic throughout; the fused operations are the asymmetric decode's fma and
-// IntegerCoder's, whose codes are proven equal to the division's where it says so.
+// IntegerCoder's; IntegerCoder and Fp8Coder give the division's codes where they say so.
 // Every other implementation (CPU tensors, GPU kernels, layout conversions) is tested against
 // these functions byte for byte.
 #pragma once
@@ -187,8 +187,8 @@ KVQ_HD GroupParams fp8_params(float amax, const Scheme& s) {
   return p;
 }
 
-// The code byte: +0 for a zero scale, else fp8(x / s) with one IEEE division (no reciprocal trick:
-// the fp8 grid is not uniform, so no cheap test tells when fl(x * fl(1/s)) rounds the same way).
+// The code byte: +0 for a zero scale, else fp8(x / s) with one IEEE division (the definition;
+// Fp8Coder below gets the same bytes by two multiplies wherever it says so).
 KVQ_HD int encode_fp8(float x, float scale, CodeFormat f) {
   return scale == 0.0f ? 0 : fp32_to_fp8_bits(ieee_div(x, scale), fp8_format(f));
 }
@@ -314,6 +314,68 @@ KVQ_HD IntegerCoder integer_coder(const GroupParams& p, const Scheme& s, float l
   const float a = s.asymmetric ? c.biased_code<true, false>(lo, sure) : c.biased_code<false, false>(lo, sure);
   const float b = s.asymmetric ? c.biased_code<true, false>(hi, sure) : c.biased_code<false, false>(hi, sure);
   c.clamp = !(sure && a >= c.lo && b <= c.hi);
+  return c;
+}
+
+// ---- FP8 codes by two multiplies (the quantize kernels' FP8 path) -------------------------------
+// encode_fp8 is fp8(fl(x / s)). With r = fl(1/s) and r_lo, r_hi = fl(r (1 -+ 2^-21)), the products
+// fl(x r_lo) and fl(x r_hi) are x/s times factors within 3 * 2^-24 of 1 -+ 2^-21, and fl(x / s) is x/s
+// within 2^-24, so fl(x / s) lies between the two products while r, r_lo, r_hi and the products are
+// fp32 normals (a product below that is under 2^-125, where every fp8 code is a signed zero anyway).
+// fp8() is monotone: where the two products have one code, fl(x / s) has it too. One conversion of
+// the pair (cvt ...x2 on the GPU) and a compare replace the division; the codes differ only where x/s
+// lies within about 2^-21 of a rounding boundary. A non-finite product (non-finite x, or a given
+// scale's product past fp32) is not sure either; the caller then codes by encode_fp8.
+struct Fp8Coder {
+  float r_lo = 0.0f, r_hi = 0.0f;  // 0 for a zero scale, whose codes are all 0 (`keep` clears them)
+  uint32_t keep = 0xffffffffu;
+  bool usable = false;  // the bracket holds: r_lo and r_hi fp32 normals, or a zero scale
+
+  // Eight elements' codes as two words, element 0 in the low byte of words[0]; `sure` turns false
+  // unless they are encode_fp8's.
+  KVQ_HD void codes8(const float (&x)[8], Fp8Format f, uint32_t (&words)[2], bool& sure) const {
+    float lo[8], hi[8];
+    bool finite = true;  // |x r_lo| <= |x r_hi|: the high product alone tells a non-finite one
+    for (int e = 0; e < 8; ++e) {
+      lo[e] = x[e] * r_lo, hi[e] = x[e] * r_hi;
+      finite = finite & (fabsf(hi[e]) < INFINITY);  // `&`, not `&&`: no branches
+    }
+    const uint32_t lo0 = fp8_bits4(lo[0], lo[1], lo[2], lo[3], f), lo1 = fp8_bits4(lo[4], lo[5], lo[6], lo[7], f);
+    const uint32_t hi0 = fp8_bits4(hi[0], hi[1], hi[2], hi[3], f), hi1 = fp8_bits4(hi[4], hi[5], hi[6], hi[7], f);
+    sure = sure & usable & finite & (((lo0 ^ hi0) | (lo1 ^ hi1)) == 0);
+    words[0] = lo0 & keep, words[1] = lo1 & keep;
+  }
+
+  // fp8() of four finite values, the first in the low byte: on the GPU two cvt ...x2 packed by one
+  // mov (the cuda_fp8.h intrinsic returns 16 bits, which costs a mask each to widen).
+  static KVQ_HD uint32_t fp8_bits4(float a, float b, float c, float d, Fp8Format f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    uint32_t w;
+    if (f.mantissa_bits == 3)  // cvt's first source goes to the high byte
+      asm("{.reg .b16 l, h;\n\tcvt.rn.satfinite.e4m3x2.f32 l, %2, %1;\n\tcvt.rn.satfinite.e4m3x2.f32 h, %4, %3;\n\t"
+          "mov.b32 %0, {l, h};}"
+          : "=r"(w) : "f"(a), "f"(b), "f"(c), "f"(d));
+    else
+      asm("{.reg .b16 l, h;\n\tcvt.rn.satfinite.e5m2x2.f32 l, %2, %1;\n\tcvt.rn.satfinite.e5m2x2.f32 h, %4, %3;\n\t"
+          "mov.b32 %0, {l, h};}"
+          : "=r"(w) : "f"(a), "f"(b), "f"(c), "f"(d));
+    return w;
+#else
+    return uint32_t(fp32_to_fp8_bits(a, f)) | uint32_t(fp32_to_fp8_bits(b, f)) << 8 |
+           uint32_t(fp32_to_fp8_bits(c, f)) << 16 | uint32_t(fp32_to_fp8_bits(d, f)) << 24;
+#endif
+  }
+};
+
+// The coder of FP8 parameters p (p.inv_scale is fl(1 / p.scale), as every GroupParams maker sets it).
+// Branch-free: kernels build it once a group.
+KVQ_HD Fp8Coder fp8_coder(const GroupParams& p) {
+  const bool zero = p.scale == 0.0f;  // x * 0 is a signed zero (sure, then cleared) or NaN (not sure)
+  const float r = zero ? 0.0f : p.inv_scale;
+  Fp8Coder c;
+  c.r_lo = r * (1.0f - 0x1p-21f), c.r_hi = r * (1.0f + 0x1p-21f);
+  c.keep = zero ? 0u : 0xffffffffu;
+  c.usable = zero || (fabsf(c.r_lo) >= 0x1p-126f && fabsf(c.r_hi) < INFINITY);  // false for NaN too
   return c;
 }
 

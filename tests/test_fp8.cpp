@@ -1,10 +1,13 @@
 // FP8 e4m3 / e5m2: the software conversion against a brute-force nearest-value search, every code,
-// ties, saturation, subnormals, and hand-computed groups of each FP8 scheme.
+// ties, saturation, subnormals, hand-computed groups of each FP8 scheme, and Fp8Coder (two multiplies)
+// against the division.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "quant/quantize.hpp"
 #include "test_util.hpp"
@@ -230,4 +233,79 @@ TEST_CASE("golden: fp8-e5m2-g4, two hand-computed groups (one at the fp16 minimu
   const std::vector<float> x_hat = dequantize(q);
   CHECK(x_hat[5] == -96.0f);
   CHECK(x_hat[6] == 0.0009765625f);
+}
+
+namespace {
+
+// Fp8Coder's codes of x (one 8-element chunk, padded with zeros) against encode_fp8's; returns sure.
+bool coder_agrees(const Fp8Coder& coder, const std::vector<float>& x, float scale, CodeFormat format) {
+  REQUIRE(x.size() <= 8);
+  float chunk[8] = {};
+  std::copy(x.begin(), x.end(), chunk);
+  uint32_t w[2];
+  bool sure = true;
+  coder.codes8(chunk, fp8_format(format), w, sure);
+  if (!sure) return false;
+  for (size_t e = 0; e < 8; ++e) {
+    CAPTURE(chunk[e]);
+    CHECK(int((w[e / 4] >> (8 * (e % 4))) & 0xff) == encode_fp8(chunk[e], scale, format));
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("Fp8Coder: its codes are encode_fp8's wherever it says so, at rounding boundaries too; random values are sure") {
+  std::mt19937 rng(2024);
+  std::uniform_real_distribution<float> unit(1.0f, 2.0f), sign(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-60, 60);
+  for (const CodeFormat format : {CodeFormat::kFp8E4M3, CodeFormat::kFp8E5M2}) {
+    const Fp8Format f = fp8_format(format);
+    int unsure_at_boundaries = 0, sure_random = 0, random = 0;
+    for (int trial = 0; trial < 48; ++trial) {
+      const float scale = trial == 0 ? 1.0f : std::ldexp(unit(rng), exponent(rng));
+      CAPTURE(scale);
+      const Fp8Coder coder = fp8_coder(stored_params(scale, 0.0f));
+      REQUIRE(coder.usable);
+      // x / s a few ulps either side of the midpoint between neighbouring codes (ties included)
+      for (uint32_t c = 0; c < f.max_bits; ++c) {
+        const float mid = (fp8_bits_to_fp32(uint8_t(c), f) + fp8_bits_to_fp32(uint8_t(c + 1), f)) / 2;
+        float x = mid * scale;
+        for (int k = 0; k < 6; ++k) x = std::nextafter(x, 0.0f);
+        std::vector<float> run;
+        for (int k = 0; k < 12; ++k, x = std::nextafter(x, INFINITY)) run.push_back(k % 2 ? -x : x);
+        for (size_t i = 0; i < run.size(); i += 4)
+          unsure_at_boundaries += !coder_agrees(coder, {run[i], run[i + 1], run[i + 2], run[i + 3]}, scale, format);
+      }
+      // values over the whole grid and past it
+      for (int k = 0; k < 64; ++k, ++random) {
+        std::vector<float> x(8);
+        for (float& v : x) v = sign(rng) * std::ldexp(unit(rng), exponent(rng) / 4) * scale;
+        sure_random += coder_agrees(coder, x, scale, format);
+      }
+    }
+    CAPTURE(int(format));
+    CHECK(unsure_at_boundaries > 0);           // the bracket does meet boundaries: the test reaches them
+    CHECK(sure_random >= random * 99 / 100);  // and almost nothing else
+  }
+}
+
+TEST_CASE("Fp8Coder: zero scales, non-finite input, overflowing products and scales without a normal reciprocal") {
+  const CodeFormat e4 = CodeFormat::kFp8E4M3;
+  const Fp8Coder zero = fp8_coder(stored_params(0.0f, 0.0f));
+  CHECK(coder_agrees(zero, {1.0f, -2.0f, -0.0f, 3e38f, -1e-30f}, 0.0f, e4));  // all codes 0, sure
+  CHECK_FALSE(coder_agrees(zero, {1.0f, NAN}, 0.0f, e4));
+  const Fp8Coder unit = fp8_coder(stored_params(1.0f, 0.0f));
+  CHECK(coder_agrees(unit, {448.0f, -464.0f, 1e30f, -3.4e38f, 0.0f, -0.0f, 1e-40f, -0x1p-12f}, 1.0f, e4));
+  CHECK_FALSE(coder_agrees(unit, {-0x1p-10f}, 1.0f, e4));  // a tie (half the smallest subnormal) is never sure
+  CHECK_FALSE(coder_agrees(unit, {1.0f, INFINITY}, 1.0f, e4));
+  CHECK_FALSE(coder_agrees(unit, {-INFINITY}, 1.0f, e4));
+  const Fp8Coder tiny = fp8_coder(stored_params(3e-38f, 0.0f));  // a given scale: x / s can pass fp32
+  REQUIRE(tiny.usable);
+  CHECK(coder_agrees(tiny, {1e-38f, -2e-38f}, 3e-38f, e4));
+  CHECK_FALSE(coder_agrees(tiny, {1e10f}, 3e-38f, e4));  // the product overflows: the division saturates it
+  CHECK(encode_fp8(1e10f, 3e-38f, e4) == 0x7e);
+  CHECK_FALSE(fp8_coder(stored_params(1e-40f, 0.0f)).usable);  // 1 / s overflows
+  CHECK_FALSE(fp8_coder(stored_params(3e38f, 0.0f)).usable);   // 1 / s is subnormal
+  CHECK_FALSE(coder_agrees(fp8_coder(stored_params(3e38f, 0.0f)), {1.0f}, 3e38f, e4));
 }

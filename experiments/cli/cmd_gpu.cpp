@@ -211,7 +211,8 @@ int run_bench_quantize(const BenchArgs& a) {
       {"q4_1"},           {"q5_0"},             {"q5_1"},
       {"iq4_nl"},         {"mxfp4"},            {"nvfp4"},
       {"nvfp4", CodeLayout::kPlanar, true},
-      {"fp8-e4m3-head"},  {"fp8-e4m3-tensor"},  {"fp8-e4m3-tensor", CodeLayout::kPlanar, true}};
+      {"fp8-e4m3-head"},  {"fp8-e4m3-token"},   {"fp8-e4m3-tensor"},
+      {"fp8-e4m3-tensor", CodeLayout::kPlanar, true}};
   auto regex_option = [](const char* option, const std::string& re) {
     try {
       return std::regex(re);
