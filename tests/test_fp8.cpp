@@ -255,7 +255,7 @@ bool coder_agrees(const Fp8Coder& coder, const std::vector<float>& x, float scal
 
 }  // namespace
 
-TEST_CASE("Fp8Coder: its codes are encode_fp8's wherever it says so, at rounding boundaries too; random values are sure") {
+TEST_CASE("Fp8Coder: its codes are encode_fp8's wherever it says so (rounding boundaries included) and random values are sure") {
   std::mt19937 rng(2024);
   std::uniform_real_distribution<float> unit(1.0f, 2.0f), sign(-1.0f, 1.0f);
   std::uniform_int_distribution<int> exponent(-60, 60);
