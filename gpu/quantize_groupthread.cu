@@ -8,7 +8,7 @@
 //    registers for both passes (read once), codes from the group's IntegerCoder (one fma an element)
 //    or Fp8Coder (a chunk either is not sure of is coded again by the division), at 4 blocks an SM:
 //    int8 0.91-0.98x the form below (held under its 5-block cap, it spilled 32-48 bytes and was
-//    1.00-1.08x slower); fp8-e4m3-head 6.2x quantize-generic.
+//    1.00-1.08x slower); fp8-e4m3-head 0.66x encode() by division (quantize-fp8-coder/).
 //  - int4 codes (planar and FBGEMM rows): pass 1 reads the segment in 8-element chunks for its
 //    statistics, pass 2 again (from L1) and codes each element by encode(); the held form was
 //    1.01-1.08x slower here. IntegerCoder in this kernel spilled under its 48-register cap and ran
