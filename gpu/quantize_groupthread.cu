@@ -241,13 +241,15 @@ void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks, bool
 
 template <typename Storage, InputDtype DT, bool kAligned>
 void launch_int8(const QuantizeParams& p, cudaStream_t stream, int blocks) {
-  constexpr CodeFormat kInt = CodeFormat::kInt, kE4M3 = CodeFormat::kFp8E4M3, kE5M2 = CodeFormat::kFp8E5M2;
-  const auto kernel = p.scheme.format == kE4M3 ? groupthread_int8_kernel<Storage, DT, false, kE4M3, kAligned>
-                      : p.scheme.format == kE5M2 ? groupthread_int8_kernel<Storage, DT, false, kE5M2, kAligned>
-                      : p.scheme.asymmetric      ? groupthread_int8_kernel<Storage, DT, true, kInt, kAligned>
-                                                 : groupthread_int8_kernel<Storage, DT, false, kInt, kAligned>;
-  kernel<<<blocks, kThreads, 0, stream>>>(p);
-  KVQ_CHECK_LAUNCH();
+  const auto launch = [&](auto kernel) {
+    kernel<<<blocks, kThreads, 0, stream>>>(p);
+    KVQ_CHECK_LAUNCH();
+  };
+  constexpr CodeFormat kInt = CodeFormat::kInt;
+  if (p.scheme.fp8())
+    detail::with_fp8_format(p.scheme, [&](auto f) { launch(groupthread_int8_kernel<Storage, DT, false, decltype(f)::value, kAligned>); });
+  else if (p.scheme.asymmetric) launch(groupthread_int8_kernel<Storage, DT, true, kInt, kAligned>);
+  else launch(groupthread_int8_kernel<Storage, DT, false, kInt, kAligned>);
 }
 
 // The one place where the launch's scheme, layout, dtype and alignment become a kernel.
