@@ -150,19 +150,33 @@ __device__ __forceinline__ uint2 pack_chunk_codes(Code code) {
 }
 
 // Encodes the chunk and stores its codes at `dst`. Integer codes come from `coder` (one fma an
-// element, no branch); the result is false when an element was near a tie (or, without kClamp, the
-// group may need the clamp: rare where the statistics bound the group), and the caller then codes its
-// chunks again with encode_chunk_exact, outside its hot loop so that the division's registers do not
-// weigh on it. kClamp clamps every code (two instructions an element): for a scale not derived from
-// the values, such as a given one.
+// element, no branch); a chunk with an element near a half-step is coded again by the coder's
+// exact_code (branch-free, no division: in bf16 input most such elements lie exactly on the step,
+// and a warp met one in up to all of its chunks, H200 bench data). The result is false when that is
+// not sure either (or, without kClamp, the group may need the clamp: rare where the statistics bound
+// the group), and the caller then codes its chunks again with encode_chunk_exact, outside its hot
+// loop so that the division's registers do not weigh on it. kClamp clamps every code (two
+// instructions an element): for a scale not derived from the values, such as a given one.
 template <bool ASYM, int BITS, InputDtype DT, bool kClamp = false>
 __device__ __forceinline__ bool encode_chunk(uint8_t* dst, const InputChunk<DT>& c, const IntegerCoder& coder,
                                              const Scheme&) {
   static_assert(BITS == 8 || BITS == 4, "int8 or int4 codes");
-  bool sure = kClamp || !coder.clamp;
+  bool sure = true;
   uint32_t m[kChunkElems];
 #pragma unroll
   for (int e = 0; e < kChunkElems; ++e) m[e] = float_bits(coder.biased_code<ASYM, kClamp>(c[e], sure));
+  if (!sure) {
+    // From a copy the compiler cannot see into: sharing the products above would keep them live
+    // through the hot path (+28 registers in tensor2pass's int8 kernel).
+    InputChunk<DT> again = c;
+#pragma unroll
+    for (int i = 0; i < InputChunk<DT>::kWords; ++i) asm volatile("" : "+r"(again.w[i]));
+    float closest = INFINITY;
+#pragma unroll
+    for (int e = 0; e < kChunkElems; ++e) m[e] = float_bits(coder.exact_code<ASYM, kClamp>(again[e], closest));
+    sure = coder.sure(closest);
+  }
+  sure = sure && (kClamp || !coder.clamp);
   if constexpr (BITS == 8)
     store_chunk_codes<BITS>(
         dst, make_uint2(pack_low_bytes(m[0], m[1], m[2], m[3]), pack_low_bytes(m[4], m[5], m[6], m[7])));

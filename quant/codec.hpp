@@ -260,20 +260,34 @@ KVQ_HD int encode_integer_exact(float x, const GroupParams& p, const Scheme& s) 
   return p.scale == 0.0f ? 0 : q;
 }
 
-// ---- integer codes by one fma (the quantize kernels' common path) ------------------------------
+// ---- integer codes without a division (the quantize kernels' common path) ----------------------
 // m = fl(v * fl(1/s) + 1.5 * 2^23) rounds the exact product P = v * fl(1/s) half to even (the ulp is
-// 1 in [2^23, 2^24)), so m's low bits hold the code in two's complement: no division, no float-to-int
-// conversion (a quarter-rate instruction on the GPU). P is within |v/s| 2^-23 of fl(v / s); where
-// |v/s| <= 256 the two round to the same integer whenever P is farther than 2^-15 from a half-step,
-// which d = fl(P - nearbyint(P)) tells within 2^-25: an element with 0.5 - |d| <= 2^-13 (about one
-// in 4000), or NaN, is "not sure" and its caller codes it by the division (encode_integer_exact).
+// 1 in [2^23, 2^24)), so m's low bits hold an integer n in two's complement: no division, no
+// float-to-int conversion (a quarter-rate instruction on the GPU). P is within |v/s| 2^-23 of
+// fl(v / s); where |v/s| <= 256 the two round to the same integer whenever P is farther than 2^-15
+// from a half-step, which d = fl(P - n) tells within 2^-25. biased_code() takes that path: an element
+// with 0.5 - |d| <= 2^-13, or NaN, is "not sure".
+// exact_code() decides every element (a few more instructions): P is within |v/s| 2^-24 of v / s, so
+// n is v / s rounded within one step; the residual e = v - n s is exact (fma; at most 24 significant
+// bits for |v/s| < 2^22, s in [2^-100, 2^100]), and past = |e| - s/2 tells exactly which side of n's
+// half-step v / s lies on: beyond it, n moves one step toward v / s; on it (past = 0) the division is
+// exact and rounds half to even. fl(v / s) also rounds onto a half-step t from within s ulp(t) / 2 of
+// it, but only for a scale of more than 15 significant bits (else v - t s, a multiple of ulp(v) and
+// of half s's lowest bit, is 0 or too far): never for fp16 scales; a longer scale leaves
+// |past| < s 2^-15 not sure. bf16 input puts many values exactly on half-steps (wherever s has few
+// bits), so kernels code a chunk by exact_code() when biased_code() was not sure of it, and what is
+// still not sure by the division (encode_integer_exact).
 inline constexpr float kRoundingBias = 12582912.0f;  // 1.5 * 2^23
 
 struct IntegerCoder {
-  float inv_scale = 0.0f;  // fl(1 / scale); 0 for a zero scale, whose codes are all 0
-  float zero = 0.0f;       // asymmetric: x - zero first, one fp32 subtraction as in encode()
+  float scale = 0.0f;
+  float inv_scale = 0.0f;       // fl(1 / scale); 0 for a zero scale, whose codes are all 0
+  float half_scale = INFINITY;  // scale / 2; infinite for a zero scale (no code leaves 0)
+  float near = 0.0f;            // exact_code(): |past| below it is not sure (0 for scales of <= 15 bits)
+  float zero = 0.0f;            // asymmetric: x - zero first, one fp32 subtraction as in encode()
   float lo = kRoundingBias, hi = kRoundingBias;  // the code range, biased
   bool clamp = false;  // a code of the group may leave the range (see integer_coder)
+  bool exact = true;   // exact_code(): the scale is 0 or in [2^-100, 2^100], where the residual is exact
 
   // x's code biased by kRoundingBias (its bits' low byte or nibble is the stored code); `sure`
   // turns false unless the code is encode()'s.
@@ -292,6 +306,24 @@ struct IntegerCoder {
     sure = sure && (apart || m < lo || m > hi);
     return fminf(fmaxf(m, lo), hi);
   }
+
+  // biased_code()'s code by the residual, branch-free. `closest` takes the least |past| seen: the
+  // code is encode()'s when exact and !(closest < near) (sure()).
+  template <bool kAsym, bool kClamp>
+  KVQ_HD float exact_code(float x, float& closest) const {
+    const float v = kAsym ? x - zero : x;
+    const float m = fused_multiply_add(v, inv_scale, kRoundingBias);
+    const float e = fused_multiply_add(-(m - kRoundingBias), scale, v);
+    const float past = fabsf(e) - half_scale;  // exact where it is >= -s/4 (Sterbenz)
+    closest = fminf(closest, fabsf(past));
+    const bool odd = (float_bits(m) & 1u) != 0;  // the bias is even
+    const bool step = past > 0.0f || (past == 0.0f && odd);
+    const float code = step ? m + bits_float((float_bits(e) & 0x80000000u) | 0x3f800000u) : m;  // m -+ 1
+    // beyond |v/s| = 2^22 n may be off by more than a step, but every such code is past the range
+    // and clamps to its end, as the division's does
+    return kClamp ? fminf(fmaxf(code, lo), hi) : code;
+  }
+  KVQ_HD bool sure(float closest) const { return exact && !(closest < near); }
 };
 
 // The code a biased_code() holds (|code| < 2^22).
@@ -301,15 +333,16 @@ KVQ_HD int unbiased_code(float m) {
 
 // The coder of a group with parameters p whose values lie in [lo, hi] (symmetric: [-amax, amax]
 // will do). Codes are monotone in x, so when the two bounds' codes need no clamp no element's does;
-// the coder then skips the clamp, and |v/s| < 256 holds for the rounding test. The bounds are coded
-// by the coder itself (no division): a sure code inside the range is exact, since it implies
-// |v/s| < 256; one past the range or not sure (near a tie, NaN) sets clamp, which is always safe.
+// the coder then skips the clamp. The bounds are coded by the coder itself: one past the range (or
+// far past it, NaN, a scale the coder does not take) sets clamp, which is always safe.
 KVQ_HD IntegerCoder integer_coder(const GroupParams& p, const Scheme& s, float lo, float hi) {
   IntegerCoder c;
   c.lo = kRoundingBias + (s.asymmetric ? 0.0f : static_cast<float>(-s.qmax()));
   c.hi = kRoundingBias + static_cast<float>(s.asymmetric ? s.levels() : s.qmax());
   if (p.scale == 0.0f) return c;
-  c.inv_scale = p.inv_scale, c.zero = p.zero;
+  c.scale = p.scale, c.inv_scale = p.inv_scale, c.half_scale = 0.5f * p.scale, c.zero = p.zero;
+  c.exact = p.scale >= 0x1p-100f && p.scale <= 0x1p100f;
+  c.near = (float_bits(p.scale) & 0x1ffu) == 0 ? 0.0f : p.scale * 0x1p-15f;
   bool sure = true;
   const float a = s.asymmetric ? c.biased_code<true, false>(lo, sure) : c.biased_code<false, false>(lo, sure);
   const float b = s.asymmetric ? c.biased_code<true, false>(hi, sure) : c.biased_code<false, false>(hi, sure);

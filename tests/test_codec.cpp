@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <iterator>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -351,6 +352,75 @@ TEST_CASE("IntegerCoder: saturating scales and huge quotients are clamped right,
       }
     }
     CHECK(sure > total - total / 500);
+  }
+}
+
+namespace {
+// IntegerCoder's exact_code of v: (biased code, sure).
+template <bool kAsym>
+std::pair<int, bool> exact_code(const IntegerCoder& c, float v) {
+  float closest = INFINITY;
+  const float m = c.clamp ? c.exact_code<kAsym, true>(v, closest) : c.exact_code<kAsym, false>(v, closest);
+  return {unbiased_code(m), c.sure(closest)};
+}
+}  // namespace
+
+TEST_CASE("IntegerCoder's exact_code: every code on and next to a half-step is the division's, sure for scales of <= 15 bits") {
+  std::mt19937 rng(25);
+  std::uniform_int_distribution<uint32_t> bits;
+  for (const std::string name : {"int8-head", "int8-head-asym", "int4-g32", "int4-g32-asym", "int8-head-fp32",
+                                 "int4-g32-asym-fp32"}) {
+    CAPTURE(name);
+    const Scheme scheme = parse_scheme(name);
+    const bool fp32 = scheme.scale_dtype == ScaleDtype::kFp32;
+    int64_t total = 0, sure = 0, ties = 0, rounded_onto_tie = 0, left_near_tie = 0;
+    for (int i = 0; i < 20'000; ++i) {
+      // scales of few bits (exact ties in bf16 data) and, as fp32, of many; some at the coder's limits
+      const uint32_t mantissa = fp32 ? bits(rng) & 0x7fffffu : (bits(rng) & 0x3ffu) << 13;
+      const int exponent = i % 97 == 0 ? -101 + int(bits(rng) % 4) : int(bits(rng) % 40) - 25;
+      const float s = round_to_scale_dtype(
+          std::ldexp(bits_float(0x3f800000u | (mantissa >> (i % 3 == 0 ? bits(rng) % 24 : 0))), exponent),
+          scheme.scale_dtype);
+      if (s == 0.0f) continue;
+      const int top = scheme.asymmetric ? scheme.levels() : scheme.qmax();
+      GroupParams p;
+      p.scale = s, p.inv_scale = ieee_div(1.0f, s);
+      const float offset = static_cast<float>(static_cast<int32_t>(bits(rng))) * 0x1p-31f * std::min(s * 40.0f, 6e4f);
+      p.zero = scheme.asymmetric ? round_to_scale_dtype(offset, scheme.scale_dtype) : 0.0f;
+      const bool wide = i % 2 == 0;  // a coder told a wider range clamps
+      const float lo = scheme.asymmetric ? p.zero : -s * static_cast<float>(top);
+      const float hi = p.zero + s * static_cast<float>(top);
+      const IntegerCoder coder = integer_coder(p, scheme, wide ? lo - 4.0f * s : lo, wide ? hi + 4.0f * s : hi);
+      std::uniform_int_distribution<int> code(scheme.asymmetric ? -2 : -top - 2, top + 1);
+      const int k = i % 5 == 0 ? (scheme.asymmetric ? 0 : -1 + int(bits(rng) % 2)) : code(rng);  // t = -+1/2 too
+      float v = (static_cast<float>(k) + 0.5f) * s;  // on the half-step where s has few bits, else next to it
+      const int step = static_cast<int>(bits(rng) % 81) - 40;
+      for (int j = 0; j < std::abs(step); ++j) v = std::nextafter(v, step < 0 ? -INFINITY : INFINITY);
+      const float x = scheme.asymmetric ? v + p.zero : v;  // v = fl(x - zero) is what the codec divides
+      if (!wide && (x < lo || x > hi)) continue;  // the coder's premise: the group's values lie in [lo, hi]
+      const auto [q, is_sure] = scheme.asymmetric ? exact_code<true>(coder, x) : exact_code<false>(coder, x);
+      const float quotient = ieee_div(scheme.asymmetric ? x - p.zero : x, s);
+      const bool on_tie = quotient == std::floor(quotient) + 0.5f;
+      const bool exactly = on_tie && std::fma(-quotient, s, scheme.asymmetric ? x - p.zero : x) == 0.0f;
+      ++total;
+      if (!is_sure) {
+        CHECK((fp32 || !coder.exact));  // fp16 scales in the coder's range are always sure
+        left_near_tie += on_tie && !exactly;
+        continue;
+      }
+      ++sure;
+      ties += exactly;
+      rounded_onto_tie += on_tie && !exactly;
+      REQUIRE(q == literal_code(x, p, scheme));
+    }
+    if (fp32) {  // fl(v / s) rounded onto a half-step from off it: left to the division, never coded
+      CHECK(rounded_onto_tie == 0);
+      CHECK(left_near_tie > 100);
+    } else {  // only exact ties round onto a half-step, and every code is sure
+      CHECK(rounded_onto_tie == 0);
+      CHECK(sure > total - total / 50);
+      CHECK(ties > 100);  // exactly on a half-step: the division rounds half to even
+    }
   }
 }
 
