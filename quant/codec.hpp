@@ -271,10 +271,10 @@ KVQ_HD int encode_integer_exact(float x, const GroupParams& p, const Scheme& s) 
 // n is v / s rounded within one step; the residual e = v - n s is exact (fma; at most 24 significant
 // bits for |v/s| < 2^22, s in [2^-100, 2^100]), and past = |e| - s/2 tells exactly which side of n's
 // half-step v / s lies on: beyond it, n moves one step toward v / s; on it (past = 0) the division is
-// exact and rounds half to even. fl(v / s) also rounds onto a half-step t from within s ulp(t) / 2 of
-// it, but only for a scale of more than 15 significant bits (else v - t s, a multiple of ulp(v) and
-// of half s's lowest bit, is 0 or too far): never for fp16 scales; a longer scale leaves
-// |past| < s 2^-15 not sure. bf16 input puts many values exactly on half-steps (wherever s has few
+// exact and rounds half to even. fl(v / s) also rounds onto a half-step t from a v / s off it by up to
+// ulp(t) / 2, but only for a scale of more than 15 significant bits (else v - t s, a multiple of
+// ulp(v) or of half s's lowest bit, is 0 or at least s ulp(t)): never for fp16 scales; a longer scale
+// leaves |past| < s 2^-15 not sure. bf16 input puts many values exactly on half-steps (wherever s has few
 // bits), so kernels code a chunk by exact_code() when biased_code() was not sure of it, and what is
 // still not sure by the division (encode_integer_exact).
 inline constexpr float kRoundingBias = 12582912.0f;  // 1.5 * 2^23
@@ -333,8 +333,9 @@ KVQ_HD int unbiased_code(float m) {
 
 // The coder of a group with parameters p whose values lie in [lo, hi] (symmetric: [-amax, amax]
 // will do). Codes are monotone in x, so when the two bounds' codes need no clamp no element's does;
-// the coder then skips the clamp. The bounds are coded by the coder itself: one past the range (or
-// far past it, NaN, a scale the coder does not take) sets clamp, which is always safe.
+// the coder then skips the clamp, and |v/s| < 256 holds for the rounding test. The bounds are coded
+// by the coder itself (no division): a sure code inside the range is exact, since it implies
+// |v/s| < 256; one past the range or not sure (near a tie, NaN) sets clamp, which is always safe.
 KVQ_HD IntegerCoder integer_coder(const GroupParams& p, const Scheme& s, float lo, float hi) {
   IntegerCoder c;
   c.lo = kRoundingBias + (s.asymmetric ? 0.0f : static_cast<float>(-s.qmax()));
