@@ -2,7 +2,7 @@
 
 The bench's input (bench_shapes.cpp random_bf16: an LCG, uniform in [-4, 4), bf16) and Gaussian bf16
 with per-channel magnitudes; per-token groups of Hkv x 128 (Hkv 1 also stands for per-head rows),
-int8 symmetric and int4 asymmetric with fp16 scales. Prints the share of elements the nearness test
+int8 symmetric, int4 and int8 asymmetric, with fp16 scales. Prints the share of elements the nearness test
 leaves unsure, how many of them lie exactly on a half-step, and the share of warps (32 lanes of
 `lane_elems` elements) that met one.  python3 tie_replay.py
 """
@@ -31,10 +31,10 @@ def bench_input(n, seed=12345):
 
 def replay(groups, lane_elems, label):
     f16 = lambda v: np.float32(np.float16(v))
-    for asym in (False, True):
-        if asym:
+    for name, levels in (("int8-sym", 0), ("int4-asym", 15), ("int8-asym", 255)):
+        if levels:
             lo, hi = groups.min(1), groups.max(1)
-            scale, v = f16((hi - lo) / np.float32(15)), (groups - f16(lo)[:, None]).astype(np.float32)
+            scale, v = f16((hi - lo) / np.float32(levels)), (groups - f16(lo)[:, None]).astype(np.float32)
         else:
             scale, v = f16(np.abs(groups).max(1) / np.float32(127)), groups
         inv = (np.float32(1) / scale).astype(np.float32)
@@ -42,7 +42,7 @@ def replay(groups, lane_elems, label):
         unsure = (0.5 - np.abs(p - np.round(p))) <= 2.0**-13
         exact = (v.astype(np.float64) / scale.astype(np.float64)[:, None]) % 1 == 0.5
         warps = unsure.reshape(-1, lane_elems).any(1).reshape(-1, 32).any(1)
-        print(f"{label:<22} {'int4-asym' if asym else 'int8-sym ':<9}  unsure {unsure.mean():8.5f}  "
+        print(f"{label:<22} {name:<9}  unsure {unsure.mean():8.5f}  "
               f"of them exactly on a half-step {(unsure & exact).sum() / max(unsure.sum(), 1):6.3f}  "
               f"warps {warps.mean():6.3f}")
 
