@@ -166,8 +166,8 @@ __device__ __forceinline__ bool encode_chunk(uint8_t* dst, const InputChunk<DT>&
 #pragma unroll
   for (int e = 0; e < kChunkElems; ++e) m[e] = float_bits(coder.biased_code<ASYM, kClamp>(c[e], sure));
   if (!sure) {
-    // From a copy the compiler cannot see into: sharing the products above would keep them live
-    // through the hot path (+28 registers in tensor2pass's int8 kernel).
+    // From a copy the compiler cannot see into: sharing the products above kept them live through
+    // the hot path (a first form without the copy: +28 registers in tensor2pass's int8 kernel).
     InputChunk<DT> again = c;
 #pragma unroll
     for (int i = 0; i < InputChunk<DT>::kWords; ++i) asm volatile("" : "+r"(again.w[i]));
