@@ -10,12 +10,17 @@
 //    int8 0.91-0.98x the form below (held under its 5-block cap, it spilled 32-48 bytes and was
 //    1.00-1.08x slower); fp8-e4m3-head 0.66x encode() by division (quantize-fp8-coder/).
 //  - int4 codes (planar and FBGEMM rows): pass 1 reads the segment in 8-element chunks for its
-//    statistics, pass 2 again (from L1) and codes each element by encode(); the held form was
-//    1.01-1.08x slower here. IntegerCoder in this kernel spilled under its 48-register cap and ran
-//    1.09-1.32x slower, or without the spill at 4 blocks an SM 1.13-1.23x
-//    (experiments/results/nvidia-h100-80gb-hbm3/quantize-integer-coder/).
+//    statistics, pass 2 again (from L1) and codes them by the group's IntegerCoder (encode_chunk:
+//    a chunk near a half-step by the residual, then the division) at 4 blocks an SM, the segment
+//    placed by invariant divisors: 0.91-0.98x encode() an element and 64-bit divisions (the
+//    divisors alone: planar 0.99x, FBGEMM rows 0.93-0.95x; quantize-int4-coder/). The held form
+//    was 1.01-1.08x slower here, and coding a segment's chunks again only once the segment is done
+//    (no spill at 5 blocks) 1.03-1.09x. Before the residual path
+//    IntegerCoder lost here (1.09-1.32x): bf16 input met half-steps in most warps, whose lanes then
+//    divided (experiments/results/nvidia-h100-80gb-hbm3/quantize-integer-coder/).
 #include <algorithm>
 
+#include "gpu/quantize_block_geometry.hpp"
 #include "gpu/quantize_chunk.cuh"
 #include "gpu/quantize_common.cuh"
 
@@ -26,10 +31,9 @@ constexpr int kThreads = 256;
 constexpr int kChunk = detail::kChunkElems;
 constexpr int kSegment = 32;  // elements per lane at most: keeps each lane's bytes in L1 between passes
 
-// The int4 kernel (it also takes int8 codes, which groupthread_int8_kernel codes faster). At least
-// 5 blocks per SM: the register cap keeps 40 warps in flight (ncu: 4 blocks left the
-// memory system under-fed); the plain 16-bit input kernels still do not spill (the strided ones
-// spill 8-12 bytes, stored once a thread, outside the segment loop).
+// The int4 kernel. 4 blocks an SM: at 5 (48 registers) the coder's residual path spilled 24-48
+// bytes in every 16-bit instantiation; at 4 none spills, and the coder's codes cost fewer
+// instructions than encode()'s rounding, conversion and branch (the gain above is at 4).
 // kStrided: the launch strides a few resident waves over the segments (int4 planar output, see
 // launch_quantize_groupthread) and every segment is on 16 bytes. A thread then quantizes many
 // segments, and a segment's four chunk loads are issued before their arithmetic (H100, B=128
@@ -37,7 +41,7 @@ constexpr int kSegment = 32;  // elements per lane at most: keeps each lane's by
 // there the same change spilled under the cap and ran 1.02-1.10x slower, and so did dropping only
 // the alignment test (int8-head 1.05x; experiments/results/nvidia-h100-80gb-hbm3/quantize-fast-paths/).
 template <typename Storage, InputDtype DT, bool ASYM, bool kStrided>
-__global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams p) {
+__global__ void __launch_bounds__(kThreads, 4) groupthread_kernel(QuantizeParams p, BlockGeometry geo) {
   const KvShape& s = p.shape;
   Scheme scheme = p.scheme;
   scheme.asymmetric = ASYM;
@@ -45,28 +49,23 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
   const int64_t D = s.head_dim;
   const int G = scheme.granularity == Granularity::kHead ? static_cast<int>(D) : scheme.group;
   const int64_t groups_per_row = D / G, groups = s.rows() * groups_per_row;
-  const bool contiguous = p.stride_t == D && p.stride_h == s.tokens * D && p.stride_b == s.heads * s.tokens * D;
   const bool fbgemm = p.layout == CodeLayout::kFbgemm;
   const Storage* input = static_cast<const Storage*>(p.input);
 
   const int parts = G > kSegment ? G / kSegment : 1;  // lanes per group: 1, 2, 4 or 8
   const int parts_log2 = __ffs(parts) - 1;
   const int seg = G / parts;
-  // Row and group of a segment: shifts when the counts are powers of two (the usual D and G),
-  // because 64-bit division costs more than quantizing several elements.
-  const bool pow2_row = (groups_per_row & (groups_per_row - 1)) == 0;
-  const int row_log2 = __ffsll(groups_per_row) - 1;
   const int lane = threadIdx.x & 31;
   const int64_t total = groups * parts, stride = int64_t(gridDim.x) * blockDim.x;
   // The loop test is uniform across the warp (its first index), so every lane reaches the shuffles.
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i - lane < total; i += stride) {
     const bool active = i < total;
+    // The segment's (b, h, t) row by the launch's invariant divisors: 64-bit divisions cost more
+    // than quantizing several elements (FBGEMM rows and strided views need b, h and t).
+    const BlockAt at = block_at(s, active ? i : 0, geo, seg);
     const int64_t g = active ? i >> parts_log2 : 0, part = i & (parts - 1);
-    const int64_t r = pow2_row ? g >> row_log2 : g / groups_per_row;
-    const int64_t gi = pow2_row ? g & (groups_per_row - 1) : g % groups_per_row, d0 = gi * G + part * seg;
-    int64_t b = 0, h = 0, t = 0;
-    if (!contiguous || fbgemm) b = r / (s.tokens * s.heads), h = (r / s.tokens) % s.heads, t = r % s.tokens;
-    const Storage* src = input + (contiguous ? r * D : detail::element_offset(p, b, h, t, 0)) + d0;
+    const int64_t gi = g - at.row * groups_per_row, d0 = at.d0;
+    const Storage* src = input + detail::element_offset(p, at.b, at.h, at.t, d0);
     const bool aligned = kStrided || reinterpret_cast<uintptr_t>(src) % 16 == 0;
 
     GroupStats st;
@@ -100,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
     if (!finite) {  // rare: report this segment's first bad element (flat index r*D + d)
       for (int d = seg - 1; d >= 0; --d)
         if (!is_finite_float(detail::load_as_float(src, DT, d)))
-          atomicMin(p.first_bad, static_cast<unsigned long long>(r * D + d0 + d));
+          atomicMin(p.first_bad, static_cast<unsigned long long>(at.row * D + d0 + d));
     }
     const GroupParams gp = integer_group_params(st, scheme);  // an active lane added >= 8 elements: never empty
     const bool leader = part == 0;
@@ -108,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
 
     uint8_t* codes;
     if (fbgemm) {
-      uint8_t* row = p.codes + ((b * s.tokens + t) * s.heads + h) * (D / 2 + 4 * groups_per_row);
+      uint8_t* row = p.codes + ((at.b * s.tokens + at.t) * s.heads + at.h) * (D / 2 + 4 * groups_per_row);
       if (leader) {
         const uint16_t sc = fp32_to_fp16_bits(gp.scale), z = fp32_to_fp16_bits(gp.zero);
         uint8_t* head = row + 4 * gi;
@@ -120,22 +119,20 @@ __global__ void __launch_bounds__(kThreads, 5) groupthread_kernel(QuantizeParams
         detail::store_param(p.scales, g, gp.scale, scheme.scale_dtype);
         if (ASYM) detail::store_param(p.zeros, g, gp.zero, scheme.scale_dtype);
       }
-      codes = p.codes + (r * D + d0) * scheme.bits / 8;
+      codes = p.codes + (at.row * D + d0) / 2;
     }
+    const IntegerCoder coder = detail::group_coder<false>(gp, st, scheme);
+    bool sure = true;
     for (int c = 0; c < seg; c += kChunk) {
       detail::InputChunk<DT> chunk;
       chunk.load(src + c, aligned);
-      uint32_t w[2] = {0, 0};
-      if (scheme.bits == 8) {
-#pragma unroll
-        for (int e = 0; e < kChunk; ++e) w[e / 4] |= uint32_t(code_to_byte(encode(chunk[e], gp, scheme))) << (8 * (e % 4));
-        *reinterpret_cast<uint2*>(codes + c) = make_uint2(w[0], w[1]);  // FBGEMM rows hold int4 only
-      } else {
-#pragma unroll
-        for (int e = 0; e < kChunk; e += 2)
-          w[0] |= uint32_t(pack_nibbles(encode(chunk[e], gp, scheme),
-                                        encode(chunk[e + 1], gp, scheme))) << (4 * e);
-        *reinterpret_cast<uint32_t*>(codes + c / 2) = w[0];  // FBGEMM rows are 4-byte aligned too
+      sure &= detail::encode_chunk<ASYM, 4>(codes + c / 2, chunk, coder, scheme);  // FBGEMM rows: 4-byte aligned too
+    }
+    if (!sure) {  // rare: the segment again, by the division
+      for (int c = 0; c < seg; c += kChunk) {
+        detail::InputChunk<DT> chunk;
+        chunk.load(src + c, aligned);
+        detail::encode_chunk_exact<4>(codes + c / 2, chunk, gp, scheme);
       }
     }
   }
@@ -227,16 +224,12 @@ __global__ void __launch_bounds__(kThreads, 4) groupthread_int8_kernel(QuantizeP
 }
 
 template <typename Storage, InputDtype DT, bool kStrided>
-void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks) {
-  if (p.scheme.asymmetric) groupthread_kernel<Storage, DT, true, kStrided><<<blocks, kThreads, 0, stream>>>(p);
-  else groupthread_kernel<Storage, DT, false, kStrided><<<blocks, kThreads, 0, stream>>>(p);
+void launch_int4(const QuantizeParams& p, cudaStream_t stream, int blocks) {
+  const int64_t G = p.scheme.granularity == Granularity::kHead ? p.shape.head_dim : p.scheme.group;
+  const BlockGeometry geo = block_geometry(p.shape, static_cast<int>(std::min<int64_t>(G, kSegment)));
+  if (p.scheme.asymmetric) groupthread_kernel<Storage, DT, true, kStrided><<<blocks, kThreads, 0, stream>>>(p, geo);
+  else groupthread_kernel<Storage, DT, false, kStrided><<<blocks, kThreads, 0, stream>>>(p, geo);
   KVQ_CHECK_LAUNCH();
-}
-
-template <typename Storage, InputDtype DT>
-void launch_typed(const QuantizeParams& p, cudaStream_t stream, int blocks, bool strided) {
-  if (strided) launch_typed<Storage, DT, true>(p, stream, blocks);
-  else launch_typed<Storage, DT, false>(p, stream, blocks);
 }
 
 template <typename Storage, InputDtype DT, bool kAligned>
@@ -260,7 +253,8 @@ void dispatch(const QuantizeParams& p, cudaStream_t stream, int blocks, bool gri
     aligned ? launch_int8<Storage, DT, true>(p, stream, blocks)
             : launch_int8<Storage, DT, false>(p, stream, blocks);
   else
-    launch_typed<Storage, DT>(p, stream, blocks, grid_stride && aligned);
+    grid_stride && aligned ? launch_int4<Storage, DT, true>(p, stream, blocks)
+                           : launch_int4<Storage, DT, false>(p, stream, blocks);
 }
 
 }  // namespace
@@ -280,15 +274,16 @@ void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream) {
   const int64_t G = p.scheme.granularity == Granularity::kHead ? p.shape.head_dim : p.scheme.group;
   const int64_t threads = groups * (G > kSegment ? G / kSegment : 1);
   // Launch shape by measurement (H100, B=128 T=8192 Hkv=8): int4 planar output is fastest from a
-  // grid of a few resident waves striding over the segments (84% vs 78% of copy), while int8 and
-  // FBGEMM rows are fastest with one thread per segment (78% vs 72%, 68% vs 37%).
+  // grid of a few resident waves (8 of groupthread_kernel's 4 blocks an SM) striding over the
+  // segments (84% vs 78% of copy), while int8 and FBGEMM rows are fastest with one thread per
+  // segment (78% vs 72%, 68% vs 37%).
   int64_t max_blocks = 1 << 20;
   const bool grid_stride = p.scheme.bits == 4 && p.layout == CodeLayout::kPlanar;
   if (grid_stride) {
     int device = 0, sms = 0;
     KVQ_CUDA_CHECK(cudaGetDevice(&device));
     KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    max_blocks = int64_t(sms) * 5 * 8;
+    max_blocks = int64_t(sms) * 4 * 8;
   }
   const int blocks = static_cast<int>(std::min<int64_t>((threads + kThreads - 1) / kThreads, max_blocks));
   switch (p.in_dtype) {
