@@ -35,11 +35,11 @@ constexpr int kSegment = 32;  // elements per lane at most: keeps each lane's by
 // bytes in every 16-bit instantiation; at 4 none spills, and the coder's codes cost fewer
 // instructions than encode()'s rounding, conversion and branch (the gain above is at 4).
 // kStrided: the launch strides a few resident waves over the segments (int4 planar output, see
-// launch_quantize_groupthread) and every segment is on 16 bytes. A thread then quantizes many
-// segments, and a segment's four chunk loads are issued before their arithmetic (H100, B=128
-// T=8192: int4 planar 0.92-0.96x). One thread a segment (FBGEMM rows) keeps the plain form:
-// there the same change spilled under the cap and ran 1.02-1.10x slower, and so did dropping only
-// the alignment test (int8-head 1.05x; experiments/results/nvidia-h100-80gb-hbm3/quantize-fast-paths/).
+// launch_quantize_groupthread) and every segment is on 16 bytes (no alignment test). Either way a
+// segment's four chunk loads are issued before their statistics, two elements an instruction
+// (LaneStats): FBGEMM rows 0.93-0.96x the element-by-element form, which the old 48-register cap
+// had needed (quantize-int4-coder/). FBGEMM rows keep one thread a segment: striding waves over
+// them ran 1.65x slower at Hkv 8 (rows of eight heads interleave in the output).
 template <typename Storage, InputDtype DT, bool ASYM, bool kStrided>
 __global__ void __launch_bounds__(kThreads, 4) groupthread_kernel(QuantizeParams p, BlockGeometry geo) {
   const KvShape& s = p.shape;
@@ -68,31 +68,22 @@ __global__ void __launch_bounds__(kThreads, 4) groupthread_kernel(QuantizeParams
     const Storage* src = input + detail::element_offset(p, at.b, at.h, at.t, d0);
     const bool aligned = kStrided || reinterpret_cast<uintptr_t>(src) % 16 == 0;
 
-    GroupStats st;
-    if constexpr (kStrided) {
-      detail::LaneStats<DT, ASYM> acc;
-      if (active && seg == kSegment) {
-        detail::InputChunk<DT> chunk[kSegment / kChunk];
+    // Pass 1: the segment's statistics, its chunk loads issued before their arithmetic.
+    detail::LaneStats<DT, ASYM> acc;
+    if (active && seg == kSegment) {
+      detail::InputChunk<DT> chunk[kSegment / kChunk];
 #pragma unroll
-        for (int k = 0; k < kSegment / kChunk; ++k) chunk[k].load(src + k * kChunk, true);
+      for (int k = 0; k < kSegment / kChunk; ++k) chunk[k].load(src + k * kChunk, aligned);
 #pragma unroll
-        for (int k = 0; k < kSegment / kChunk; ++k) acc.add(chunk[k]);
-      } else {
-        for (int c = 0; active && c < seg; c += kChunk) {
-          detail::InputChunk<DT> chunk;
-          chunk.load(src + c, true);
-          acc.add(chunk);
-        }
-      }
-      st = acc.finish();
+      for (int k = 0; k < kSegment / kChunk; ++k) acc.add(chunk[k]);
     } else {
       for (int c = 0; active && c < seg; c += kChunk) {
         detail::InputChunk<DT> chunk;
         chunk.load(src + c, aligned);
-#pragma unroll
-        for (int e = 0; e < kChunk; ++e) st.add(chunk[e]);
+        acc.add(chunk);
       }
     }
+    GroupStats st = acc.finish();
     const bool finite = st.all_finite(ASYM);  // before the merge: this lane's own segment
     st = detail::shuffle_merge(st, parts, ASYM);  // the group's segments
     if (!active) continue;
