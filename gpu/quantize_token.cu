@@ -35,6 +35,17 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
   const TeamWalk walk = token_walk(plan, blockIdx.x * int64_t(kThreads) + threadIdx.x, int64_t(gridDim.x) * kThreads);
   const int j = walk.j, L = 1 << plan.lanes_log2;
   const int lane_chunks = token_lane_chunks(plan, j);
+  // Where the held chunks lie relative to their token (input and code offsets), the same for every
+  // token: a table per block, read once a chunk. Computed per chunk (a division and two 64-bit
+  // products) they cost ~20 instructions each, twice; kept in registers, K x 4 registers. The table:
+  // 0.87-0.93x (H200, experiments/results/nvidia-h200/quantize-token-offsets/).
+  __shared__ int64_t input_offset[32 * K], code_offset[32 * K];
+  for (int e = threadIdx.x; e < L * K; e += kThreads) {
+    const ChunkPos at = token_chunk(plan, e & (L - 1), e >> plan.lanes_log2);
+    input_offset[e] = at.h * p.stride_h + at.d0;
+    code_offset[e] = chunk_flat_offset(s, at);
+  }
+  __syncthreads();
   for (int64_t first = walk.warp_first; first < plan.tokens; first += walk.stride) {  // uniform across the warp
     const int64_t token = first + walk.team_in_warp;
     const bool active = token < plan.tokens;
@@ -43,13 +54,17 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
     const int n = active ? lane_chunks : 0;
     const Storage* src = input + b * p.stride_b + t * p.stride_t;
     // Chunk positions do not depend on the token: left visible, the compiler keeps all of them
-    // across the loop (+8..40 registers). Through a copy of j it cannot see into, each is
-    // recomputed where it is used, a multiply and a shift.
+    // across the loop (+8..40 registers). Through a copy of j it cannot see into, each is read
+    // (held chunks) or recomputed (further ones) where it is used.
     int jt = j;
     asm volatile("" : "+r"(jt));
     auto load = [&](Chunk& c, int k) {
-      const ChunkPos at = token_chunk(plan, jt, k);
-      c.template load_chunk<kAligned>(src + at.h * p.stride_h + at.d0);
+      if (k < K) {
+        c.template load_chunk<kAligned>(src + input_offset[(k << plan.lanes_log2) + jt]);
+      } else {
+        const ChunkPos at = token_chunk(plan, jt, k);
+        c.template load_chunk<kAligned>(src + at.h * p.stride_h + at.d0);
+      }
     };
 
     Chunk cache[K];
@@ -87,7 +102,10 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
       detail::store_param(p.scales, token, gp.scale, scheme.scale_dtype);
       if (ASYM) detail::store_param(p.zeros, token, gp.zero, scheme.scale_dtype);
     }
-    auto codes_of = [&](int k) { return p.codes + flat_index(token_chunk(plan, jt, k)) * BITS / 8; };
+    auto codes_of = [&](int k) {
+      const int64_t at = k < K ? flat0 + code_offset[(k << plan.lanes_log2) + jt] : flat_index(token_chunk(plan, jt, k));
+      return p.codes + at * BITS / 8;
+    };
     bool sure = true;
 #pragma unroll
     for (int k = 0; k < K; ++k)
