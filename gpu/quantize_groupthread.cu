@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, 4) groupthread_kernel(QuantizeParams
     const bool finite = st.all_finite(ASYM);  // before the merge: this lane's own segment
     st = detail::shuffle_merge(st, parts, ASYM);  // the group's segments
     if (!active) continue;
-    if (!finite) {  // rare: report this segment's first bad element (flat index r*D + d)
+    if (!finite) {  // rare: report this segment's first bad element (flat index row * D + d)
       for (int d = seg - 1; d >= 0; --d)
         if (!is_finite_float(detail::load_as_float(src, DT, d)))
           atomicMin(p.first_bad, static_cast<unsigned long long>(at.row * D + d0 + d));
@@ -265,7 +265,7 @@ void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream) {
   const int64_t G = p.scheme.granularity == Granularity::kHead ? p.shape.head_dim : p.scheme.group;
   const int64_t threads = groups * (G > kSegment ? G / kSegment : 1);
   // Launch shape by measurement (H100, B=128 T=8192 Hkv=8): int4 planar output is fastest from a
-  // grid of a few resident waves (8 of groupthread_kernel's 4 blocks an SM) striding over the
+  // grid of 8 resident waves (groupthread_kernel keeps 4 blocks an SM) striding over the
   // segments (84% vs 78% of copy), while int8 and FBGEMM rows are fastest with one thread per
   // segment (78% vs 72%, 68% vs 37%).
   int64_t max_blocks = 1 << 20;
