@@ -15,9 +15,9 @@
 //    placed by invariant divisors: 0.91-0.98x encode() an element and 64-bit divisions (the
 //    divisors alone: planar 0.99x, FBGEMM rows 0.93-0.95x; quantize-int4-coder/). The held form
 //    was 1.01-1.08x slower here, and coding a segment's chunks again only once the segment is done
-//    (no spill at 5 blocks) 1.03-1.09x. Before the residual path
-//    IntegerCoder lost here (1.09-1.32x): bf16 input met half-steps in most warps, whose lanes then
-//    divided (experiments/results/nvidia-h100-80gb-hbm3/quantize-integer-coder/).
+//    (no spill at 5 blocks) 1.03-1.09x. Before the residual path IntegerCoder lost here
+//    (1.09-1.32x): bf16 input met half-steps in most warps, whose lanes then divided
+//    (experiments/results/nvidia-h100-80gb-hbm3/quantize-integer-coder/).
 #include <algorithm>
 
 #include "gpu/quantize_block_geometry.hpp"

@@ -39,10 +39,11 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
   // token: a table per block, read once a chunk. Computed per chunk (a division and two 64-bit
   // products) they cost ~20 instructions each, twice; kept in registers, K x 4 registers. The table:
   // 0.87-0.93x (H200, experiments/results/nvidia-h200/quantize-token-offsets/).
+  auto input_offset_of = [&](const ChunkPos& at) { return at.h * p.stride_h + at.d0; };
   __shared__ int64_t input_offset[32 * K], code_offset[32 * K];
   for (int e = threadIdx.x; e < L * K; e += kThreads) {
     const ChunkPos at = token_chunk(plan, e & (L - 1), e >> plan.lanes_log2);
-    input_offset[e] = at.h * p.stride_h + at.d0;
+    input_offset[e] = input_offset_of(at);
     code_offset[e] = chunk_flat_offset(s, at);
   }
   __syncthreads();
@@ -59,12 +60,8 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
     int jt = j;
     asm volatile("" : "+r"(jt));
     auto load = [&](Chunk& c, int k) {
-      if (k < K) {
-        c.template load_chunk<kAligned>(src + input_offset[(k << plan.lanes_log2) + jt]);
-      } else {
-        const ChunkPos at = token_chunk(plan, jt, k);
-        c.template load_chunk<kAligned>(src + at.h * p.stride_h + at.d0);
-      }
+      const int64_t at = k < K ? input_offset[(k << plan.lanes_log2) + jt] : input_offset_of(token_chunk(plan, jt, k));
+      c.template load_chunk<kAligned>(src + at);
     };
 
     Chunk cache[K];
