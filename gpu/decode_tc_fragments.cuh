@@ -385,18 +385,38 @@ __device__ __forceinline__ uint32_t fp8_pair(uint32_t x, bool high) {
 }
 
 // Code pairs (1024 + u) -> signed codes: int8 sym codes were biased by 128 (xor), int4 sym by 8.
+// kBiased: the pairs as inserted (1024 + u; a nibble in bits 4..7: 1024 + 16 u), one instruction a
+// pair less; the kernel takes the bias out after the products (kTcBiasedCodes).
+template <bool kBiased = false>
 __device__ __forceinline__ uint32_t int8_pair(uint32_t biased, bool sym) {
-  return hsub2(biased, sym ? 0x64806480u : kFp16Magic);  // 1152 or 1024
+  return kBiased ? biased : hsub2(biased, sym ? 0x64806480u : kFp16Magic);  // 1152 or 1024
 }
 // Symmetric int4 codes are two's-complement nibbles: flipping their top bit (x ^ 8 = x + 8) makes
 // them unsigned; the flip rides in the LOP3 that inserts the nibbles into 1024.0 (select_xor).
+template <bool kBiased = false>
 __device__ __forceinline__ uint32_t nibble_pair_low(uint32_t x, bool sym) {  // nibbles in bits 0..3
-  return hsub2(select_xor(x, 0x000f000fu, kFp16Magic | (sym ? 0x00080008u : 0u)),
-               sym ? 0x64086408u : kFp16Magic);  // 1032 or 1024
+  const uint32_t inserted = select_xor(x, 0x000f000fu, kFp16Magic | (sym ? 0x00080008u : 0u));
+  return kBiased ? inserted : hsub2(inserted, sym ? 0x64086408u : kFp16Magic);  // 1032 or 1024
 }
+template <bool kBiased = false>
 __device__ __forceinline__ uint32_t nibble_pair_high(uint32_t x, bool sym) {  // nibbles in bits 4..7: 1024 + 16u
-  return hfma2(select_xor(x, 0x00f000f0u, kFp16Magic | (sym ? 0x00800080u : 0u)), 0x2c002c00u,
-               sym ? 0xd480d480u : 0xd400d400u);  // /16 - 72 or - 64
+  const uint32_t inserted = select_xor(x, 0x00f000f0u, kFp16Magic | (sym ? 0x00800080u : 0u));
+  return kBiased ? inserted : hfma2(inserted, 0x2c002c00u, sym ? 0xd480d480u : 0xd400d400u);  // /16 - 72 or - 64
+}
+
+// V's codes a kernel may multiply biased: each O row then carries, beyond its codes' value, a
+// constant of the storage times sum(P'), which the kernel subtracts at the end; int4's rows of
+// nibbles in bits 4..7 also come 16 times larger. (K's codes stay exact: a biased K product, ~1024
+// times the logit's own terms in int4, lost ~2^-12 of it in fp32, beyond the gate's LSE bound.)
+template <KvFormat F>
+inline constexpr bool kTcBiasedCodes = F == KvFormat::kInt8 || F == KvFormat::kInt4;
+// What a biased code pair carries per unit of P' in an O row (`high`: int4's nibbles in bits 4..7,
+// before their 16th).
+template <KvFormat F>
+__device__ constexpr float tc_code_bias(bool sym, bool high) {
+  if constexpr (F == KvFormat::kInt8) return sym ? 1152.0f : 1024.0f;
+  const float offset = sym ? 8.0f : 0.0f;
+  return high ? 1024.0f + 16.0f * offset : 1024.0f + offset;
 }
 
 // 5-bit codes: a nibble pair as nibble_pair_low / _high reads it (unsigned), each code's fifth bit
@@ -498,11 +518,12 @@ __device__ __forceinline__ void channel_dequant(uint32_t (&a)[4], const uint32_t
 // A fragments of PV m-tiles 2i (`lo`) and 2i + 1 (`hi`) for the k-step whose lane keys are
 // key0 = 16 mt + 2c, key0 + 1, key0 + 8, key0 + 9. kWords (int4): the elements of tc_int4_v_word
 // (pairs i and i + 1 read the same words, which the compiler loads once); 16-bit V: the same elements.
-template <KvFormat F, typename Rows, bool kWords = false>
+template <KvFormat F, typename Rows, bool kWords = false, bool kBiased = false>
 __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i, int g, const TcSource& s,
                                             uint32_t (&lo)[4], uint32_t (&hi)[4]) {
   constexpr bool k16Bit = F == KvFormat::kBf16 || F == KvFormat::kFp16;
   static_assert(!kWords || F == KvFormat::kInt4 || k16Bit, "word reads: int4 V (16-bit V: their element order)");
+  static_assert(!kBiased || kTcBiasedCodes<F>, "biased codes: int8 and int4");
   const bool sym = !s.has_zero;
   const int rows[4] = {key0, key0 + 1, key0 + 8, key0 + 9};
   if constexpr (k16Bit) {  // kWords: O's elements in int4 V's order (a window's tail, decode_tc_window_tail.cuh)
@@ -538,8 +559,8 @@ __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i,
     // Interleave two keys' bytes, [a.e, b.e, a.e+1, b.e+1], then each pair into 1024.0's mantissas.
     const uint32_t ab01 = __byte_perm(w[0], w[1], 0x5140), ab23 = __byte_perm(w[0], w[1], 0x7362);
     const uint32_t cd01 = __byte_perm(w[2], w[3], 0x5140), cd23 = __byte_perm(w[2], w[3], 0x7362);
-    auto low = [&](uint32_t t) { return int8_pair(__byte_perm(t, 0x64646464u, 0x4140), sym); };
-    auto high = [&](uint32_t t) { return int8_pair(__byte_perm(t, 0x64646464u, 0x4342), sym); };
+    auto low = [&](uint32_t t) { return int8_pair<kBiased>(__byte_perm(t, 0x64646464u, 0x4140), sym); };
+    auto high = [&](uint32_t t) { return int8_pair<kBiased>(__byte_perm(t, 0x64646464u, 0x4342), sym); };
     lo[0] = low(ab01), lo[1] = high(ab01), lo[2] = low(cd01), lo[3] = high(cd01);
     hi[0] = low(ab23), hi[1] = high(ab23), hi[2] = low(cd23), hi[3] = high(cd23);
   } else if constexpr (F == KvFormat::kInt5) {  // as int4 below, with each code's fifth bit
@@ -565,10 +586,11 @@ __device__ __forceinline__ void v_fragments(const uint32_t* vc, int key0, int i,
     const uint32_t sel01 = kWords && (i & 1) ? 0x0602 : 0x0400, sel23 = kWords && (i & 1) ? 0x0703 : 0x0501;
     const uint32_t a01 = __byte_perm(x[0], x[1], sel01), a23 = __byte_perm(x[0], x[1], sel23);
     const uint32_t b01 = __byte_perm(x[2], x[3], sel01), b23 = __byte_perm(x[2], x[3], sel23);
-    lo[0] = nibble_pair_low(a01, sym), lo[1] = nibble_pair_high(a01, sym);
-    lo[2] = nibble_pair_low(b01, sym), lo[3] = nibble_pair_high(b01, sym);
-    hi[0] = nibble_pair_low(a23, sym), hi[1] = nibble_pair_high(a23, sym);
-    hi[2] = nibble_pair_low(b23, sym), hi[3] = nibble_pair_high(b23, sym);
+    // (kBiased: O's rows g hold low nibbles, rows g + 8 the high ones, 16 times larger)
+    lo[0] = nibble_pair_low<kBiased>(a01, sym), lo[1] = nibble_pair_high<kBiased>(a01, sym);
+    lo[2] = nibble_pair_low<kBiased>(b01, sym), lo[3] = nibble_pair_high<kBiased>(b01, sym);
+    hi[0] = nibble_pair_low<kBiased>(a23, sym), hi[1] = nibble_pair_high<kBiased>(a23, sym);
+    hi[2] = nibble_pair_low<kBiased>(b23, sym), hi[3] = nibble_pair_high<kBiased>(b23, sym);
   }
 }
 

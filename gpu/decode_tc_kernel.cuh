@@ -11,7 +11,9 @@
 //   PV:  O^T[16 d x 8 heads] += V^T[16 d x 16 keys] P'^T with P' = p * s_row * 2^Ev rounded to
 //        fp16 (the row's V scale folded into the probability, 2^Ev keeping it near 1); the
 //        asymmetric zero point adds sum(p * z) per head. The QK result becomes the PV operand by
-//        an in-register transpose (movmatrix), never through shared memory.
+//        an in-register transpose (movmatrix), never through shared memory. int8 / int4 V codes
+//        with one scale group a row enter the MMA as 1024 + u, unsubtracted; c * sum(P') leaves
+//        each O row after the loop (kVBiased).
 // Precision: fp32 logits, softmax and accumulation; Q and P' rounded to the MMA type. The gate's
 // mimic profile (decode_precision_profile) models exactly these roundings. Fixed order
 // everywhere: reruns are bitwise identical.
@@ -148,6 +150,10 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D, C>::kThreads, TcTraits<FK,
   // int4 K a word a lane for two k-slices where no scale group ends between them (tc_int4_k_word)
   constexpr bool kKWords = FK == KvFormat::kInt4 && kKSlicesPerGroup >= 2;
   constexpr bool kVWords = FV == KvFormat::kInt4 && kVPairsPerGroup >= 2;  // tc_int4_v_word
+  // int8 / int4 V codes multiplied biased, one instruction a code pair less (kTcBiasedCodes): the bias
+  // leaves O's rows at the end (v_bias_sum: sum(P') by an MMA of its own, which one P' a step -- one
+  // V scale group a row -- allows). Not in the window-tail kernels: their registers spilled more.
+  constexpr bool kVBiased = kVQuant && kTcBiasedCodes<FV> && kVPairsPerGroup == Tr::kSlices / 2 && !kTail;
   constexpr int kST = Tr::kStepTokens, kS = Tr::kStages;
   // Scale groups per row when the shape fixes them (0: read from p)
   constexpr int kKGroups = kKSlicesPerGroup > 0 ? Tr::kSlices / kKSlicesPerGroup : 0;
@@ -317,6 +323,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D, C>::kThreads, TcTraits<FK,
   float v_fold = first_v_scale > 0.0f ? pow2(fp16_operand_exponent(first_v_scale) - 14) : 1.0f;  // 2^-floor(log2 s)
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float v_bias_sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // kVBiased: sum(P') of heads 2c, 2c + 1 (elements 0, 1)
   float o[Tr::kSlices][4];
   float z_acc[Tr::kSlices / 2][2];
 #pragma unroll
@@ -407,6 +414,7 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D, C>::kThreads, TcTraits<FK,
       for (int j = 0; j < Tr::kSlices; ++j) o[j][0] *= alpha[0], o[j][1] *= alpha[1], o[j][2] *= alpha[0], o[j][3] *= alpha[1];
 #pragma unroll
       for (int i = 0; i < Tr::kSlices / 2; ++i) z_acc[i][0] *= alpha[0], z_acc[i][1] *= alpha[1];
+      if constexpr (kVBiased) v_bias_sum[0] *= alpha[0], v_bias_sum[1] *= alpha[1];
     }
 
     // ---- PV: m-tile pairs i of D, each over the step's m-tiles (16-key k-steps) in order. P'
@@ -454,14 +462,31 @@ __global__ void __launch_bounds__(TcTraits<FK, FV, D, C>::kThreads, TcTraits<FK,
 #pragma unroll
       for (int mt = 0; mt < Tr::kMTiles; ++mt) {
         uint32_t lo[4], hi[4];
-        v_fragments<FV, typename Tr::VRows, kVWords>(vc, 16 * mt + 2 * c, i, g, vs, lo, hi);
+        v_fragments<FV, typename Tr::VRows, kVWords, kVBiased>(vc, 16 * mt + 2 * c, i, g, vs, lo, hi);
         if constexpr (kVBlocks16) scale_v_blocks16(lo, hi, st + lay.v_params, vs, 16 * mt + 2 * c, i, g, n_lo, n);
         mma_16816<Tr::V::kBf16Mma>(o[2 * i], lo, pb[mt][0], pb[mt][1]);
         mma_16816<Tr::V::kBf16Mma>(o[2 * i + 1], hi, pb[mt][0], pb[mt][1]);
       }
     }
+    if constexpr (kVBiased) {  // sum(P') as the tensor cores add it: a row of ones times P'
+      constexpr uint32_t kOnes = 0x3c003c00u;
+      const uint32_t ones[4] = {kOnes, kOnes, kOnes, kOnes};
+#pragma unroll
+      for (int mt = 0; mt < Tr::kMTiles; ++mt) mma_16816<false>(v_bias_sum, ones, pb[mt][0], pb[mt][1]);
+    }
   }
   cp_async_wait<0>();
+  if constexpr (kVBiased) {  // O rows g hold the codes' values plus the bias; int4's rows g + 8, 16 times theirs
+    const bool sym = !vs.has_zero;
+#pragma unroll
+    for (int j = 0; j < Tr::kSlices; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool high = FV == KvFormat::kInt4 && e >= 2;
+        const float unbiased = __fmaf_rn(-tc_code_bias<FV>(sym, high), v_bias_sum[e % 2], o[j][e]);
+        o[j][e] = high ? unbiased * 0.0625f : unbiased;
+      }
+  }
   if constexpr (kTail)
     if (split == p.splits - 1) {  // the window's raw keys continue the last split
       // O out of V's folded domain (the window's raw V has no scales), as the merge below takes it:
