@@ -35,16 +35,16 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
   const TeamWalk walk = token_walk(plan, blockIdx.x * int64_t(kThreads) + threadIdx.x, int64_t(gridDim.x) * kThreads);
   const int j = walk.j, L = 1 << plan.lanes_log2;
   const int lane_chunks = token_lane_chunks(plan, j);
-  // Where the held chunks lie relative to their token (input and code offsets), the same for every
-  // token: a table per block, read once a chunk. Computed per chunk (a division and two 64-bit
+  // Where the held chunks lie relative to their token (input elements, code bytes), the same for
+  // every token: a table per block, read once a chunk. Computed per chunk (a division and two 64-bit
   // products) they cost ~20 instructions each, twice; kept in registers, K x 4 registers. The table:
   // 0.87-0.93x (H200, experiments/results/nvidia-h200/quantize-token-offsets/).
   auto input_offset_of = [&](const ChunkPos& at) { return at.h * p.stride_h + at.d0; };
-  __shared__ int64_t input_offset[32 * K], code_offset[32 * K];
+  __shared__ int64_t input_offset[32 * K], code_byte_offset[32 * K];
   for (int e = threadIdx.x; e < L * K; e += kThreads) {
     const ChunkPos at = token_chunk(plan, e & (L - 1), e >> plan.lanes_log2);
     input_offset[e] = input_offset_of(at);
-    code_offset[e] = chunk_flat_offset(s, at);
+    code_byte_offset[e] = chunk_flat_offset(s, at) * BITS / 8;  // chunks start on whole bytes
   }
   __syncthreads();
   for (int64_t first = walk.warp_first; first < plan.tokens; first += walk.stride) {  // uniform across the warp
@@ -99,9 +99,10 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
       detail::store_param(p.scales, token, gp.scale, scheme.scale_dtype);
       if (ASYM) detail::store_param(p.zeros, token, gp.zero, scheme.scale_dtype);
     }
+    uint8_t* const token_codes = p.codes + flat0 * BITS / 8;
     auto codes_of = [&](int k) {
-      const int64_t at = k < K ? flat0 + code_offset[(k << plan.lanes_log2) + jt] : flat_index(token_chunk(plan, jt, k));
-      return p.codes + at * BITS / 8;
+      return k < K ? token_codes + code_byte_offset[(k << plan.lanes_log2) + jt]
+                   : p.codes + flat_index(token_chunk(plan, jt, k)) * BITS / 8;
     };
     bool sure = true;
 #pragma unroll
