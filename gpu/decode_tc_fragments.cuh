@@ -406,8 +406,9 @@ __device__ __forceinline__ uint32_t nibble_pair_high(uint32_t x, bool sym) {  //
 
 // V's codes a kernel may multiply biased: each O row then carries, beyond its codes' value, a
 // constant of the storage times sum(P'), which the kernel subtracts at the end; int4's rows of
-// nibbles in bits 4..7 also come 16 times larger. (K's codes stay exact: a biased K product, ~1024
-// times the logit's own terms in int4, lost ~2^-12 of it in fp32, beyond the gate's LSE bound.)
+// nibbles in bits 4..7 also come 16 times larger. (K's codes stay exact: a biased K product, ~128
+// times int4's own terms, failed the gate's LSE bound by up to 45x after fp32 accumulation:
+// experiments/results/nvidia-h200/decode-biased-v-codes/.)
 template <KvFormat F>
 inline constexpr bool kTcBiasedCodes = F == KvFormat::kInt8 || F == KvFormat::kInt4;
 // What a biased code pair carries per unit of P' in an O row (`high`: int4's nibbles in bits 4..7,

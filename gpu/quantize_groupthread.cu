@@ -268,8 +268,8 @@ void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream) {
   // grid of 8 resident waves (groupthread_kernel keeps 4 blocks an SM) striding over the
   // segments (84% vs 78% of copy), while int8 and FBGEMM rows are fastest with one thread per
   // segment (78% vs 72%, 68% vs 37%). FBGEMM rows of one KV head lie in input order, and stride
-  // like planar codes (H200 Hkv 1: 0.81-0.84x; at Hkv 8 striding wrote each row far from its
-  // neighbours in time, 1.65x slower: experiments/results/nvidia-h200/quantize-int4-coder/).
+  // like planar codes (H200 Hkv 1: 0.87-0.90x, nvidia-h200/quantize-token-bytes-fbgemm-waves/; at
+  // Hkv 8 striding wrote each row far from its neighbours in time, 1.65x slower: quantize-int4-coder/).
   int64_t max_blocks = 1 << 20;
   const bool grid_stride = p.scheme.bits == 4 && (p.layout == CodeLayout::kPlanar || p.shape.heads == 1);
   if (grid_stride) {
