@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads, 4) groupthread_kernel(QuantizeParams
   scheme.asymmetric = ASYM;
   scheme.format = CodeFormat::kInt;  // int4 launches only (FP8: groupthread_int8_kernel): encode() folds its FP8 branch
   const int64_t D = s.head_dim;
-  const int G = scheme.granularity == Granularity::kHead ? static_cast<int>(D) : scheme.group;
+  const int G = row_group_size(scheme, static_cast<int>(D));
   const int64_t groups_per_row = D / G, groups = s.rows() * groups_per_row;
   const bool fbgemm = p.layout == CodeLayout::kFbgemm;
   const Storage* input = static_cast<const Storage*>(p.input);
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 4) groupthread_int8_kernel(QuantizeP
   constexpr bool FP8 = F != CodeFormat::kInt;
   const Scheme scheme = detail::fixed_scheme<ASYM, 8, F>(p.scheme);
   const int64_t D = s.head_dim;
-  const int G = scheme.granularity == Granularity::kHead ? static_cast<int>(D) : scheme.group;
+  const int G = row_group_size(scheme, static_cast<int>(D));
   const int64_t groups_per_row = D / G, groups = s.rows() * groups_per_row;
   const bool contiguous = p.stride_t == D && p.stride_h == s.tokens * D && p.stride_b == s.heads * s.tokens * D;
   const Storage* input = static_cast<const Storage*>(p.input);
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, 4) groupthread_int8_kernel(QuantizeP
 
 template <typename Storage, InputDtype DT, bool kStrided>
 void launch_int4(const QuantizeParams& p, cudaStream_t stream, int blocks) {
-  const int64_t G = p.scheme.granularity == Granularity::kHead ? p.shape.head_dim : p.scheme.group;
+  const int64_t G = row_group_size(p.scheme, p.shape.head_dim);
   const BlockGeometry geo = block_geometry(p.shape, static_cast<int>(std::min<int64_t>(G, kSegment)));
   if (p.scheme.asymmetric) groupthread_kernel<Storage, DT, true, kStrided><<<blocks, kThreads, 0, stream>>>(p, geo);
   else groupthread_kernel<Storage, DT, false, kStrided><<<blocks, kThreads, 0, stream>>>(p, geo);
@@ -251,7 +251,7 @@ void dispatch(const QuantizeParams& p, cudaStream_t stream, int blocks, bool gri
 }  // namespace
 
 bool groupthread_supports(const Scheme& s, int64_t head_dim) {
-  const int64_t G = s.granularity == Granularity::kHead ? head_dim : s.group;
+  const int64_t G = row_group_size(s, head_dim);
   const bool gran = s.granularity == Granularity::kHead || s.granularity == Granularity::kGroup;
   const bool split = G <= kSegment || (G % kSegment == 0 && (G / kSegment & (G / kSegment - 1)) == 0 && G / kSegment <= 32);
   return gran && !s.block_format() && G % kChunk == 0 && head_dim % G == 0 && split;  // blocks: quantize_blocks.cu
@@ -262,7 +262,7 @@ void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream) {
     throw InputError("quantize-groupthread: needs head or gG granularity with a group size that is a multiple of 8");
   const int64_t groups = num_groups(p.scheme, p.shape);
   if (groups == 0) return;
-  const int64_t G = p.scheme.granularity == Granularity::kHead ? p.shape.head_dim : p.scheme.group;
+  const int64_t G = row_group_size(p.scheme, p.shape.head_dim);
   const int64_t threads = groups * (G > kSegment ? G / kSegment : 1);
   // Launch shape by measurement (H100, B=128 T=8192 Hkv=8): int4 planar output is fastest from a
   // grid of 8 resident waves (groupthread_kernel keeps 4 blocks an SM) striding over the

@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) rowwarp_kernel(QuantizeParams p) {
   Scheme scheme = p.scheme;
   scheme.asymmetric = ASYM;  // a compile-time symmetry lets the compiler drop the other branch
   scheme.format = CodeFormat::kInt;  // integer schemes only (rowwarp_accepts): encode() folds its FP8 branch
-  const int G = scheme.granularity == Granularity::kHead ? D : scheme.group;
+  const int G = row_group_size(scheme, D);
   const int groups_per_row = D / G;
   const bool fbgemm = p.layout == CodeLayout::kFbgemm;
   const int64_t fbgemm_row_bytes = D / 2 + 4 * groups_per_row;

@@ -40,6 +40,13 @@ KVQ_HD int64_t num_groups(const Scheme& s, const KvShape& x) {
   return 0;
 }
 
+// Elements of one scale group along a row, for the granularities whose groups lie in one row
+// (head: the whole row; gG: G), in head_dim's integer type (kernels keep it in 32 bits).
+template <typename I>
+KVQ_HD I row_group_size(const Scheme& s, I head_dim) {
+  return s.granularity == Granularity::kHead ? head_dim : static_cast<I>(s.group);
+}
+
 KVQ_HD GroupBox group_box(const Scheme& s, const KvShape& x, int64_t g) {
   switch (s.granularity) {
     case Granularity::kTensor:
