@@ -68,14 +68,9 @@ std::vector<BenchStorage> parse_bench_storages(const std::string& list) {
   return out;
 }
 
-DeviceBuffer<uint8_t> random_bf16(int64_t elements, uint32_t seed) {
+DeviceBuffer<uint8_t> random_bf16(int64_t elements, uint32_t seed, BenchInput input, int64_t row) {
   DeviceBuffer<uint8_t> out(static_cast<size_t>(2 * elements));
-  std::vector<uint16_t> bits(static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(elements, 1), 1 << 22)));
-  uint32_t state = seed;
-  for (uint16_t& b : bits) {
-    state = state * 1664525u + 1013904223u;
-    b = fp32_to_bf16_bits((static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 8.0f);
-  }
+  const std::vector<uint16_t> bits = bench_input_pattern(input, elements, row, seed);
   for (int64_t off = 0; off < elements; off += static_cast<int64_t>(bits.size())) {
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(bits.size()), elements - off);
     KVQ_CUDA_CHECK(cudaMemcpy(out.data() + 2 * off, bits.data(), n * 2, cudaMemcpyHostToDevice));

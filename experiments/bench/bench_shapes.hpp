@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "experiments/bench/bench_input.hpp"
 #include "experiments/common/decode_shapes.hpp"
 #include "gpu/decode.hpp"
 #include "gpu/device.hpp"
@@ -41,9 +42,11 @@ BenchStorage bench_storage(const Scheme& k, const Scheme& v, bool fbgemm);
 BenchStorage bench_storage(const std::optional<Scheme>& k, KvFormat k_raw, const std::optional<Scheme>& v,
                            KvFormat v_raw, bool fbgemm);
 
-// `elements` pseudo-random bf16 values in about [-4, 4] on the device (never all zeros, so scales
-// are normal numbers); the same `seed`, the same bytes.
-DeviceBuffer<uint8_t> random_bf16(int64_t elements, uint32_t seed);
+// `elements` pseudo-random bf16 values on the device, bench_input_pattern's repeated (rows of `row`
+// elements; uniform: in about [-4, 4], never all zeros, so scales are normal numbers); the same
+// `seed`, the same bytes.
+DeviceBuffer<uint8_t> random_bf16(int64_t elements, uint32_t seed, BenchInput input = BenchInput::kUniform,
+                                  int64_t row = 1);
 
 // Caches of one shape and storage, as many as make >= 4x L2 (at most half the device memory),
 // each quantized on the GPU from the same pseudo-random bf16 K/V.

@@ -8,7 +8,7 @@ faster, with both commits.
 
 A row is one timed case: decode (kvq bench / bench_peers.py schema) by shape, B, HQ, HKV, T, D,
 kernel, K and V scheme, layout and split count; quantize (kvq bench-quantize) by B, HKV, T, D, input
-dtype, scheme, layout and variant. Where a decode row's split count came from a heuristic that
+dtype and values (--input), scheme, layout and variant. Where a decode row's split count came from a heuristic that
 changed (one row for the case in each run), the rows are still compared and the change is named.
 The committed runs are every CSV of those schemas under --results whose gpu column names the same
 GPU; of several, the newest (by the git commit time of the file, or of the row's commit) holds a
@@ -32,9 +32,9 @@ import subprocess
 import sys
 
 DECODE_KEY = ("shape", "B", "HQ", "HKV", "T", "D", "kernel", "k_scheme", "v_scheme", "layout")
-QUANTIZE_KEY = ("B", "HKV", "T", "D", "input_dtype", "scheme", "layout", "variant", "tensor_scale")
+QUANTIZE_KEY = ("B", "HKV", "T", "D", "input_dtype", "input", "scheme", "layout", "variant", "tensor_scale")
 # Columns that older runs lack, as those runs meant them.
-KEY_DEFAULTS = {"tensor_scale": "computed"}
+KEY_DEFAULTS = {"tensor_scale": "computed", "input": "uniform"}
 
 
 def schema(header):
@@ -165,7 +165,9 @@ def label(key, row):
         splits = f" splits={row['splits']}" if row.get("splits") not in (None, "", "0") else ""
         return f"decode {row['kernel']} {storage}{layout} {row['shape']}/B{row['B']}/T{row['T']}{splits}"
     given = " (given scale)" if row.get("tensor_scale") == "given" else ""
-    return f"quantize {row['variant']} {row['scheme']}{given} {row['layout']} {row['input_dtype']} B{row['B']} Hkv{row['HKV']}"
+    values = f" {row['input']}" if row.get("input") not in (None, "", "uniform") else ""
+    return (f"quantize {row['variant']} {row['scheme']}{given} {row['layout']} {row['input_dtype']}{values} "
+            f"B{row['B']} Hkv{row['HKV']}")
 
 
 def main(argv=None):

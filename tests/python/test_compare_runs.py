@@ -140,3 +140,25 @@ def test_quantize_rows_before_the_tensor_scale_column_count_as_computed(tmp_path
     assert "1 compared, 1 more than 5% slower" in out
     assert "[SLOWER] quantize quantize-tensor2pass int8-tensor planar bfloat16 B128 Hkv1: 100.0 -> 120.0 us" in out
     assert "(given scale)" not in out
+
+
+def test_quantize_rows_of_another_input_are_cases_of_their_own(tmp_path, capsys):
+    results = tmp_path / "results"
+
+    def row(us, commit, values=None):
+        r = dict(zip(QUANTIZE, [128, 1, 8192, 128, "bfloat16", "int8-head", "planar", "quantize-groupthread", us, GPU,
+                                commit]))
+        if values:
+            r["input"] = values
+        return r
+
+    write(results / "gpu" / "old" / "quantize_bandwidth.csv", [row(100.0, "aaa")], QUANTIZE)  # before --input: uniform
+    new = tmp_path / "run" / "quantize_bandwidth.csv"
+    write(new, [row(100.0, "bbb", "uniform"), row(150.0, "bbb", "gaussian-rows")], QUANTIZE + ["input"])
+    assert compare_runs.main([str(new), "--results", str(results)]) == 0
+    out = capsys.readouterr().out
+    assert "1 compared, 0 more than 5% slower" in out  # the Gaussian row has no committed row to meet
+    write(results / "gpu" / "mid" / "quantize_bandwidth.csv", [row(100.0, "bbb", "gaussian-rows")], QUANTIZE + ["input"])
+    assert compare_runs.main([str(new), "--results", str(results)]) == 0
+    out = capsys.readouterr().out
+    assert "[SLOWER] quantize quantize-groupthread int8-head planar bfloat16 gaussian-rows B128 Hkv1: 100.0 -> 150.0 us" in out

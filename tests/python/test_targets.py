@@ -77,6 +77,13 @@ def test_quantize_takes_each_case_fastest_variant():
     assert cases == [("int8-tensor planar Hkv=8 [quantize-tensor2pass]", 0.71)]  # the given scale's row is another case
 
 
+def test_quantize_targets_read_the_bench_input_only():
+    faster = dict(quantize_row("int8-head", "quantize-groupthread", 99.0), input="gaussian-rows")
+    rows = [quantize_row("int8-head", "quantize-groupthread", 80.0), faster]
+    _, cases = judged("quantize per-head", rows)
+    assert cases == [("int8-head planar Hkv=8 [quantize-groupthread]", 0.80)]
+
+
 def test_paged_from_batch_8():
     rows = [{"layout": "nhd", "pool_order": "shuffled", "shape": "seed000", "B": str(b), "T": "8192", "k": "int8-head",
              "v": "int8-head", "page_tokens": "16", "paged_over_contiguous": str(r), "_path": "p.csv"}
