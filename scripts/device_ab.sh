@@ -12,7 +12,8 @@
 # KVQ_SHAPES (a regex over labels such as seed000/B128/T8192), KVQ_SCHEMES (a comma list of storages, as
 # `kvq bench --schemes`), KVQ_DECODE_VARIANTS (default ^decode-tc$) narrow the cases; KVQ_AB_ROUNDS
 # (default 2) sets the interleaved rounds. KVQ_AB_BENCH=quantize times `kvq bench-quantize` instead
-# (KVQ_SCHEMES its --schemes regex, KVQ_QUANTIZE_VARIANTS its --variant regex); KVQ_AB_BENCH=paged builds each tree's Python module and runs its
+# (KVQ_SCHEMES its --schemes regex, KVQ_QUANTIZE_VARIANTS its --variant regex, KVQ_QUANTIZE_INPUT
+# its --input); KVQ_AB_BENCH=paged builds each tree's Python module and runs its
 # experiments/bench/bench_paged.py with the arguments in KVQ_PAGED_ARGS (e.g. "--shapes smollm2
 # --pairs int8-head --pages 16 64 --layout nhd"), printing both trees' paged times and paged /
 # contiguous ratios. KVQ_AB_CMAKE adds cmake arguments to both trees' configure (e.g. "-DKVQ_TC_PAIRS=Int4:Int4"
@@ -81,7 +82,8 @@ case $bench in
   decode) args=(bench --shapes "${KVQ_SHAPES:-llama8b/B1/}" --variant "${KVQ_DECODE_VARIANTS:-^decode-tc\$}")
           [[ -n ${KVQ_SCHEMES:-} ]] && args+=(--schemes "$KVQ_SCHEMES") ;;
   quantize) args=(bench-quantize --schemes "${KVQ_SCHEMES:-.}")  # --variant: not in whole-tree bases before it
-            [[ -n ${KVQ_QUANTIZE_VARIANTS:-} ]] && args+=(--variant "$KVQ_QUANTIZE_VARIANTS") ;;
+            [[ -n ${KVQ_QUANTIZE_VARIANTS:-} ]] && args+=(--variant "$KVQ_QUANTIZE_VARIANTS")
+            [[ -n ${KVQ_QUANTIZE_INPUT:-} ]] && args+=(--input "$KVQ_QUANTIZE_INPUT") ;;  # bases since 4924e2c
   paged) read -r -a args <<< "${KVQ_PAGED_ARGS:---shapes smollm2 --pairs int8-head}" ;;
   *) echo "device_ab: KVQ_AB_BENCH=$bench: expected decode, quantize or paged" >&2; exit 2 ;;
 esac
