@@ -27,7 +27,7 @@ double short_scale_share(const std::vector<uint16_t>& bits, int group) {
 }
 }  // namespace
 
-TEST_CASE("bench input: uniform keeps the committed runs' bytes; gaussian-rows fills whole rows of varied scale") {
+TEST_CASE("bench input: uniform keeps the committed runs' bytes, gaussian-rows fills whole rows of varied scale") {
   const std::vector<uint16_t> uniform = bench_input_pattern(BenchInput::kUniform, 1000, 128, 12345);
   REQUIRE(uniform.size() == 1000);  // the uniform pattern ignores rows, as before the choice
   CHECK(bf16_bits_to_fp32(uniform[0]) == round_to_bf16(-3.8367786407470703f));  // the LCG's first draw
