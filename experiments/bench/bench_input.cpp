@@ -6,8 +6,8 @@
 #include <cmath>
 #include <random>
 
-#include "quant/float_formats.hpp"
 #include "quant/errors.hpp"
+#include "quant/float_formats.hpp"
 
 namespace kvq {
 

@@ -8,8 +8,9 @@ faster, with both commits.
 
 A row is one timed case: decode (kvq bench / bench_peers.py schema) by shape, B, HQ, HKV, T, D,
 kernel, K and V scheme, layout and split count; quantize (kvq bench-quantize) by B, HKV, T, D, input
-dtype and values (--input), scheme, layout and variant. Where a decode row's split count came from a heuristic that
-changed (one row for the case in each run), the rows are still compared and the change is named.
+dtype and values (--input), scheme, layout and variant. Where a decode row's split count came from a
+heuristic that changed (one row for the case in each run), the rows are still compared and the
+change is named.
 The committed runs are every CSV of those schemas under --results whose gpu column names the same
 GPU; of several, the newest (by the git commit time of the file, or of the row's commit) holds a
 row's baseline. Rows that a file holds twice under one key (old files without a layout column held
