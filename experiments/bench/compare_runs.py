@@ -166,7 +166,7 @@ def label(key, row):
         splits = f" splits={row['splits']}" if row.get("splits") not in (None, "", "0") else ""
         return f"decode {row['kernel']} {storage}{layout} {row['shape']}/B{row['B']}/T{row['T']}{splits}"
     given = " (given scale)" if row.get("tensor_scale") == "given" else ""
-    values = f" {row['input']}" if row.get("input") not in (None, "", "uniform") else ""
+    values = f" {row['input']}" if row.get("input") not in (None, "", KEY_DEFAULTS["input"]) else ""
     return (f"quantize {row['variant']} {row['scheme']}{given} {row['layout']} {row['input_dtype']}{values} "
             f"B{row['B']} Hkv{row['HKV']}")
 
