@@ -149,40 +149,63 @@ __device__ __forceinline__ uint2 pack_chunk_codes(Code code) {
   return make_uint2(w[0], w[1]);
 }
 
-// Encodes the chunk and stores its codes at `dst`. Integer codes come from `coder` (one fma an
-// element, no branch); a chunk with an element near a half-step is coded again by the coder's
-// exact_code (branch-free, no division: in bf16 input most such elements lie exactly on the step,
-// and a warp met one in up to all of its chunks, H200 bench data). The result is false when that is
-// not sure either (or, without kClamp, the group may need the clamp: rare where the statistics bound
-// the group), and the caller then codes its chunks again with encode_chunk_exact, outside its hot
-// loop so that the division's registers do not weigh on it. kClamp clamps every code (two
-// instructions an element): for a scale not derived from the values, such as a given one.
+// A chunk's integer codes packed for its store (BITS 8: bytes, 4: nibbles, element 2i low).
+template <int BITS>
+__device__ __forceinline__ void store_biased_codes(uint8_t* dst, const uint32_t (&m)[kChunkElems]) {
+  if constexpr (BITS == 8)
+    store_chunk_codes<BITS>(
+        dst, make_uint2(pack_low_bytes(m[0], m[1], m[2], m[3]), pack_low_bytes(m[4], m[5], m[6], m[7])));
+  else
+    store_chunk_codes<BITS>(dst, make_uint2(pack_low_nibbles(m), 0));
+}
+
+// The chunk's codes by the biased fma alone (one fma an element, no branch); false where an element
+// lies near a half-step (in bf16 input: on it), and the codes are then to be written again. Neither
+// this nor encode_chunk_residual tests coder.clamp: without kClamp the caller does.
 template <bool ASYM, int BITS, InputDtype DT, bool kClamp = false>
-__device__ __forceinline__ bool encode_chunk(uint8_t* dst, const InputChunk<DT>& c, const IntegerCoder& coder,
-                                             const Scheme&) {
+__device__ __forceinline__ bool encode_chunk_biased(uint8_t* dst, const InputChunk<DT>& c, const IntegerCoder& coder) {
   static_assert(BITS == 8 || BITS == 4, "int8 or int4 codes");
   bool sure = true;
   uint32_t m[kChunkElems];
 #pragma unroll
   for (int e = 0; e < kChunkElems; ++e) m[e] = float_bits(coder.biased_code<ASYM, kClamp>(c[e], sure));
+  store_biased_codes<BITS>(dst, m);
+  return sure;
+}
+
+// The chunk's codes by the exact residual (exact_code: branch-free, no division); false where that
+// is not sure either (a scale of more than 15 bits).
+template <bool ASYM, int BITS, InputDtype DT, bool kClamp = false>
+__device__ __forceinline__ bool encode_chunk_residual(uint8_t* dst, const InputChunk<DT>& c, const IntegerCoder& coder) {
+  static_assert(BITS == 8 || BITS == 4, "int8 or int4 codes");
+  float closest = INFINITY;
+  uint32_t m[kChunkElems];
+#pragma unroll
+  for (int e = 0; e < kChunkElems; ++e) m[e] = float_bits(coder.exact_code<ASYM, kClamp>(c[e], closest));
+  store_biased_codes<BITS>(dst, m);
+  return coder.sure(closest);
+}
+
+// Encodes the chunk and stores its codes at `dst`: by the biased fma, and a chunk with an element
+// near a half-step again by the residual (in bf16 input such elements lie exactly on the step). The
+// result is false when that is not sure either (or, without kClamp, the group may need the clamp:
+// rare where the statistics bound the group), and the caller then codes its chunks again with
+// encode_chunk_exact, outside its hot loop so that the division's registers do not weigh on it.
+// kClamp clamps every code (two instructions an element): for a scale not derived from the values,
+// such as a given one.
+template <bool ASYM, int BITS, InputDtype DT, bool kClamp = false>
+__device__ __forceinline__ bool encode_chunk(uint8_t* dst, const InputChunk<DT>& c, const IntegerCoder& coder,
+                                             const Scheme&) {
+  bool sure = encode_chunk_biased<ASYM, BITS, DT, kClamp>(dst, c, coder);
   if (!sure) {
     // From a copy the compiler cannot see into: sharing the products above kept them live through
     // the hot path (a first form without the copy: +28 registers in tensor2pass's int8 kernel).
     InputChunk<DT> again = c;
 #pragma unroll
     for (int i = 0; i < InputChunk<DT>::kWords; ++i) asm volatile("" : "+r"(again.w[i]));
-    float closest = INFINITY;
-#pragma unroll
-    for (int e = 0; e < kChunkElems; ++e) m[e] = float_bits(coder.exact_code<ASYM, kClamp>(again[e], closest));
-    sure = coder.sure(closest);
+    sure = encode_chunk_residual<ASYM, BITS, DT, kClamp>(dst, again, coder);
   }
-  sure = sure && (kClamp || !coder.clamp);
-  if constexpr (BITS == 8)
-    store_chunk_codes<BITS>(
-        dst, make_uint2(pack_low_bytes(m[0], m[1], m[2], m[3]), pack_low_bytes(m[4], m[5], m[6], m[7])));
-  else
-    store_chunk_codes<BITS>(dst, make_uint2(pack_low_nibbles(m), 0));
-  return sure;
+  return sure && (kClamp || !coder.clamp);
 }
 
 // FP8 codes from the group's Fp8Coder (two multiplies and half a conversion an element; saturating,

@@ -183,26 +183,44 @@ __global__ void __launch_bounds__(kThreads, 4) groupthread_int8_kernel(QuantizeP
     GroupStats st = acc.finish();
     const bool finite = st.all_finite(ASYM);  // before the merge: this lane's own segment
     st = detail::shuffle_merge(st, parts, ASYM);  // the group's segments
+    // An active lane added >= 8 elements: never empty (an inactive lane's are unused).
+    const GroupParams gp = FP8 ? fp8_params(st.amax, scheme) : integer_group_params(st, scheme);
+    const detail::GroupCoder<FP8> coder = detail::group_coder<FP8>(gp, st, scheme);
+    // Integer codes of a warp with a group of a short scale (bf16 values on its half-steps: most of
+    // its chunks meet one) by the residual alone; elsewhere by the biased fma, and a warp's chunks
+    // again by the residual if any met a half-step. Decided once, by every lane, before any leaves.
+    bool by_residual = false;
+    if constexpr (!FP8) by_residual = __any_sync(0xffffffffu, active && coder.short_scale);
     if (!active) continue;
     if (!finite) {  // rare: report this segment's first bad element
       for (int d = seg - 1; d >= 0; --d)
         if (!is_finite_float(detail::load_as_float(src, DT, d)))
           atomicMin(p.first_bad, static_cast<unsigned long long>(flat0 + d));
     }
-    // An active lane added >= 8 elements: never empty.
-    const GroupParams gp = FP8 ? fp8_params(st.amax, scheme) : integer_group_params(st, scheme);
-    const detail::GroupCoder<FP8> coder = detail::group_coder<FP8>(gp, st, scheme);
     if (part == 0) {
       if (gp.overflow) atomicMin(p.first_overflow, static_cast<unsigned long long>(g));
       detail::store_param(p.scales, g, gp.scale, scheme.scale_dtype);
       if (ASYM) detail::store_param(p.zeros, g, gp.zero, scheme.scale_dtype);
     }
     bool sure = true;
+    auto each_chunk = [&](auto&& encode) {  // encode(dst, chunk) -> sure
 #pragma unroll
-    for (int k = 0; k < kChunks; ++k) {
-      if (k * kChunk >= seg) break;
-      if constexpr (!kHold) held[0].load(src + k * kChunk, aligned);  // from L1
-      sure &= detail::encode_chunk<ASYM, 8>(codes + k * kChunk, held[kHold ? k : 0], coder, scheme);
+      for (int k = 0; k < kChunks; ++k) {
+        if (k * kChunk >= seg) break;
+        if constexpr (!kHold) held[0].load(src + k * kChunk, aligned);  // from L1
+        sure &= encode(codes + k * kChunk, held[kHold ? k : 0]);
+      }
+    };
+    if constexpr (FP8) {
+      each_chunk([&](uint8_t* dst, const Chunk& c) { return detail::encode_chunk<ASYM, 8>(dst, c, coder, scheme); });
+    } else {
+      if (!by_residual)
+        each_chunk([&](uint8_t* dst, const Chunk& c) { return detail::encode_chunk_biased<ASYM, 8>(dst, c, coder); });
+      if (by_residual || __any_sync(__activemask(), !sure)) {
+        sure = true;
+        each_chunk([&](uint8_t* dst, const Chunk& c) { return detail::encode_chunk_residual<ASYM, 8>(dst, c, coder); });
+      }
+      sure = sure && !coder.clamp;
     }
     if (!sure) {  // rare: the segment again, by the division (read again: the held chunks are dead here)
       for (int k = 0; k * kChunk < seg; ++k) {

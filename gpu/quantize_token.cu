@@ -80,6 +80,13 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
     GroupStats st = acc.finish();
     const bool finite = st.all_finite(ASYM);  // this lane's chunks, before the merge
     st = detail::merge_lanes(st, L);
+    const GroupParams gp = group_params(st, scheme);  // an inactive lane's: empty, unused
+    const detail::GroupCoder<FP8> coder = detail::group_coder<FP8>(gp, st, scheme);
+    // Integer codes of a warp with a token of a short scale (bf16 values on its half-steps) by the
+    // residual alone; elsewhere by the biased fma, and a warp's chunks again by the residual if any
+    // met a half-step (encode_chunk_biased / _residual). Decided once, by every lane, before any leaves.
+    bool by_residual = false;
+    if constexpr (!FP8) by_residual = __any_sync(0xffffffffu, active && coder.short_scale);
     if (!active) continue;
 
     // flat [B, Hkv, T, D] index of the chunk's element 0: also where its codes go
@@ -92,8 +99,6 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
         detail::report_non_finite(p, c, static_cast<unsigned long long>(flat_index(token_chunk(plan, jt, k))));
       }
     }
-    const GroupParams gp = group_params(st, scheme);
-    const detail::GroupCoder<FP8> coder = detail::group_coder<FP8>(gp, st, scheme);
     if (j == 0) {
       if (gp.overflow) atomicMin(p.first_overflow, static_cast<unsigned long long>(token));
       detail::store_param(p.scales, token, gp.scale, scheme.scale_dtype);
@@ -105,13 +110,26 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
                    : p.codes + flat_index(token_chunk(plan, jt, k)) * BITS / 8;
     };
     bool sure = true;
+    auto each_chunk = [&](auto&& encode) {  // encode(dst, chunk) -> sure
 #pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (k < n) sure &= detail::encode_chunk<ASYM, BITS>(codes_of(k), cache[k], coder, scheme);
-    for (int k = K; k < n; ++k) {
-      Chunk c;
-      load(c, k);
-      sure &= detail::encode_chunk<ASYM, BITS>(codes_of(k), c, coder, scheme);
+      for (int k = 0; k < K; ++k)
+        if (k < n) sure &= encode(codes_of(k), cache[k]);
+      for (int k = K; k < n; ++k) {
+        Chunk c;
+        load(c, k);
+        sure &= encode(codes_of(k), c);
+      }
+    };
+    if constexpr (FP8) {
+      each_chunk([&](uint8_t* dst, const Chunk& c) { return detail::encode_chunk<ASYM, BITS>(dst, c, coder, scheme); });
+    } else {
+      if (!by_residual)
+        each_chunk([&](uint8_t* dst, const Chunk& c) { return detail::encode_chunk_biased<ASYM, BITS>(dst, c, coder); });
+      if (by_residual || __any_sync(__activemask(), !sure)) {
+        sure = true;
+        each_chunk([&](uint8_t* dst, const Chunk& c) { return detail::encode_chunk_residual<ASYM, BITS>(dst, c, coder); });
+      }
+      sure = sure && !coder.clamp;
     }
     for (int k = 0; !sure && k < n; ++k) {  // rare: the lane's chunks again, by the division
       Chunk c;

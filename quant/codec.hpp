@@ -119,6 +119,15 @@ KVQ_HD float fused_multiply_add(float a, float b, float c) {
 #endif
 }
 
+// fma(a, b, c) clamped to [0, 1], NaN to 0 (one FFMA.SAT on the device)
+KVQ_HD float saturated_multiply_add(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __saturatef(__fmaf_rn(a, b, c));
+#else
+  return fminf(fmaxf(std::fma(a, b, c), 0.0f), 1.0f);
+#endif
+}
+
 KVQ_HD int clamp_code(float r, int lo, int hi) {
   // r is integral (or +-inf); clamp as float, branch-free, so that huge values cannot overflow
   // the int conversion.
@@ -288,6 +297,9 @@ struct IntegerCoder {
   float lo = kRoundingBias, hi = kRoundingBias;  // the code range, biased
   bool clamp = false;  // a code of the group may leave the range (see integer_coder)
   bool exact = true;   // exact_code(): the scale is 0 or in [2^-100, 2^100], where the residual is exact
+  // The scale has at most 4 significant bits: bf16 values then fall on its half-steps often (on a
+  // scale of k bits only where the odd multiple of it has <= 8 bits), and kernels code by exact_code.
+  bool short_scale = false;
 
   // x's code biased by kRoundingBias (its bits' low byte or nibble is the stored code); `sure`
   // turns false unless the code is encode()'s.
@@ -316,9 +328,12 @@ struct IntegerCoder {
     const float e = fused_multiply_add(-(m - kRoundingBias), scale, v);
     const float past = fabsf(e) - half_scale;  // exact where it is >= -s/4 (Sterbenz)
     closest = fminf(closest, fabsf(past));
-    const bool odd = (float_bits(m) & 1u) != 0;  // the bias is even
-    const bool step = past > 0.0f || (past == 0.0f && odd);
-    const float code = step ? m + bits_float((float_bits(e) & 0x80000000u) | 0x3f800000u) : m;  // m -+ 1
+    // The step toward v / s, h = 0 (past < 0), 1 (past > 0) or 1/2 (on the half-step): m + sign(e) h
+    // then rounds, in fp32's unit steps at m, to n, to n -+ 1, or from the tie to the even of the two
+    // (the bias is even), as the division's code does. Where exact, a nonzero past is a multiple of
+    // at least 2^-124 (s >= 2^-100), so 2^127 past saturates; NaN gives 0. No branch: warps diverged.
+    const float h = saturated_multiply_add(past, 0x1p127f, 0.5f);
+    const float code = fused_multiply_add(bits_float((float_bits(e) & 0x80000000u) | 0x3f800000u), h, m);
     // beyond |v/s| = 2^22 n may be off by more than a step, but every such code is past the range
     // and clamps to its end, as the division's does
     return kClamp ? fminf(fmaxf(code, lo), hi) : code;
@@ -344,6 +359,7 @@ KVQ_HD IntegerCoder integer_coder(const GroupParams& p, const Scheme& s, float l
   c.scale = p.scale, c.inv_scale = p.inv_scale, c.half_scale = 0.5f * p.scale, c.zero = p.zero;
   c.exact = p.scale >= 0x1p-100f && p.scale <= 0x1p100f;
   c.near = (float_bits(p.scale) & 0x1ffu) == 0 ? 0.0f : p.scale * 0x1p-15f;
+  c.short_scale = (float_bits(p.scale) & 0xfffffu) == 0;
   bool sure = true;
   const float a = s.asymmetric ? c.biased_code<true, false>(lo, sure) : c.biased_code<false, false>(lo, sure);
   const float b = s.asymmetric ? c.biased_code<true, false>(hi, sure) : c.biased_code<false, false>(hi, sure);

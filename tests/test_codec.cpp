@@ -424,6 +424,26 @@ TEST_CASE("IntegerCoder's exact_code: every code on and next to a half-step is t
   }
 }
 
+TEST_CASE("IntegerCoder's short_scale names the scales of <= 4 significant bits, whose half-steps bf16 values hit") {
+  const Scheme scheme = parse_scheme("int8-head");
+  int shorts = 0;
+  for (uint32_t h = 0x0400; h < 0x7c00; ++h) {  // every positive normal fp16 scale
+    const float s = fp16_bits_to_fp32(static_cast<uint16_t>(h));
+    int significant = 11;
+    for (uint32_t m = h & 0x3ffu; significant > 1 && (m & 1u) == 0; m >>= 1) --significant;
+    GroupParams p;
+    p.scale = s, p.inv_scale = ieee_div(1.0f, s);
+    const IntegerCoder coder = integer_coder(p, scheme, -127.0f * s, 127.0f * s);
+    CAPTURE(s);
+    REQUIRE(coder.short_scale == (significant <= 4));
+    shorts += coder.short_scale;
+    // a short scale's half-steps 1/2 .. 15/2 are bf16 values (<= 8 significant bits): bf16 input hits them
+    if (coder.short_scale)
+      for (int k = 0; k < 8; ++k) REQUIRE(round_to_bf16((k + 0.5f) * s) == (k + 0.5f) * s);
+  }
+  CHECK(shorts == 30 * 8);  // 30 exponents, 8 mantissas of <= 3 stored bits each
+}
+
 TEST_CASE("packing IntegerCoder's biased codes gives the codec's bytes and nibbles") {
   std::mt19937 rng(24);
   for (int i = 0; i < 100'000; ++i) {
