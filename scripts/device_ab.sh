@@ -13,7 +13,7 @@
 # `kvq bench --schemes`), KVQ_DECODE_VARIANTS (default ^decode-tc$) narrow the cases; KVQ_AB_ROUNDS
 # (default 2) sets the interleaved rounds. KVQ_AB_BENCH=quantize times `kvq bench-quantize` instead
 # (KVQ_SCHEMES its --schemes regex, KVQ_QUANTIZE_VARIANTS its --variant regex, KVQ_QUANTIZE_INPUT
-# its --input); KVQ_AB_BENCH=paged builds each tree's Python module and runs its
+# its --input: one or more, comma-separated, all timed by the same builds); KVQ_AB_BENCH=paged builds each tree's Python module and runs its
 # experiments/bench/bench_paged.py with the arguments in KVQ_PAGED_ARGS (e.g. "--shapes smollm2
 # --pairs int8-head --pages 16 64 --layout nhd"), printing both trees' paged times and paged /
 # contiguous ratios. KVQ_AB_CMAKE adds cmake arguments to both trees' configure (e.g. "-DKVQ_TC_PAIRS=Int4:Int4"

@@ -179,21 +179,25 @@ struct BenchArgs {
   std::string csv = "results/bench-quantize/quantize_bandwidth.csv";
   std::string schemes = ".";  // regex over the cases' scheme names
   std::string variant = ".";  // regex over the variant names
-  std::string input = "uniform";  // the bf16 values (experiments/bench/bench_input.hpp)
+  std::vector<std::string> inputs = {"uniform"};  // the bf16 values, each timed in turn (bench_input.hpp)
   int reps = 30;
 };
 
 int run_bench_quantize(const BenchArgs& a) {
-  const BenchInput values = parse_bench_input(a.input);
+  std::vector<BenchInput> inputs;  // every name checked before the first timing
+  std::string input_names;
+  for (const std::string& name : a.inputs) {
+    inputs.push_back(parse_bench_input(name));
+    input_names += (input_names.empty() ? "" : ", ") + name;
+  }
   const DeviceInfo dev = device_info();
   const nlohmann::json info = gpu_run_info(dev);
   const double copy_gbps = copy_bandwidth_gbps(size_t(2) << 30, a.reps);
   fmt::print("{} ({} SMs, L2 {} MiB), CUDA driver {}, commit {}\n", dev.name, dev.sm_count, dev.l2_bytes >> 20,
              dev.driver_string(), kvq_commit());
-  fmt::print("device-to-device copy (2 GiB): {:.0f} GB/s (read + write); input: {} bf16\n\n", copy_gbps,
-             bench_input_name(values));
-  fmt::print("{:<8} {:<22} {:<7} {:<21} {:>10} {:>10} {:>10} {:>8} {:>7}\n", "Hkv", "scheme", "layout", "variant",
-             "median us", "p10 us", "p90 us", "GB/s", "% copy");
+  fmt::print("device-to-device copy (2 GiB): {:.0f} GB/s (read + write); input: {} bf16\n\n", copy_gbps, input_names);
+  fmt::print("{:<14} {:<8} {:<22} {:<7} {:<21} {:>10} {:>10} {:>10} {:>8} {:>7}\n", "input", "Hkv", "scheme", "layout",
+             "variant", "median us", "p10 us", "p90 us", "GB/s", "% copy");
   std::filesystem::create_directories(std::filesystem::path(a.csv).parent_path());
   std::ofstream csv(a.csv);
   if (!csv) throw InputError(fmt::format("cannot write '{}'", a.csv));
@@ -225,38 +229,40 @@ int run_bench_quantize(const BenchArgs& a) {
     }
   };
   const std::regex wanted = regex_option("--schemes", a.schemes), wanted_variant = regex_option("--variant", a.variant);
-  for (int64_t hkv : {1, 8})
-    for (const Case& c : cases) {
-      if (!std::regex_search(c.scheme, wanted)) continue;
-      const KvShape shape{128, hkv, 8192, 128};
-      const Scheme s = parse_scheme(c.scheme);
-      TimedCase tc(shape, s, c.layout, values);
-      const std::string name = fmt::format("{}{}", c.scheme, c.given_scale ? " (given)" : "");
-      for (const QuantizeVariant& v : quantize_variants()) {  // every variant that takes the case
-        if (!v.accepts(s, shape.head_dim, c.layout, InputDtype::kBf16) || !std::regex_search(v.name, wanted_variant)) continue;
-        tc.ws->reset();
-        v.launch(tc.ws->params(), nullptr);
-        tc.ws->check_flags("K", nullptr);
-        std::unique_ptr<QuantizeWorkspace> given;
-        if (c.given_scale) {
-          given = tc.with_computed_scale(s, c.layout);
-          v.launch(given->params(), nullptr);
-          given->check_flags("K", nullptr);
+  for (const BenchInput values : inputs)
+    for (int64_t hkv : {1, 8})
+      for (const Case& c : cases) {
+        if (!std::regex_search(c.scheme, wanted)) continue;
+        const KvShape shape{128, hkv, 8192, 128};
+        const Scheme s = parse_scheme(c.scheme);
+        TimedCase tc(shape, s, c.layout, values);
+        const std::string name = fmt::format("{}{}", c.scheme, c.given_scale ? " (given)" : "");
+        for (const QuantizeVariant& v : quantize_variants()) {  // every variant that takes the case
+          if (!v.accepts(s, shape.head_dim, c.layout, InputDtype::kBf16) || !std::regex_search(v.name, wanted_variant)) continue;
+          tc.ws->reset();
+          v.launch(tc.ws->params(), nullptr);
+          tc.ws->check_flags("K", nullptr);
+          std::unique_ptr<QuantizeWorkspace> given;
+          if (c.given_scale) {
+            given = tc.with_computed_scale(s, c.layout);
+            v.launch(given->params(), nullptr);
+            given->check_flags("K", nullptr);
+          }
+          const QuantizeWorkspace& w = given ? *given : *tc.ws;
+          const GpuTiming t = TimedCase::time(v, w, a.reps);
+          const double gbps = static_cast<double>(w.bytes_moved()) / (t.median_us * 1e3);
+          fmt::print("{:<14} {:<8} {:<22} {:<7} {:<21} {:>10.1f} {:>10.1f} {:>10.1f} {:>8.0f} {:>6.1f}%\n",
+                     bench_input_name(values), hkv, name, to_string(c.layout), v.name, t.median_us, t.p10_us,
+                     t.p90_us, gbps, 100 * gbps / copy_gbps);
+          std::fflush(stdout);
+          csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},bfloat16,{},{},{},{},{:.3f},{:.3f},{:.3f},{},{},{:.1f},{:.1f},{:.2f},{}\n",
+                             csv_quoted(dev.name), info["driver"].get<std::string>(), dev.driver_string(),
+                             dev.runtime_string(), dev.sm_clock_khz / 1000, dev.memory_clock_khz / 1000, kvq_commit(),
+                             shape.batch, shape.heads, shape.tokens, shape.head_dim, c.scheme, to_string(c.layout),
+                             v.name, c.given_scale ? "given" : "computed", t.median_us, t.p10_us, t.p90_us, t.reps,
+                             w.bytes_moved(), gbps, copy_gbps, 100 * gbps / copy_gbps, bench_input_name(values));
         }
-        const QuantizeWorkspace& w = given ? *given : *tc.ws;
-        const GpuTiming t = TimedCase::time(v, w, a.reps);
-        const double gbps = static_cast<double>(w.bytes_moved()) / (t.median_us * 1e3);
-        fmt::print("{:<8} {:<22} {:<7} {:<21} {:>10.1f} {:>10.1f} {:>10.1f} {:>8.0f} {:>6.1f}%\n", hkv, name,
-                   to_string(c.layout), v.name, t.median_us, t.p10_us, t.p90_us, gbps, 100 * gbps / copy_gbps);
-        std::fflush(stdout);
-        csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},bfloat16,{},{},{},{},{:.3f},{:.3f},{:.3f},{},{},{:.1f},{:.1f},{:.2f},{}\n",
-                           csv_quoted(dev.name), info["driver"].get<std::string>(), dev.driver_string(),
-                           dev.runtime_string(), dev.sm_clock_khz / 1000, dev.memory_clock_khz / 1000, kvq_commit(),
-                           shape.batch, shape.heads, shape.tokens, shape.head_dim, c.scheme, to_string(c.layout),
-                           v.name, c.given_scale ? "given" : "computed", t.median_us, t.p10_us, t.p90_us, t.reps,
-                           w.bytes_moved(), gbps, copy_gbps, 100 * gbps / copy_gbps, bench_input_name(values));
       }
-    }
   fmt::print("wrote {}\n", a.csv);
   return 0;
 }
@@ -296,9 +302,10 @@ std::vector<Command> add_gpu_commands(CLI::App& parent) {
   bench->add_option("--csv", ba->csv, "CSV of the timings")->capture_default_str();
   bench->add_option("--schemes", ba->schemes, "Regex over the cases' scheme names")->capture_default_str();
   bench->add_option("--variant", ba->variant, "Regex over the quantize variants' names")->capture_default_str();
-  bench->add_option("--input", ba->input,
-                    "The bf16 values: uniform (in [-4, 4), every committed run's) or gaussian-rows (rows of D "
-                    "whose scales spread over two decades)")
+  bench->add_option("--input", ba->inputs,
+                    "The bf16 values, one or more (comma-separated), each timed in turn: uniform (in [-4, 4), "
+                    "every committed run's) or gaussian-rows (rows of D whose scales spread over two decades)")
+      ->delimiter(',')
       ->capture_default_str();
   bench->add_option("--reps", ba->reps, "Timed graph replays per case")->capture_default_str()->check(CLI::PositiveNumber);
   out.push_back({bench, [ba] { return run_bench_quantize(*ba); }});

@@ -161,3 +161,11 @@ def test_kvq_files_carry_checksums_and_a_flipped_data_byte_is_a_checksum_error(t
     assert r.returncode == 4
     assert one_line(r) == f"kvq: error: {bad}: /layers/0/k: cannot read the data (checksum mismatch: the file is corrupt)"
 
+
+
+def test_bench_quantize_names_a_bad_input_before_it_touches_the_gpu():
+    r = kvq("bench-quantize", "--input", "uniform,gaussian-rows,normal", "--csv", "/nonexistent/never-written.csv")
+    if "built without CUDA" in r.stderr:
+        pytest.skip("this kvq was built without CUDA")
+    assert r.returncode == 3, r.stderr
+    assert one_line(r) == "kvq: error: bench input 'normal': expected uniform or gaussian-rows"
