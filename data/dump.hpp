@@ -97,7 +97,7 @@ class DumpWriter {
   void add_layer(const KvLayer& layer, StoredDtype dtype);  // /layers/<layer.layer>
   void set_seq_lens(const std::vector<int32_t>& seq_lens);  // [B]
   void set_tokens(const std::vector<int32_t>& tokens, int64_t batch, int64_t tokens_per_sequence);
-  void close();
+  void close();  // finishes the dump at its path; a writer destroyed unclosed leaves no file (h5_writer.hpp)
 
  private:
   struct Impl;

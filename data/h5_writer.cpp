@@ -2,8 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <optional>
+#include <system_error>
 
 #include "data/hdf5_types.hpp"
 
@@ -26,7 +30,7 @@ std::vector<hsize_t> chunk_dims(const std::vector<hsize_t>& dims, size_t element
 }  // namespace
 
 struct H5Writer::Impl {
-  std::string path;
+  std::string path, partial;       // the file's name, and where it is written until close()
   std::optional<H5::H5File> file;  // optional: HDF5's classes are not assignable
 
   template <typename F>
@@ -69,30 +73,41 @@ struct H5Writer::Impl {
   }
 };
 
-H5Writer::H5Writer(const std::string& path) : impl_(new Impl{path, {}}) {
+H5Writer::H5Writer(const std::string& path)
+    : impl_(new Impl{path, fmt::format("{}.partial-{}", path, static_cast<long>(getpid())), {}}) {
   H5::Exception::dontPrint();
   try {
     // The HDF5 1.10 file format: checksummed superblock, object headers and indices, so a damaged
     // file is a checksum error on read rather than garbage or a crash.
     H5::FileAccPropList fapl;
     fapl.setLibverBounds(H5F_LIBVER_V110, H5F_LIBVER_V110);
-    impl_->file.emplace(path, H5F_ACC_TRUNC, H5::FileCreatPropList::DEFAULT, fapl);
+    impl_->file.emplace(impl_->partial, H5F_ACC_TRUNC, H5::FileCreatPropList::DEFAULT, fapl);
   } catch (const H5::Exception&) {
     throw DumpError(fmt::format("{}: cannot create the file (does the directory exist and is it writable?)", path));
   }
 }
 
+// Not closed: a run that failed part-way. Its partial file goes; a file already at `path` stays.
 H5Writer::~H5Writer() {
+  if (!impl_->file) return;
   try {
-    close();
-  } catch (...) {  // destructors must not throw; call close() to see errors
+    impl_->file->close();
+  } catch (...) {  // destructors must not throw
   }
+  std::error_code ignored;
+  std::filesystem::remove(impl_->partial, ignored);
 }
 
 void H5Writer::close() {
   if (!impl_->file) return;
   impl_->guarded("the file", [&] { impl_->file->close(); });
   impl_->file.reset();
+  std::error_code error;
+  std::filesystem::rename(impl_->partial, impl_->path, error);  // one step: readers see the old file or the new
+  if (error) {
+    std::filesystem::remove(impl_->partial, error);
+    throw DumpError(fmt::format("{}: cannot move the finished file into place ({})", impl_->path, error.message()));
+  }
 }
 
 const std::string& H5Writer::path() const { return impl_->path; }

@@ -1,6 +1,8 @@
 // Writes the HDF5 files kvq produces (dumps, quantized tensors, reference outputs): datasets by
 // path (intermediate groups made as needed) and attributes in the forms h5py reads back as
 // str / int / float / bool. Every HDF5 failure becomes a DumpError naming the file and object.
+// The file is written beside its path (PATH.partial-PID) and moved onto it by close(): a writer
+// destroyed unclosed (an error part-way) removes its partial file and leaves an earlier PATH as it was.
 #pragma once
 
 #include <memory>
@@ -13,7 +15,7 @@ namespace kvq {
 
 class H5Writer {
  public:
-  explicit H5Writer(const std::string& path);  // truncates
+  explicit H5Writer(const std::string& path);
   ~H5Writer();
   H5Writer(const H5Writer&) = delete;
   H5Writer& operator=(const H5Writer&) = delete;
@@ -35,7 +37,7 @@ class H5Writer {
   void set_attr(const std::string& object, const std::string& name, double value);
   void set_bool_attr(const std::string& object, const std::string& name, bool value);
 
-  void close();
+  void close();  // finishes the file and moves it onto path; without it nothing is written
   const std::string& path() const;
 
  private:

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include "data/dump.hpp"
 #include "data/hdf5_types.hpp"
@@ -150,6 +152,40 @@ TEST_CASE("a batch range is read by hyperslab and equals the slice") {
         std::string::npos);
   CHECK(test::message_of<DumpError>([&] { read_layer(info, 5); }).find("layer position 5 is out of range") !=
         std::string::npos);
+  fs::remove(path);
+}
+
+TEST_CASE("a writer that fails part-way leaves an earlier file as it was and no partial file behind") {
+  const std::string path = write_sample("atomic.h5");
+  const auto bytes_of = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string before = bytes_of(path);
+  const auto partial_files = [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(fs::path(path).parent_path()))
+      n += e.path().filename().string().rfind(fs::path(path).filename().string() + ".partial-", 0) == 0;
+    return n;
+  };
+  {
+    DumpWriter w(path, {"synthetic:test", "kvq tests", "post"});
+    w.add_layer(sample_layer(0), StoredDtype::kFp16);
+    CHECK(partial_files() == 1);  // written beside the path, not over it
+    CHECK(bytes_of(path) == before);
+  }  // destroyed unclosed, as when an exception leaves the command
+  CHECK(partial_files() == 0);
+  CHECK(bytes_of(path) == before);
+  CHECK(open_dump(path).layers.size() == 2);
+  {
+    DumpWriter w(path, {"synthetic:test", "kvq tests", "post"});
+    w.add_layer(sample_layer(0), StoredDtype::kFp16);
+    w.close();  // closed: the new file replaces the old
+  }
+  CHECK(partial_files() == 0);
+  CHECK(open_dump(path).layers.size() == 1);
+  CHECK(test::message_of<DumpError>([] { DumpWriter w("/nonexistent/dir/x.h5", {"synthetic:test"}); }) ==
+        "/nonexistent/dir/x.h5: cannot create the file (does the directory exist and is it writable?)");
   fs::remove(path);
 }
 

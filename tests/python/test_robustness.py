@@ -169,3 +169,13 @@ def test_bench_quantize_names_a_bad_input_before_it_touches_the_gpu():
         pytest.skip("this kvq was built without CUDA")
     assert r.returncode == 3, r.stderr
     assert one_line(r) == "kvq: error: bench input 'normal': expected uniform or gaussian-rows"
+
+
+def test_a_command_that_fails_part_way_leaves_an_earlier_output_as_it_was(tmp_path):
+    out = synth(str(tmp_path / "s.h5"))
+    before = open(out, "rb").read()
+    r = kvq("synth", "--out", out, "--tokens", 4, "--q-len", 8)  # q-len > tokens: refused while writing
+    assert r.returncode == 3, r.stderr
+    assert "Tq <= T" in one_line(r)
+    assert open(out, "rb").read() == before
+    assert sorted(os.listdir(tmp_path)) == ["s.h5"]  # no partial file left beside it
