@@ -11,6 +11,8 @@ byte is an HDF5 checksum error rather than silent garbage or a crash. h5py reads
 bytes: `text()` decodes either kind. Not libver="latest": h5py's HDF5 (2.x) would then use object
 versions that kvq's HDF5 1.10 cannot read.
 """
+import os
+
 import h5py
 import numpy as np
 
@@ -108,6 +110,20 @@ def write_dump(path, layers, *, source, created_by, rope, seq_lens=None, tokens=
         raise ValueError(f"rope {rope!r}: expected post, pre or none")
     if rope_pairs not in (None, "half", "adjacent"):
         raise ValueError(f"rope_pairs {rope_pairs!r}: expected half or adjacent")
+    # Written beside the path and moved onto it when whole: a failure part-way (a bad layer) leaves
+    # an earlier file at `path` as it was and no partial file (as kvq's C++ writer).
+    partial = f"{path}.partial-{os.getpid()}"
+    try:
+        _write_dump_file(partial, layers, source=source, created_by=created_by, rope=rope, seq_lens=seq_lens,
+                         tokens=tokens, dtype=dtype, rope_pairs=rope_pairs)
+        os.replace(partial, path)
+    except BaseException:
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise
+
+
+def _write_dump_file(path, layers, *, source, created_by, rope, seq_lens, tokens, dtype, rope_pairs):
     with h5py.File(path, "w", track_order=False, libver=LIBVER) as f:
         f.attrs["kvq_schema"] = np.int64(SCHEMA)
         set_text_attr(f, "source", source)

@@ -110,3 +110,18 @@ def test_bad_files_give_one_clear_line_and_exit_3_or_4(tmp_path):
     truncated.write_bytes(open(BUNDLED, "rb").read()[:50000])
     r = kvq("inspect", str(truncated))
     assert r.returncode == 4 and r.stderr.count("\n") == 1 and "truncated" in r.stderr
+
+
+def test_a_dump_that_fails_part_way_leaves_an_earlier_file_as_it_was(tmp_path):
+    path = str(tmp_path / "d.h5")
+    good = {"k": np.ones((1, 1, 4, 8), np.float32), "v": np.ones((1, 1, 4, 8), np.float32)}
+    kvq_dump.write_dump(path, [good], source="synthetic:test", created_by="test", rope="none")
+    before = open(path, "rb").read()
+    bad = {"k": np.ones((1, 1, 4, 8), np.float32), "v": np.ones((1, 1, 5, 8), np.float32)}
+    with pytest.raises(ValueError, match="layer 1"):
+        kvq_dump.write_dump(path, [good, bad], source="synthetic:test", created_by="test", rope="none")
+    assert open(path, "rb").read() == before
+    assert os.listdir(tmp_path) == ["d.h5"]
+    kvq_dump.write_dump(path, [good, good], source="synthetic:test", created_by="test", rope="none")
+    assert len(kvq_dump.read_dump(path)["layers"]) == 2
+    assert os.listdir(tmp_path) == ["d.h5"]
