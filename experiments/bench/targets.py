@@ -5,10 +5,11 @@ a scheme against another scheme, paged against contiguous, a quantize kernel aga
 never runs of two machines.
 
     python3 experiments/bench/targets.py --decode decode.csv [--quantize quantize_bandwidth.csv] \\
-        [--paged paged.csv] [--gpu "NVIDIA H100 80GB HBM3"] [--all]
+        [--input uniform|gaussian-rows] [--paged paged.csv] [--gpu "NVIDIA H100 80GB HBM3"] [--all]
 
 --decode: `kvq bench --peers peers.csv --csv decode.csv` (cuDNN's rows or the vs_cudnn column);
---quantize: `kvq bench-quantize --csv`; --paged: experiments/bench/bench_paged.py --out. Each target
+--quantize: `kvq bench-quantize --csv`, its rows of one --input (default uniform, the bench's own,
+where the targets were set; gaussian-rows, a cache's spread of scales, judges them there); --paged: experiments/bench/bench_paged.py --out. Each target
 whose CSV is missing, or that has no case in it, says so. --gpu: the GPU the targets were set on;
 rows of another GPU are judged and the report says whose they are. The missed cases are listed (--all:
 every case). Exit status 0 whatever the verdicts.
@@ -41,6 +42,10 @@ def number(row: dict, field: str, path: str) -> float:
         return float(row[field])
     except (KeyError, ValueError) as e:
         raise SystemExit(f"targets: {path}: row {row}: field '{field}' is not a number ({e})")
+
+
+def bench_input(row: dict) -> str:
+    return row.get("input") or "uniform"  # runs before the column timed the uniform input
 
 
 def read_rows(path: str, needed: Iterable[str]) -> List[dict]:
@@ -134,8 +139,6 @@ def quantize_cases(pattern: str, given: Optional[bool] = None) -> Callable[[List
             if not re.fullmatch(pattern, r["scheme"]):
                 continue
             if given is not None and (r.get("tensor_scale") == "given") != given:
-                continue
-            if (r.get("input") or "uniform") != "uniform":  # the targets were set on the bench's own input
                 continue
             key = (r["scheme"], r["layout"], r["HKV"], r.get("tensor_scale", ""))
             pct = number(r, "pct_of_copy", r["_path"])
@@ -234,6 +237,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--decode", help="kvq bench CSV (with cuDNN in the same run)")
     ap.add_argument("--quantize", help="kvq bench-quantize CSV")
+    ap.add_argument("--input", default="uniform",
+                    help="the bench-quantize input whose rows are judged (default uniform: the targets were set on it)")
     ap.add_argument("--paged", help="bench_paged.py CSV")
     ap.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="the GPU the targets were set on")
     ap.add_argument("--all", action="store_true", help="list the cases that meet their target too")
@@ -243,6 +248,13 @@ def main(argv=None) -> int:
         path = getattr(a, name)
         if path:
             sources[name] = read_rows(path, NEEDED[name])
+    if "quantize" in sources:  # one input's rows: the same case timed on two inputs is two verdicts
+        rows = sources["quantize"]
+        sources["quantize"] = [r for r in rows if bench_input(r) == a.input]
+        if rows and not sources["quantize"]:
+            found = ", ".join(sorted({bench_input(r) for r in rows}))
+            ap.error(f"{a.quantize}: no rows of input {a.input!r} (it holds {found})")
+        print(f"quantize: the rows of input {a.input}")
     if not sources:
         ap.error("give at least one of --decode, --quantize, --paged")
     report(sources, gpu=a.gpu, every_case=a.all)

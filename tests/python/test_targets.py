@@ -77,11 +77,24 @@ def test_quantize_takes_each_case_fastest_variant():
     assert cases == [("int8-tensor planar Hkv=8 [quantize-tensor2pass]", 0.71)]  # the given scale's row is another case
 
 
-def test_quantize_targets_read_the_bench_input_only():
+def test_quantize_targets_judge_one_input_uniform_by_default(tmp_path, capsys):
     faster = dict(quantize_row("int8-head", "quantize-groupthread", 99.0), input="gaussian-rows")
     rows = [quantize_row("int8-head", "quantize-groupthread", 80.0), faster]
-    _, cases = judged("quantize per-head", rows)
-    assert cases == [("int8-head planar Hkv=8 [quantize-groupthread]", 0.80)]
+    path = tmp_path / "q.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[k for k in faster if not k.startswith("_")])
+        w.writeheader()
+        for r in rows:  # the uniform row's input left empty, as in runs before the column
+            w.writerow({k: v for k, v in r.items() if not k.startswith("_")})
+    targets.main(["--quantize", str(path), "--all"])
+    out = capsys.readouterr().out
+    assert "0.800  int8-head planar Hkv=8" in out and "0.990" not in out  # the uniform row, not the faster one
+    targets.main(["--quantize", str(path), "--all", "--input", "gaussian-rows"])
+    out = capsys.readouterr().out
+    assert "0.990  int8-head planar Hkv=8" in out and "0.800" not in out
+    with pytest.raises(SystemExit):
+        targets.main(["--quantize", str(path), "--input", "normal"])
+    assert "no rows of input 'normal' (it holds gaussian-rows, uniform)" in capsys.readouterr().err
 
 
 def test_paged_from_batch_8():
