@@ -9,8 +9,9 @@ never runs of two machines.
 
 --decode: `kvq bench --peers peers.csv --csv decode.csv` (cuDNN's rows or the vs_cudnn column);
 --quantize: `kvq bench-quantize --csv`, its rows of one --input (default uniform, the bench's own,
-where the targets were set; gaussian-rows, a cache's spread of scales, judges them there); --paged: experiments/bench/bench_paged.py --out. Each target
-whose CSV is missing, or that has no case in it, says so. --gpu: the GPU the targets were set on;
+where the targets were set; gaussian-rows, a cache's spread of scales, judges them there); --paged:
+experiments/bench/bench_paged.py --out. Each target whose CSV is missing, or that has no case in it,
+says so. --gpu: the GPU the targets were set on;
 rows of another GPU are judged and the report says whose they are. The missed cases are listed (--all:
 every case). Exit status 0 whatever the verdicts.
 """
@@ -21,6 +22,8 @@ import statistics
 import sys
 from dataclasses import dataclass
 from typing import Callable, Iterable, List, Optional, Tuple
+
+from compare_runs import KEY_DEFAULTS  # beside this file: what a column older runs lack meant
 
 Case = Tuple[str, float]  # (what was measured, its ratio)
 
@@ -45,7 +48,7 @@ def number(row: dict, field: str, path: str) -> float:
 
 
 def bench_input(row: dict) -> str:
-    return row.get("input") or "uniform"  # runs before the column timed the uniform input
+    return row.get("input") or KEY_DEFAULTS["input"]
 
 
 def read_rows(path: str, needed: Iterable[str]) -> List[dict]:
@@ -237,7 +240,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--decode", help="kvq bench CSV (with cuDNN in the same run)")
     ap.add_argument("--quantize", help="kvq bench-quantize CSV")
-    ap.add_argument("--input", default="uniform",
+    ap.add_argument("--input", default=KEY_DEFAULTS["input"],
                     help="the bench-quantize input whose rows are judged (default uniform: the targets were set on it)")
     ap.add_argument("--paged", help="bench_paged.py CSV")
     ap.add_argument("--gpu", default="NVIDIA H100 80GB HBM3", help="the GPU the targets were set on")

@@ -1,5 +1,6 @@
 // GPU subcommands: kvq variants, kvq validate (the adoption gate), kvq bench-quantize.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstring>
@@ -185,17 +186,14 @@ struct BenchArgs {
 
 int run_bench_quantize(const BenchArgs& a) {
   std::vector<BenchInput> inputs;  // every name checked before the first timing
-  std::string input_names;
-  for (const std::string& name : a.inputs) {
-    inputs.push_back(parse_bench_input(name));
-    input_names += (input_names.empty() ? "" : ", ") + name;
-  }
+  for (const std::string& name : a.inputs) inputs.push_back(parse_bench_input(name));
   const DeviceInfo dev = device_info();
   const nlohmann::json info = gpu_run_info(dev);
   const double copy_gbps = copy_bandwidth_gbps(size_t(2) << 30, a.reps);
   fmt::print("{} ({} SMs, L2 {} MiB), CUDA driver {}, commit {}\n", dev.name, dev.sm_count, dev.l2_bytes >> 20,
              dev.driver_string(), kvq_commit());
-  fmt::print("device-to-device copy (2 GiB): {:.0f} GB/s (read + write); input: {} bf16\n\n", copy_gbps, input_names);
+  fmt::print("device-to-device copy (2 GiB): {:.0f} GB/s (read + write); input: {} bf16\n\n", copy_gbps,
+             fmt::join(a.inputs, ", "));
   fmt::print("{:<14} {:<8} {:<22} {:<7} {:<21} {:>10} {:>10} {:>10} {:>8} {:>7}\n", "input", "Hkv", "scheme", "layout",
              "variant", "median us", "p10 us", "p90 us", "GB/s", "% copy");
   std::filesystem::create_directories(std::filesystem::path(a.csv).parent_path());
