@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
     const GroupParams gp = group_params(st, scheme);  // an inactive lane's: empty, unused
     const detail::GroupCoder<FP8> coder = detail::group_coder<FP8>(gp, st, scheme);
     // Integer codes of a warp with a token of a short scale (bf16 values on its half-steps) by the
-    // residual alone; elsewhere by the biased fma, and a warp's chunks again by the residual if any
-    // met a half-step (encode_chunk_biased / _residual). Decided once, by every lane, before any leaves.
+    // residual alone; elsewhere by the biased fma, and chunks that met a half-step again by the residual
+    // (encode_chunk_biased / _residual). Decided once, by every lane, before any leaves.
     bool by_residual = false;
     if constexpr (!FP8) by_residual = __any_sync(0xffffffffu, active && coder.short_scale);
     if (!active) continue;
@@ -109,28 +109,35 @@ __global__ void __launch_bounds__(kThreads) token_kernel(QuantizeParams p, Token
       return k < K ? token_codes + code_byte_offset[(k << plan.lanes_log2) + jt]
                    : p.codes + flat_index(token_chunk(plan, jt, k)) * BITS / 8;
     };
-    bool sure = true;
-    auto each_chunk = [&](auto&& encode) {  // encode(dst, chunk) -> sure
+    // Bit k: held chunk k (bit K: a further one) was not sure. The retry codes again only the slots k
+    // some lane of the warp was unsure of, not all: at Hkv 1 a warp holds 8 tokens, and int4-token-asym
+    // then coded 1.1 slots of 4 again instead of 2.0 (0.90-0.93x, H200,
+    // experiments/results/nvidia-h200/quantize-token-chunk-retry/).
+    unsigned unsure = 0;
+    auto each_chunk = [&](unsigned which, auto&& encode) {  // encode(dst, chunk) -> sure
 #pragma unroll
       for (int k = 0; k < K; ++k)
-        if (k < n) sure &= encode(codes_of(k), cache[k]);
-      for (int k = K; k < n; ++k) {
+        if (k < n && (which >> k & 1u) && !encode(codes_of(k), cache[k])) unsure |= 1u << k;
+      for (int k = K; k < n && (which >> K & 1u); ++k) {
         Chunk c;
         load(c, k);
-        sure &= encode(codes_of(k), c);
+        if (!encode(codes_of(k), c)) unsure |= 1u << K;
       }
     };
+    constexpr unsigned kAll = (2u << K) - 1;
     if constexpr (FP8) {
-      each_chunk([&](uint8_t* dst, const Chunk& c) { return detail::encode_chunk<ASYM, BITS>(dst, c, coder, scheme); });
+      each_chunk(kAll, [&](uint8_t* dst, const Chunk& c) { return detail::encode_chunk<ASYM, BITS>(dst, c, coder, scheme); });
     } else {
       if (!by_residual)
-        each_chunk([&](uint8_t* dst, const Chunk& c) { return detail::encode_chunk_biased<ASYM, BITS>(dst, c, coder); });
-      if (by_residual || __any_sync(__activemask(), !sure)) {
-        sure = true;
-        each_chunk([&](uint8_t* dst, const Chunk& c) { return detail::encode_chunk_residual<ASYM, BITS>(dst, c, coder); });
+        each_chunk(kAll, [&](uint8_t* dst, const Chunk& c) { return detail::encode_chunk_biased<ASYM, BITS>(dst, c, coder); });
+      const unsigned again = by_residual ? kAll : __reduce_or_sync(__activemask(), unsure);
+      if (again) {
+        unsure = 0;
+        each_chunk(again, [&](uint8_t* dst, const Chunk& c) { return detail::encode_chunk_residual<ASYM, BITS>(dst, c, coder); });
       }
-      sure = sure && !coder.clamp;
+      if (coder.clamp) unsure = kAll;
     }
+    const bool sure = unsure == 0;
     for (int k = 0; !sure && k < n; ++k) {  // rare: the lane's chunks again, by the division
       Chunk c;
       load(c, k);

@@ -61,7 +61,8 @@ def report(x, G, asym, bits):
           f"of groups holding {100 * held:.0f} % of the ties")
 
 
-for name, x in (("bench input (uniform [-4, 4))", bench_input()), ("Gaussian rows, varied scales", gaussian_input())):
-    print(name)
-    for G, asym, bits in ((128, False, 8), (128, True, 8), (32, False, 8), (1024, False, 8), (128, True, 4), (32, True, 4)):
-        report(x, G, asym, bits)
+if __name__ == "__main__":
+    for name, x in (("bench input (uniform [-4, 4))", bench_input()), ("Gaussian rows, varied scales", gaussian_input())):
+        print(name)
+        for G, asym, bits in ((128, False, 8), (128, True, 8), (32, False, 8), (1024, False, 8), (128, True, 4), (32, True, 4)):
+            report(x, G, asym, bits)
