@@ -34,13 +34,15 @@ constexpr int kSegment = 32;  // elements per lane at most: keeps each lane's by
 // The int4 kernel. 4 blocks an SM: at 5 (48 registers) the coder's residual path spilled 24-48
 // bytes in every 16-bit instantiation; at 4 none spills, and the coder's codes cost fewer
 // instructions than encode()'s rounding, conversion and branch (the gain above is at 4).
-// kStrided: the launch strides a few resident waves over the segments (int4 planar output, see
+// kStrided: the launch strides a few resident waves over the segments (see
 // launch_quantize_groupthread) and every segment is on 16 bytes (no alignment test). Either way a
 // segment's four chunk loads are issued before their statistics, two elements an instruction
 // (LaneStats): FBGEMM rows 0.93-0.96x the element-by-element form, which the old 48-register cap
-// had needed (quantize-int4-coder/). FBGEMM rows keep one thread a segment: striding waves over
-// them ran 1.65x slower at Hkv 8 (rows of eight heads interleave in the output).
-template <typename Storage, InputDtype DT, bool ASYM, bool kStrided>
+// had needed (quantize-int4-coder/). kFbgemm: FBGEMM rows, whose segments the kernel counts in
+// their own [B, T, H] order so that a warp's rows lie together in the output; in the input's order
+// rows of eight heads interleave there (Hkv 8 0.83x the input's order with waves, which were 1.65x
+// slower than one thread a segment in it: quantize-fbgemm-token-order/, quantize-int4-coder/).
+template <typename Storage, InputDtype DT, bool ASYM, bool kStrided, bool kFbgemm>
 __global__ void __launch_bounds__(kThreads, 4) groupthread_kernel(QuantizeParams p, BlockGeometry geo) {
   const KvShape& s = p.shape;
   Scheme scheme = p.scheme;
@@ -49,7 +51,6 @@ __global__ void __launch_bounds__(kThreads, 4) groupthread_kernel(QuantizeParams
   const int64_t D = s.head_dim;
   const int G = row_group_size(scheme, static_cast<int>(D));
   const int64_t groups_per_row = D / G, groups = s.rows() * groups_per_row;
-  const bool fbgemm = p.layout == CodeLayout::kFbgemm;
   const Storage* input = static_cast<const Storage*>(p.input);
 
   const int parts = G > kSegment ? G / kSegment : 1;  // lanes per group: 1, 2, 4 or 8
@@ -62,9 +63,10 @@ __global__ void __launch_bounds__(kThreads, 4) groupthread_kernel(QuantizeParams
     const bool active = i < total;
     // The segment's (b, h, t) row by the launch's invariant divisors: 64-bit divisions cost more
     // than quantizing several elements (FBGEMM rows and strided views need b, h and t).
-    const BlockAt at = block_at(s, active ? i : 0, geo, seg);
-    const int64_t g = active ? i >> parts_log2 : 0, part = i & (parts - 1);
-    const int64_t gi = g - at.row * groups_per_row, d0 = at.d0;
+    const BlockAt at = block_at(s, active ? i : 0, geo, seg, kFbgemm);
+    const int64_t out_row = kFbgemm ? (at.b * s.tokens + at.t) * s.heads + at.h : at.row;  // the row i counts in
+    const int64_t part = i & (parts - 1), gi = (active ? i >> parts_log2 : 0) - out_row * groups_per_row;
+    const int64_t g = at.row * groups_per_row + gi, d0 = at.d0;  // g: the group in [B, H, T] order
     const Storage* src = input + detail::element_offset(p, at.b, at.h, at.t, d0);
     const bool aligned = kStrided || reinterpret_cast<uintptr_t>(src) % 16 == 0;
 
@@ -97,8 +99,8 @@ __global__ void __launch_bounds__(kThreads, 4) groupthread_kernel(QuantizeParams
     if (gp.overflow && leader) atomicMin(p.first_overflow, static_cast<unsigned long long>(g));
 
     uint8_t* codes;
-    if (fbgemm) {
-      uint8_t* row = p.codes + ((at.b * s.tokens + at.t) * s.heads + at.h) * (D / 2 + 4 * groups_per_row);
+    if constexpr (kFbgemm) {
+      uint8_t* row = p.codes + out_row * (D / 2 + 4 * groups_per_row);
       if (leader) {
         const uint16_t sc = fp32_to_fp16_bits(gp.scale), z = fp32_to_fp16_bits(gp.zero);
         uint8_t* head = row + 4 * gi;
@@ -236,9 +238,15 @@ template <typename Storage, InputDtype DT, bool kStrided>
 void launch_int4(const QuantizeParams& p, cudaStream_t stream, int blocks) {
   const int64_t G = row_group_size(p.scheme, p.shape.head_dim);
   const BlockGeometry geo = block_geometry(p.shape, static_cast<int>(std::min<int64_t>(G, kSegment)));
-  if (p.scheme.asymmetric) groupthread_kernel<Storage, DT, true, kStrided><<<blocks, kThreads, 0, stream>>>(p, geo);
-  else groupthread_kernel<Storage, DT, false, kStrided><<<blocks, kThreads, 0, stream>>>(p, geo);
-  KVQ_CHECK_LAUNCH();
+  const auto launch = [&](auto kernel) {
+    kernel<<<blocks, kThreads, 0, stream>>>(p, geo);
+    KVQ_CHECK_LAUNCH();
+  };
+  const bool fbgemm = p.layout == CodeLayout::kFbgemm;
+  if (p.scheme.asymmetric)
+    fbgemm ? launch(groupthread_kernel<Storage, DT, true, kStrided, true>) : launch(groupthread_kernel<Storage, DT, true, kStrided, false>);
+  else
+    fbgemm ? launch(groupthread_kernel<Storage, DT, false, kStrided, true>) : launch(groupthread_kernel<Storage, DT, false, kStrided, false>);
 }
 
 template <typename Storage, InputDtype DT, bool kAligned>
@@ -282,14 +290,13 @@ void launch_quantize_groupthread(const QuantizeParams& p, cudaStream_t stream) {
   if (groups == 0) return;
   const int64_t G = row_group_size(p.scheme, p.shape.head_dim);
   const int64_t threads = groups * (G > kSegment ? G / kSegment : 1);
-  // Launch shape by measurement (H100, B=128 T=8192 Hkv=8): int4 planar output is fastest from a
-  // grid of 8 resident waves (groupthread_kernel keeps 4 blocks an SM) striding over the
-  // segments (84% vs 78% of copy), while int8 and FBGEMM rows are fastest with one thread per
-  // segment (78% vs 72%, 68% vs 37%). FBGEMM rows of one KV head lie in input order, and stride
-  // like planar codes (H200 Hkv 1: 0.87-0.90x, nvidia-h200/quantize-token-bytes-fbgemm-waves/; at
-  // Hkv 8 striding wrote each row far from its neighbours in time, 1.65x slower: quantize-int4-coder/).
+  // Launch shape by measurement (H100, B=128 T=8192 Hkv=8): int4 output is fastest from a grid of 8
+  // resident waves (groupthread_kernel keeps 4 blocks an SM) striding over the segments (planar
+  // 84% vs 78% of copy; FBGEMM rows, counted in their own order: H200 Hkv 1 0.87-0.90x,
+  // nvidia-h200/quantize-token-bytes-fbgemm-waves/, Hkv 8 0.83x, quantize-fbgemm-token-order/),
+  // while int8 is fastest with one thread per segment (78% vs 72%).
   int64_t max_blocks = 1 << 20;
-  const bool grid_stride = p.scheme.bits == 4 && (p.layout == CodeLayout::kPlanar || p.shape.heads == 1);
+  const bool grid_stride = p.scheme.bits == 4;
   if (grid_stride) {
     int device = 0, sms = 0;
     KVQ_CUDA_CHECK(cudaGetDevice(&device));

@@ -294,37 +294,40 @@ TEST_CASE("InvariantDivisor divides every n < 2^31 as the division does") {
   CHECK_THROWS(make_invariant_divisor(int64_t{1} << 31));
 }
 
-TEST_CASE("the block formats' block positions by InvariantDivisor equal the divisions, at every block") {
+TEST_CASE("block positions by InvariantDivisor equal the divisions, at every block, in either row order") {
   for (const KvShape& s : {KvShape{3, 5, 37, 128}, KvShape{2, 8, 4096, 128}, KvShape{1, 1, 1, 32}, KvShape{7, 3, 11, 96},
                            KvShape{2, 2, 3, 16}, KvShape{1, 32, 5, 256}}) {
-    for (int elems : {16, 32}) {
+    for (int elems : {16, 24, 32}) {
       if (s.head_dim % elems) continue;
-      CAPTURE(s.heads);
-      CAPTURE(s.tokens);
-      CAPTURE(s.head_dim);
-      CAPTURE(elems);
-      const BlockGeometry geo = block_geometry(s, elems);
-      REQUIRE(geo.narrow);
-      BlockGeometry wide = geo;
-      wide.narrow = false;
-      const int64_t blocks = s.rows() * geo.per_row;
-      int64_t g = 0;
-      for (int64_t b = 0; b < s.batch; ++b)  // the logical order: block g is (b, h, t, d0) in turn
-        for (int64_t h = 0; h < s.heads; ++h)
-          for (int64_t t = 0; t < s.tokens; ++t)
-            for (int64_t d0 = 0; d0 < s.head_dim; d0 += elems, ++g) {
-              const BlockAt at = block_at(s, g, geo, elems), ref = block_at(s, g, wide, elems);
-              REQUIRE(at.b == b);
-              REQUIRE(at.h == h);
-              REQUIRE(at.t == t);
-              REQUIRE(at.d0 == d0);
-              REQUIRE(at.row == (b * s.heads + h) * s.tokens + t);
-              REQUIRE(ref.b == b);
-              REQUIRE(ref.h == h);
-              REQUIRE(ref.t == t);
-              REQUIRE(ref.d0 == d0);
-            }
-      CHECK(g == blocks);
+      for (bool token_major : {false, true}) {
+        CAPTURE(s.heads);
+        CAPTURE(s.tokens);
+        CAPTURE(s.head_dim);
+        CAPTURE(elems);
+        CAPTURE(token_major);
+        const BlockGeometry geo = block_geometry(s, elems);
+        REQUIRE(geo.narrow);
+        BlockGeometry wide = geo;
+        wide.narrow = false;
+        const int64_t blocks = s.rows() * geo.per_row;
+        int64_t g = 0;
+        // block g is (b, h, t, d0) in turn, or (b, t, h, d0) token-major (FBGEMM rows' order)
+        const int64_t inner = token_major ? s.heads : s.tokens, outer = token_major ? s.tokens : s.heads;
+        for (int64_t b = 0; b < s.batch; ++b)
+          for (int64_t o = 0; o < outer; ++o)
+            for (int64_t in = 0; in < inner; ++in)
+              for (int64_t d0 = 0; d0 < s.head_dim; d0 += elems, ++g) {
+                const int64_t h = token_major ? in : o, t = token_major ? o : in;
+                for (const BlockAt& at : {block_at(s, g, geo, elems, token_major), block_at(s, g, wide, elems, token_major)}) {
+                  REQUIRE(at.b == b);
+                  REQUIRE(at.h == h);
+                  REQUIRE(at.t == t);
+                  REQUIRE(at.d0 == d0);
+                  REQUIRE(at.row == (b * s.heads + h) * s.tokens + t);
+                }
+              }
+        CHECK(g == blocks);
+      }
     }
   }
   CHECK(!block_geometry(KvShape{4096, 8, 65536, 128}, 32).narrow);  // 2^32 blocks: the divisions
