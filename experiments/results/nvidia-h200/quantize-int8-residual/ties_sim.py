@@ -32,10 +32,11 @@ def gaussian_input(rows=32768, seed=1):
     return to_bf16(x.ravel())
 
 
-def report(x, G, asym, bits):
+def coded(g, asym, bits):
+    """Groups g (one a row) as the coder sees them: whether each element's biased code is sure, the fp16
+    scale, the values it divides, and whether the scale is short (<= 4 significant bits)."""
     f32 = lambda a: np.asarray(a, np.float64).astype(np.float32).astype(np.float64)
     f16 = lambda a: np.asarray(a, np.float64).astype(np.float32).astype(np.float16).astype(np.float64)
-    g = x.reshape(-1, G)
     if asym:
         zero = f16(g.min(1))
         s = f16(f32(f32(g.max(1) - g.min(1)) / ((1 << bits) - 1)))
@@ -43,17 +44,21 @@ def report(x, G, asym, bits):
     else:
         s = f16(f32(np.abs(g).max(1) / ((1 << (bits - 1)) - 1)))
         v = g
-    inv = f32(1.0 / s)
-    P = v * inv[:, None]  # exact in fp64; the fma rounds once
+    P = v * f32(1.0 / s)[:, None]  # exact in fp64; the fma rounds once
     n = f32(P + B) - B
     sure = f32(0.5 - np.abs(f32(P - n))) > 2.0**-13
+    mant = (np.frexp(s)[0] * 2**11).astype(np.int64)
+    return sure, s, v, (mant & -mant) >= 2**7
+
+
+def report(x, G, asym, bits):
+    g = x.reshape(-1, G)
+    sure, s, v, short = coded(g, asym, bits)
     q = v / s[:, None]
     tie = q - np.floor(q) == 0.5
     seg = min(G, 32)
     chunks = sure.reshape(-1, 8).all(1).reshape(-1, seg // 8)
     warps = ~chunks[: chunks.shape[0] // 32 * 32].reshape(-1, 32, seg // 8).all(1)
-    mant = (np.frexp(s)[0] * 2**11).astype(np.int64)
-    short = (mant & -mant) >= 2**7  # <= 4 significant bits
     held = tie[short].sum() / max(tie.sum(), 1)
     print(f"  G={G:<4} {'asym' if asym else 'sym '} int{bits}: not sure {100 * (1 - sure.mean()):.3f} % of elements "
           f"(ties {100 * tie.mean():.3f} %), warps meeting one at chunk k "
