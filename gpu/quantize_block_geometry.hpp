@@ -39,22 +39,22 @@ inline BlockGeometry block_geometry(const KvShape& s, int elems) {
 // Block g counted in [B, H, T] row order (the input's), or with token_major in [B, T, H] order (FBGEMM
 // rows': a warp's stores then lie together). `row` is the block's [B, H, T] row either way.
 KVQ_HD BlockAt block_at(const KvShape& s, int64_t g, const BlockGeometry& geo, int elems, bool token_major = false) {
-  int64_t b, h, t, r, col;
-  if (geo.narrow) {
-    const uint32_t n = static_cast<uint32_t>(g), q = geo.by_per_row.divide(n);
-    const uint32_t outer = token_major ? geo.by_heads.divide(q) : geo.by_tokens.divide(q);  // (b, t) or (b, h)
-    const uint32_t bb = token_major ? geo.by_tokens.divide(outer) : geo.by_heads.divide(outer);
-    b = bb, r = q, col = n - q * uint32_t(geo.per_row);
-    h = token_major ? q - outer * uint32_t(s.heads) : outer - bb * uint32_t(s.heads);
-    t = token_major ? outer - bb * uint32_t(s.tokens) : q - outer * uint32_t(s.tokens);
-  } else {
-    r = g / geo.per_row, col = g % geo.per_row;
-    b = r / (s.tokens * s.heads);
-    h = token_major ? r % s.heads : (r / s.tokens) % s.heads;
-    t = token_major ? (r / s.heads) % s.tokens : r % s.tokens;
+  if (token_major) {  // q counts [B, T, H] rows
+    if (geo.narrow) {
+      const uint32_t n = static_cast<uint32_t>(g), q = geo.by_per_row.divide(n), bt = geo.by_heads.divide(q);
+      const uint32_t b = geo.by_tokens.divide(bt), h = q - bt * uint32_t(s.heads), t = bt - b * uint32_t(s.tokens);
+      return {b, h, t, (int64_t(b) * s.heads + h) * s.tokens + t, int64_t(n - q * uint32_t(geo.per_row)) * elems};
+    }
+    const int64_t q = g / geo.per_row, b = q / (s.tokens * s.heads), h = q % s.heads, t = (q / s.heads) % s.tokens;
+    return {b, h, t, (b * s.heads + h) * s.tokens + t, (g % geo.per_row) * elems};
   }
-  if (token_major) r = (b * s.heads + h) * s.tokens + t;
-  return {b, h, t, r, col * elems};
+  if (geo.narrow) {
+    const uint32_t n = static_cast<uint32_t>(g), r = geo.by_per_row.divide(n), bh = geo.by_tokens.divide(r);
+    const uint32_t b = geo.by_heads.divide(bh);
+    return {b, bh - b * uint32_t(s.heads), r - bh * uint32_t(s.tokens), r, int64_t(n - r * uint32_t(geo.per_row)) * elems};
+  }
+  const int64_t r = g / geo.per_row;
+  return {r / (s.tokens * s.heads), (r / s.tokens) % s.heads, r % s.tokens, r, (g % geo.per_row) * elems};
 }
 
 }  // namespace kvq
