@@ -1,6 +1,7 @@
 #include "data/h5_writer.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <unistd.h>
 
@@ -114,9 +115,18 @@ const std::string& H5Writer::path() const { return impl_->path; }
 
 void H5Writer::write_floats(const std::string& dataset, const std::vector<int64_t>& dims,
                             const std::vector<float>& values, StoredDtype dtype) {
+  int64_t overflow = -1;
   impl_->guarded(dataset, [&] {
-    h5::write_from_float(impl_->create(dataset, h5::file_type(dtype), dims, values.size()), dtype, values);
+    overflow = h5::write_from_float(impl_->create(dataset, h5::file_type(dtype), dims, values.size()), dtype, values);
   });
+  if (overflow >= 0) {  // a value the file could not hold: an error, not an infinity (the partial file goes)
+    std::vector<int64_t> index(dims.size());
+    for (size_t i = dims.size(), rest = static_cast<size_t>(overflow); i-- > 0; rest /= static_cast<size_t>(dims[i]))
+      index[i] = static_cast<int64_t>(rest % static_cast<size_t>(dims[i]));
+    throw DumpError(fmt::format("{}: {}: value {} at [{}] overflows {} (largest finite {}); store float32 or rescale",
+                                impl_->path, dataset, values[overflow], fmt::join(index, ", "), to_string(dtype),
+                                dtype == StoredDtype::kFp16 ? "65504" : "3.39e38"));
+  }
 }
 
 void H5Writer::write_doubles(const std::string& dataset, const std::vector<int64_t>& dims,

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
 #include "quant/float_formats.hpp"
@@ -142,19 +144,25 @@ std::vector<float> read_as_float(const H5::DataSet& dataset, StoredDtype dtype, 
   return out;
 }
 
-void write_from_float(const H5::DataSet& dataset, StoredDtype dtype, const std::vector<float>& values) {
-  if (values.empty()) return;
+int64_t write_from_float(const H5::DataSet& dataset, StoredDtype dtype, const std::vector<float>& values) {
+  if (values.empty()) return -1;
   const H5::FloatType type = file_type(dtype);
   if (dtype == StoredDtype::kFp32) {
     dataset.write(values.data(), type);
-    return;
+    return -1;
   }
   std::vector<uint16_t> raw(values.size());
   const bool half = dtype == StoredDtype::kFp16;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < static_cast<int64_t>(values.size()); ++i)
+  const uint16_t exponent = half ? 0x7c00 : 0x7f80;  // all ones: infinity or NaN
+  const int64_t n = static_cast<int64_t>(values.size());
+  int64_t first_overflow = n;
+#pragma omp parallel for schedule(static) reduction(min : first_overflow)
+  for (int64_t i = 0; i < n; ++i) {
     raw[i] = half ? fp32_to_fp16_bits(values[i]) : fp32_to_bf16_bits(values[i]);
+    if ((raw[i] & exponent) == exponent && std::isfinite(values[i])) first_overflow = std::min(first_overflow, i);
+  }
   dataset.write(raw.data(), type);
+  return first_overflow < n ? first_overflow : -1;
 }
 
 }  // namespace kvq::h5

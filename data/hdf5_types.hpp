@@ -34,7 +34,8 @@ std::string failure_reason();
 std::vector<float> read_as_float(const H5::DataSet& dataset, StoredDtype dtype, const H5::DataSpace& mem_space,
                                  const H5::DataSpace& file_space, size_t count);
 
-// Writes fp32 values, rounded to `dtype`.
-void write_from_float(const H5::DataSet& dataset, StoredDtype dtype, const std::vector<float>& values);
+// Writes fp32 values, rounded to `dtype`. Returns the index of the first finite value that rounding
+// made infinite (beyond float16's 65504 or bfloat16's range), -1 where none did: the caller's error.
+int64_t write_from_float(const H5::DataSet& dataset, StoredDtype dtype, const std::vector<float>& values);
 
 }  // namespace kvq::h5

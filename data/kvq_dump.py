@@ -76,13 +76,29 @@ def to_bf16_bits(x):
     return rounded
 
 
-def _write_tensor(group, name, values, dtype):
+def _refuse_overflow(values, stored_finite, shown, dataset, dtype):
+    """A finite value that rounding to `dtype` made infinite is an error (as kvq's C++ writer), not an inf."""
+    lost = np.isfinite(values) & ~stored_finite
+    if lost.any():
+        at = np.unravel_index(int(np.argmax(lost)), values.shape)
+        largest = "65504" if dtype == "float16" else "3.39e38"
+        raise ValueError(f"{shown}: {dataset}: value {float(values[at]):.9g} at [{', '.join(str(int(i)) for i in at)}] "
+                         f"overflows {dtype} (largest finite {largest}); store float32 or rescale")
+
+
+def _write_tensor(group, name, values, dtype, shown):
     values = np.asarray(values, dtype=np.float32)
+    dataset = f"{group.name}/{name}"
     if dtype == "float32":
         create_checked_dataset(group, name, values)
     elif dtype == "float16":
-        create_checked_dataset(group, name, values.astype(np.float16))
+        with np.errstate(over="ignore"):
+            stored = values.astype(np.float16)
+        _refuse_overflow(values, np.isfinite(stored), shown, dataset, dtype)
+        create_checked_dataset(group, name, stored)
     elif dtype == "bfloat16":
+        bits = to_bf16_bits(values)
+        _refuse_overflow(values, (bits & 0x7F80) != 0x7F80, shown, dataset, dtype)
         dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
         dcpl.set_obj_track_times(False)
         chunks = chunk_shape(values.shape, 2)
@@ -91,7 +107,7 @@ def _write_tensor(group, name, values, dtype):
             dcpl.set_fletcher32()
         space = h5py.h5s.create_simple(values.shape)
         ds = h5py.h5d.create(group.id, name.encode(), bf16_type(), space, dcpl=dcpl)
-        ds.write(h5py.h5s.ALL, h5py.h5s.ALL, to_bf16_bits(values), mtype=bf16_type())
+        ds.write(h5py.h5s.ALL, h5py.h5s.ALL, bits, mtype=bf16_type())
     else:
         raise ValueError(f"dtype {dtype!r}: expected one of {DTYPES}")
 
@@ -115,7 +131,7 @@ def write_dump(path, layers, *, source, created_by, rope, seq_lens=None, tokens=
     partial = f"{path}.partial-{os.getpid()}"
     try:
         _write_dump_file(partial, layers, source=source, created_by=created_by, rope=rope, seq_lens=seq_lens,
-                         tokens=tokens, dtype=dtype, rope_pairs=rope_pairs)
+                         tokens=tokens, dtype=dtype, rope_pairs=rope_pairs, shown=path)
         os.replace(partial, path)
     except BaseException:
         if os.path.exists(partial):
@@ -123,7 +139,7 @@ def write_dump(path, layers, *, source, created_by, rope, seq_lens=None, tokens=
         raise
 
 
-def _write_dump_file(path, layers, *, source, created_by, rope, seq_lens, tokens, dtype, rope_pairs):
+def _write_dump_file(path, layers, *, source, created_by, rope, seq_lens, tokens, dtype, rope_pairs, shown):
     with h5py.File(path, "w", track_order=False, libver=LIBVER) as f:
         f.attrs["kvq_schema"] = np.int64(SCHEMA)
         set_text_attr(f, "source", source)
@@ -137,14 +153,14 @@ def _write_dump_file(path, layers, *, source, created_by, rope, seq_lens, tokens
             if k.ndim != 4 or k.shape != v.shape:
                 raise ValueError(f"layer {index}: k {k.shape} and v {v.shape} must both be [B, Hkv, T, D]")
             g = group.create_group(str(index))
-            _write_tensor(g, "k", k, dtype)
-            _write_tensor(g, "v", v, dtype)
+            _write_tensor(g, "k", k, dtype, shown)
+            _write_tensor(g, "v", v, dtype, shown)
             num_q_heads = int(layer.get("num_q_heads", k.shape[1]))
             if layer.get("q") is not None:
                 q = np.asarray(layer["q"])
                 if q.ndim != 4 or q.shape[0] != k.shape[0] or q.shape[1] != num_q_heads or q.shape[3] != k.shape[3]:
                     raise ValueError(f"layer {index}: q {q.shape} must be [B, Hq={num_q_heads}, Tq, D]")
-                _write_tensor(g, "q", q, dtype)
+                _write_tensor(g, "q", q, dtype, shown)
             g.attrs["num_q_heads"] = np.int64(num_q_heads)
             g.attrs["num_kv_heads"] = np.int64(k.shape[1])
             g.attrs["head_dim"] = np.int64(k.shape[3])

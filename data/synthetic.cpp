@@ -1,8 +1,11 @@
 #include "data/synthetic.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "quant/errors.hpp"
 
@@ -30,16 +33,29 @@ double normal_at(uint64_t seed, uint64_t stream, uint64_t i) {
 
 enum Stream : uint64_t { kK = 1, kV, kQ, kTokenScale, kOutlierPick, kOutlierSign, kSinkDirection };
 
+// Every parameter outside its range, named with its value and the rule (a user fixes them all at once).
 void check_spec(const SyntheticSpec& s) {
-  const bool ok = s.batch >= 0 && s.q_heads > 0 && s.kv_heads > 0 && s.tokens >= 0 && s.head_dim > 0 &&
-                  s.head_dim % 2 == 0 && s.q_len >= 0 && s.q_len <= s.tokens && s.q_heads % s.kv_heads == 0 &&
-                  s.outlier_channels >= 0 && s.outlier_channels <= s.head_dim / 2 && s.sink_tokens >= 0 &&
-                  s.sink_tokens <= s.tokens && s.token_spread >= 0 && s.rope_theta > 0;
-  if (!ok)
-    throw InputError(fmt::format(
-        "synthetic: bad parameters B={} Hq={} Hkv={} T={} D={} Tq={} outlier_channels={} sink_tokens={} (need Hq % "
-        "Hkv == 0, D even, Tq <= T, outlier_channels <= D/2, sink_tokens <= T)",
-        s.batch, s.q_heads, s.kv_heads, s.tokens, s.head_dim, s.q_len, s.outlier_channels, s.sink_tokens));
+  std::vector<std::string> bad;
+  const auto need = [&](bool ok, const std::string& what) {
+    if (!ok) bad.push_back(what);
+  };
+  need(s.batch >= 0, fmt::format("B={} (need >= 0)", s.batch));
+  need(s.q_heads > 0 && s.kv_heads > 0 && s.q_heads % s.kv_heads == 0,
+       fmt::format("Hq={} Hkv={} (need both > 0, Hkv dividing Hq)", s.q_heads, s.kv_heads));
+  need(s.tokens >= 0, fmt::format("T={} (need >= 0)", s.tokens));
+  need(s.head_dim > 0 && s.head_dim % 2 == 0, fmt::format("D={} (need even and > 0: RoPE rotates pairs)", s.head_dim));
+  need(s.q_len >= 0 && s.q_len <= s.tokens, fmt::format("Tq={} (need 0 <= Tq <= T = {})", s.q_len, s.tokens));
+  need(s.outlier_channels >= 0 && s.outlier_channels <= s.head_dim / 2,
+       fmt::format("outlier_channels={} (need 0 .. D/2 = {})", s.outlier_channels, s.head_dim / 2));
+  need(s.sink_tokens >= 0 && s.sink_tokens <= s.tokens,
+       fmt::format("sink_tokens={} (need 0 .. T = {})", s.sink_tokens, s.tokens));
+  need(std::isfinite(s.outlier_scale), fmt::format("outlier_scale={} (need finite)", s.outlier_scale));
+  need(std::isfinite(s.token_spread) && s.token_spread >= 0,
+       fmt::format("token_spread={} (need finite, >= 0)", s.token_spread));
+  need(std::isfinite(s.sink_scale), fmt::format("sink_scale={} (need finite)", s.sink_scale));
+  need(std::isfinite(s.query_bias), fmt::format("query_bias={} (need finite)", s.query_bias));
+  need(std::isfinite(s.rope_theta) && s.rope_theta > 0, fmt::format("rope_theta={} (need finite, > 0)", s.rope_theta));
+  if (!bad.empty()) throw InputError(fmt::format("synthetic: bad parameters: {}", fmt::join(bad, "; ")));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <H5Cpp.h>
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -187,6 +188,53 @@ TEST_CASE("a writer that fails part-way leaves an earlier file as it was and no 
   CHECK(test::message_of<DumpError>([] { DumpWriter w("/nonexistent/dir/x.h5", {"synthetic:test"}); }) ==
         "/nonexistent/dir/x.h5: cannot create the file (does the directory exist and is it writable?)");
   fs::remove(path);
+}
+
+TEST_CASE("a value beyond the stored dtype is an error naming the dataset and index, never an infinity in the file") {
+  const std::string path = temp_path("overflow.h5");
+  const auto write = [&](float value, StoredDtype dtype) {
+    KvLayer l;
+    l.kv_shape = {1, 2, 3, 4};
+    l.k.assign(24, 1.0f);
+    l.v.assign(24, -2.0f);
+    l.v[1 * 12 + 2 * 4 + 3] = value;  // [0, 1, 2, 3]
+    DumpWriter w(path, {"synthetic:overflow"});
+    w.add_layer(l, dtype);
+    w.close();
+    return read_layer(open_dump(path), 0).v[23];
+  };
+  CHECK(write(65504.0f, StoredDtype::kFp16) == 65504.0f);
+  CHECK(write(65519.0f, StoredDtype::kFp16) == 65504.0f);  // rounds down to the largest finite
+  CHECK(write(-INFINITY, StoredDtype::kFp16) == -INFINITY);  // non-finite input is kept as it is
+  CHECK(write(1e30f, StoredDtype::kFp32) == 1e30f);
+  const std::string fp16 = test::message_of<DumpError>([&] { write(65520.0f, StoredDtype::kFp16); });
+  CHECK(fp16 == path + ": /layers/0/v: value 65520 at [0, 1, 2, 3] overflows float16 (largest finite 65504); "
+                       "store float32 or rescale");
+  CHECK(read_layer(open_dump(path), 0).v[23] == 1e30f);  // the failed writer left the earlier file
+  const std::string bf16 = test::message_of<DumpError>([&] { write(-3.4e38f, StoredDtype::kBf16); });
+  CHECK(bf16.find(": /layers/0/v: value -3.4e+38 at [0, 1, 2, 3] overflows bfloat16") != std::string::npos);
+  CHECK(read_layer(open_dump(path), 0).v[23] == 1e30f);
+  for (const auto& e : fs::directory_iterator(fs::path(path).parent_path()))
+    CHECK(e.path().filename().string().rfind(fs::path(path).filename().string() + ".partial-", 0) != 0);
+  fs::remove(path);
+}
+
+TEST_CASE("synthetic parameters out of range are named with their values and rules, all at once") {
+  SyntheticSpec s;
+  s.head_dim = 7, s.token_spread = -1.0, s.rope_theta = 0.0;
+  CHECK(test::message_of<InputError>([&] { make_synthetic(s); }) ==
+        "synthetic: bad parameters: D=7 (need even and > 0: RoPE rotates pairs); outlier_channels=4 (need 0 .. D/2 = 3); "
+        "token_spread=-1 (need finite, >= 0); rope_theta=0 (need finite, > 0)");
+  SyntheticSpec n;
+  n.outlier_scale = NAN;
+  CHECK(test::message_of<InputError>([&] { make_synthetic(n); }) ==
+        "synthetic: bad parameters: outlier_scale=nan (need finite)");
+  SyntheticSpec q;
+  q.tokens = 4, q.q_len = 5, q.sink_tokens = 6, q.q_heads = 6, q.kv_heads = 4;
+  CHECK(test::message_of<InputError>([&] { make_synthetic(q); }) ==
+        "synthetic: bad parameters: Hq=6 Hkv=4 (need both > 0, Hkv dividing Hq); Tq=5 (need 0 <= Tq <= T = 4); "
+        "sink_tokens=6 (need 0 .. T = 4)");
+  CHECK_NOTHROW(make_synthetic(SyntheticSpec{}));
 }
 
 TEST_CASE("missing, empty and non-HDF5 files") {

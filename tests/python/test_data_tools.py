@@ -125,3 +125,28 @@ def test_a_dump_that_fails_part_way_leaves_an_earlier_file_as_it_was(tmp_path):
     kvq_dump.write_dump(path, [good, good], source="synthetic:test", created_by="test", rope="none")
     assert len(kvq_dump.read_dump(path)["layers"]) == 2
     assert os.listdir(tmp_path) == ["d.h5"]
+
+
+@pytest.mark.parametrize("dtype,value,largest", [("float16", 65520.0, 65504.0), ("bfloat16", -3.4e38, None)])
+def test_a_value_beyond_the_stored_dtype_is_an_error_never_an_infinity(tmp_path, dtype, value, largest):
+    path = str(tmp_path / "d.h5")
+    k = np.ones((1, 2, 3, 4), np.float32)
+    v = np.full((1, 2, 3, 4), -2.0, np.float32)
+    v[0, 1, 2, 3] = np.float32(value)
+    with pytest.raises(ValueError, match=rf"^{path}: /layers/0/v: value .* at \[0, 1, 2, 3\] overflows {dtype}"):
+        kvq_dump.write_dump(path, [{"k": k, "v": v}], source="synthetic:test", created_by="test", rope="none",
+                            dtype=dtype)
+    assert os.listdir(tmp_path) == []  # no file, no partial file
+    v[0, 1, 2, 3] = -np.inf  # non-finite input is kept as it is
+    if largest is not None:
+        k[0, 0, 0, 0] = 65519.0  # rounds down to the largest finite
+    kvq_dump.write_dump(path, [{"k": k, "v": v}], source="synthetic:test", created_by="test", rope="none", dtype=dtype)
+    layer = kvq_dump.read_dump(path)["layers"][0]
+    assert layer["v"][0, 1, 2, 3] == -np.inf
+    if largest is not None:
+        assert layer["k"][0, 0, 0, 0] == largest
+    # the C++ writer says the same of the same value (kvq synth: outliers beyond float16)
+    r = kvq("synth", "--out", str(tmp_path / "s.h5"), "--outlier-scale", "1e6")
+    assert r.returncode == 3 and "/layers/0/k: value" in r.stderr
+    assert "overflows float16 (largest finite 65504)" in r.stderr
+    assert not (tmp_path / "s.h5").exists()
