@@ -15,6 +15,7 @@
 
 #include "experiments/bench/bench_shapes.hpp"
 #include "experiments/cli/commands.hpp"
+#include "experiments/cli/number_checks.hpp"
 #include "experiments/cluster/bench_shards.hpp"
 #include "experiments/common/csv_table.hpp"
 #include "experiments/common/gpu_run_info.hpp"
@@ -226,7 +227,7 @@ std::vector<Command> add_bench_command(CLI::App& parent) {
       ->check(CLI::Range(0, kMaxSplits));
   bench->add_option("--calls-per-graph", a->calls_per_graph, "Decode calls captured per graph")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   bench->add_option("--plan", a->plan, "A study's plan.json (kvq plan bench): run --shard of it")->check(CLI::ExistingFile);
   bench->add_option("--shard", a->shard, "I/N or I: the shard to run into --out (skips finished units)");
   bench->add_option("--gpu", a->gpu, "--shard: the plan's GPU type this task runs (checked against the device)");

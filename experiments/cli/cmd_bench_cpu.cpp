@@ -7,6 +7,7 @@
 
 #include "experiments/bench/bench_cpu.hpp"
 #include "experiments/cli/commands.hpp"
+#include "experiments/cli/number_checks.hpp"
 #include "experiments/common/run_info.hpp"
 #include "quant/errors.hpp"
 
@@ -58,7 +59,7 @@ Command add_bench_cpu_command(CLI::App& parent) {
   CLI::App* cmd = parent.add_subcommand(
       "bench-cpu", "Time the fp64 CPU reference on the DESIGN.md decode shapes (median, p10, p90, GFLOP/s)");
   cmd->add_option("--filter", a->filter, "Regex over shape labels like seed000/B32/T8192")->capture_default_str();
-  cmd->add_option("--min-reps", a->min_reps, "Timed runs per shape, at least")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--min-reps", a->min_reps, "Timed runs per shape, at least")->capture_default_str()->check(kPositive);
   cmd->add_option("--min-seconds", a->min_seconds, "Timed seconds per shape, at least")->capture_default_str();
   cmd->add_option("--csv", a->csv, "Write the timings as CSV");
   return {cmd, [a] { return run(*a); }};

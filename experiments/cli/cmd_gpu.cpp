@@ -12,6 +12,7 @@
 
 #include "experiments/bench/bench_shapes.hpp"
 #include "experiments/cli/commands.hpp"
+#include "experiments/cli/number_checks.hpp"
 #include "experiments/common/dump_check.hpp"
 #include "experiments/common/gpu_run_info.hpp"
 #include "experiments/sweep/results_writer.hpp"
@@ -279,7 +280,7 @@ std::vector<Command> add_gpu_commands(CLI::App& parent) {
   validate->add_option("--report", va->report, "JSON report")->capture_default_str();
   validate->add_option("--dump", va->dump, "Real dump to validate on, as it is: every layer, batch entry and decode query "
                        "(default: the bundled one)");
-  validate->add_option("--reruns", va->reruns, "Reruns compared bitwise")->capture_default_str()->check(CLI::PositiveNumber);
+  validate->add_option("--reruns", va->reruns, "Reruns compared bitwise")->capture_default_str()->check(kPositive);
   validate->add_flag("--quick", va->quick, "Small shapes only (for compute-sanitizer)");
   add_python_gate_options(validate, va->python);
   out.push_back({validate, [va, validate] {
@@ -305,7 +306,7 @@ std::vector<Command> add_gpu_commands(CLI::App& parent) {
                     "every committed run's) or gaussian-rows (rows of D whose scales spread over two decades)")
       ->delimiter(',')
       ->capture_default_str();
-  bench->add_option("--reps", ba->reps, "Timed graph replays per case")->capture_default_str()->check(CLI::PositiveNumber);
+  bench->add_option("--reps", ba->reps, "Timed graph replays per case")->capture_default_str()->check(kPositive);
   out.push_back({bench, [ba] { return run_bench_quantize(*ba); }});
   for (Command& c : add_bench_command(parent)) out.push_back(std::move(c));
   return out;

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "experiments/cli/commands.hpp"
+#include "experiments/cli/number_checks.hpp"
 #include "experiments/cli/python_gate.hpp"
 #include "experiments/cluster/bench_shards.hpp"
 #include "experiments/cluster/sweep_shards.hpp"
@@ -64,7 +65,7 @@ Command add_plan_command(CLI::App& parent) {
   sweep->add_option("--layers", a->sweep.layers, "Layer indices (default: all)")->delimiter(',');
   sweep->add_option("--k", a->sweep.k_schemes, "K schemes, comma-separated (default: kvq sweep's set)");
   sweep->add_option("--v", a->sweep.v_schemes, "V schemes, comma-separated");
-  sweep->add_option("--top-k", a->sweep.top_k, "k of the top-k overlap")->capture_default_str()->check(CLI::PositiveNumber);
+  sweep->add_option("--top-k", a->sweep.top_k, "k of the top-k overlap")->capture_default_str()->check(kPositive);
   add_common(sweep, *a);
 
   CLI::App* bench = plan->add_subcommand("bench", "Units (GPU type, shape, variant), as kvq bench on each GPU type");

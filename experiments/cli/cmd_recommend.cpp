@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "experiments/cli/commands.hpp"
+#include "experiments/cli/number_checks.hpp"
 #include "experiments/sweep/recommend.hpp"
 #include "experiments/sweep/recommend_print.hpp"
 #include "quant/errors.hpp"
@@ -23,9 +24,9 @@ Command add_recommend_command(CLI::App& parent) {
       "from kvq eval results (experiments/eval/kvq_eval.py) ranked by end-to-end KL divergence");
   cmd->add_option("results", a->csv, "sweep.csv (kvq sweep) or eval.csv (kvq eval)")->required()->check(CLI::ExistingFile);
   CLI::Option* rel = cmd->add_option("--max-rel-l2", a->rel_l2_budget, "Attention-error budget (sweep results)")
-                         ->check(CLI::PositiveNumber);
+                         ->check(kPositive);
   CLI::Option* kld = cmd->add_option("--max-kld", a->kld_budget, "End-to-end KL budget in nats (eval results)")
-                         ->check(CLI::NonNegativeNumber);
+                         ->check(kNonNegative);
   rel->excludes(kld);
   kld->excludes(rel);
   cmd->add_option("--metric", a->metric,

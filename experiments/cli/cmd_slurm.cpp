@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "experiments/cli/commands.hpp"
+#include "experiments/cli/number_checks.hpp"
 #include "experiments/cluster/work_plan.hpp"
 #include "experiments/sweep/sweep_checkpoint.hpp"
 #include "quant/errors.hpp"
@@ -107,7 +108,7 @@ Command add_slurm_command(CLI::App& parent) {
   cmd->add_option("study", a->study, "Study folder holding plan.json")->required()->check(CLI::ExistingDirectory);
   cmd->add_option("--partition", a->partition, "Slurm partition");
   cmd->add_option("--time", a->time, "Time limit per task (sbatch --time)");
-  cmd->add_option("--cpus", a->cpus, "CPUs per task (OpenMP threads)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--cpus", a->cpus, "CPUs per task (OpenMP threads)")->capture_default_str()->check(kPositive);
   cmd->add_option("--gres", a->gres, "GPU request of a bench task; {gpu} is the GPU type")->capture_default_str();
   cmd->add_option("--sbatch", a->sbatch_args, "Further sbatch options, as one string (e.g. \"--account=x --qos=y\")");
   cmd->add_flag("--dry-run", a->dry_run, "Print the sbatch commands without submitting");

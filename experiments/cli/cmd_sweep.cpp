@@ -9,6 +9,7 @@
 
 #include "data/dump.hpp"
 #include "experiments/cli/commands.hpp"
+#include "experiments/cli/number_checks.hpp"
 #include "experiments/common/dump_check.hpp"
 #include "experiments/sweep/recommend_print.hpp"
 #include "experiments/sweep/results_writer.hpp"
@@ -182,9 +183,9 @@ Command add_sweep_command(CLI::App& parent) {
   cmd->add_option("--k", a->k_schemes, "K schemes, comma-separated (e.g. int8-head,int4-g32-asym)");
   cmd->add_option("--v", a->v_schemes, "V schemes, comma-separated; every K scheme is paired with every V scheme");
   cmd->add_option("--out", a->out_dir, "Directory for sweep.csv and sweep.json")->capture_default_str();
-  cmd->add_option("--top-k", a->top_k, "k of the top-k attention overlap")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--top-k", a->top_k, "k of the top-k attention overlap")->capture_default_str()->check(kPositive);
   cmd->add_option("--max-rel-l2", a->max_rel_l2, "Also recommend the smallest schemes with out_rel_l2_mean within this budget")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   cmd->add_flag("--no-latency", a->no_latency,
                 "Skip the latency columns a GPU adds (each pair's decode time with the default decode variant)");
   cmd->add_option("--latency-shape", a->latency_shape, "Decode shape of the latency columns: NAME:B of a kvq bench shape")

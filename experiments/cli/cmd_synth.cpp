@@ -5,6 +5,7 @@
 
 #include "data/dump.hpp"
 #include "experiments/cli/commands.hpp"
+#include "experiments/cli/number_checks.hpp"
 #include "experiments/common/run_info.hpp"
 #include "experiments/cli/synthetic_options.hpp"
 
@@ -40,7 +41,7 @@ Command add_synth_command(CLI::App& parent) {
   auto a = std::make_shared<SynthArgs>();
   CLI::App* cmd = parent.add_subcommand("synth", "Write a seeded LLM-shaped synthetic dump (schema v1)");
   cmd->add_option("--out", a->out, "Output dump (.h5)")->required();
-  cmd->add_option("--layers", a->layers, "Layers to generate")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--layers", a->layers, "Layers to generate")->capture_default_str()->check(kPositive);
   cmd->add_option("--dtype", a->dtype, "Stored dtype")->capture_default_str()->check(CLI::IsMember({"float16", "bfloat16", "float32"}));
   add_synthetic_options(*cmd, a->spec);
   return {cmd, [a] { return run(*a); }};

@@ -152,6 +152,20 @@ def test_errors_are_one_line_with_exit_codes(tmp_path, args, code, message):
     assert "Traceback" not in r.stderr and "HDF5-DIAG" not in r.stderr
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--batch", "-1"], "--batch: -1 is negative (need >= 0)"),
+    (["--layers", "0"], "--layers: 0 is not positive (need > 0)"),
+    (["--head-dim", "abc"], "--head-dim: abc is not a number"),
+    (["--token-spread", "-1", "--rope-theta", "nan"],
+     "kvq: error: synthetic: bad parameters: token_spread=-1 (need finite, >= 0); rope_theta=nan (need finite, > 0)"),
+])
+def test_option_errors_say_the_rule(tmp_path, args, message):
+    r = kvq("synth", "--out", tmp_path / "s.h5", *args)
+    assert r.returncode in (2, 3) and message in r.stderr, r.stderr
+    assert "not in range" not in r.stderr and len(r.stderr) < 300
+    assert not (tmp_path / "s.h5").exists()
+
+
 def test_recommend_names_a_missing_column(tmp_path):
     csv = tmp_path / "partial.csv"
     csv.write_text("source,layer,k_scheme\nm,0,int8-head\n")
