@@ -61,6 +61,7 @@ double write_tensor(H5Writer& f, const std::string& group, const QuantizedKv& q,
 }
 
 int run(const QuantizeArgs& a) {
+  refuse_output_over_input(a.out, a.in);
   const Scheme k_scheme = parse_scheme(a.k_scheme), v_scheme = parse_scheme(a.v_scheme);
   const DumpInfo info = open_dump_checked(a.in, a.layers);
   const std::vector<size_t> layers = select_layers(info, a.layers);

@@ -24,6 +24,7 @@ struct ReferenceArgs {
 int run(const ReferenceArgs& a) {
   if (a.scale < 0 || !std::isfinite(a.scale))
     throw InputError(fmt::format("--scale {}: the softmax scale must be positive", a.scale));
+  refuse_output_over_input(a.out, a.in);
   const DumpInfo info = open_dump_checked(a.in, a.layers);
   for (const LayerInfo& l : info.layers)
     if (!l.q) throw DumpError(fmt::format("{}: /layers/{}/q: missing dataset (kvq reference needs decode queries)", a.in, l.name));

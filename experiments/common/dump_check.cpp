@@ -162,4 +162,11 @@ void read_dump_fully(const std::string& path, const std::vector<int>& layers) {
   if (info.has_tokens) read_tokens(info);
 }
 
+void refuse_output_over_input(const std::string& out, const std::string& input) {
+  std::error_code error;
+  if (std::filesystem::equivalent(out, input, error))
+    throw InputError(fmt::format("{}: --out {} is the input dump, which the output would replace; write it elsewhere",
+                                 input, out));
+}
+
 }  // namespace kvq

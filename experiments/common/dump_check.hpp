@@ -23,6 +23,10 @@ void check_dump_in_child(const std::string& path, const std::vector<int>& layers
 // check_dump_in_child, then open_dump in this process.
 DumpInfo open_dump_checked(const std::string& path, const std::vector<int>& layers = {});
 
+// An InputError when `out` is the file `input` (any path to it: links, ./, ..): the finished output
+// would replace the dump it was read from.
+void refuse_output_over_input(const std::string& out, const std::string& input);
+
 // What the child runs: open_dump, then every selected layer (all when `layers` is empty), whole as
 // the commands read them, and the token ids.
 void read_dump_fully(const std::string& path, const std::vector<int>& layers);

@@ -166,6 +166,22 @@ def test_option_errors_say_the_rule(tmp_path, args, message):
     assert not (tmp_path / "s.h5").exists()
 
 
+@pytest.mark.parametrize("command", [["quantize", "--k", "int8-head", "--v", "int4-g8-asym"], ["reference"]])
+def test_an_output_over_the_input_dump_is_refused_and_the_dump_kept(tmp_path, command):
+    dump = tmp_path / "d.h5"
+    dump.write_bytes(open(BUNDLED, "rb").read())
+    (tmp_path / "link.h5").symlink_to(dump)
+    before = dump.read_bytes()
+    for out in (dump, tmp_path / "link.h5", f"{tmp_path}/./d.h5", os.path.relpath(dump)):
+        r = kvq(command[0], dump, *command[1:], "--out", out)
+        assert r.returncode == 3, r.stderr
+        assert r.stderr == f"kvq: error: {dump}: --out {out} is the input dump, which the output would replace; " \
+                           "write it elsewhere\n"
+    assert dump.read_bytes() == before
+    r = kvq(command[0], dump, *command[1:], "--out", tmp_path / "o.h5")
+    assert r.returncode == 0, r.stderr
+
+
 def test_recommend_names_a_missing_column(tmp_path):
     csv = tmp_path / "partial.csv"
     csv.write_text("source,layer,k_scheme\nm,0,int8-head\n")
