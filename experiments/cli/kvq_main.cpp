@@ -1,6 +1,10 @@
-// kvq: the command line. Exit codes: 0 ok, 2 usage error, 3 input error, 4 corrupt input file (HDF5
-// cannot read it, or reading it crashed or hung the check process), 1 other errors (no GPU, internal).
+// kvq: the command line. Exit codes: 0 ok, 2 usage error, 3 input error (a bad file or path), 4 corrupt
+// input file (HDF5 cannot read it, or reading it crashed or hung the check process), 1 other errors (no
+// GPU, internal).
 #include <fmt/format.h>
+
+#include <filesystem>
+#include <string>
 
 #include "experiments/cli/commands.hpp"
 #include "data/dump.hpp"
@@ -30,6 +34,12 @@ int main(int argc, char** argv) {
     return 4;
   } catch (const kvq::InputError& e) {
     fmt::print(stderr, "kvq: error: {}\n", e.what());
+    return 3;
+  } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave: --out naming a file, a full disk
+    std::string what = e.what();  // libstdc++: "filesystem error: OP: REASON [PATH1]"
+    if (const std::string prefix = "filesystem error: "; what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());
+    if (const size_t paths = what.find(" [" + e.path1().string() + "]"); paths != std::string::npos) what.erase(paths);
+    fmt::print(stderr, "kvq: error: {}: {}\n", e.path1().string(), what);
     return 3;
   } catch (const kvq::Error& e) {  // e.g. no CUDA device
     fmt::print(stderr, "kvq: error: {}\n", e.what());

@@ -182,6 +182,15 @@ def test_an_output_over_the_input_dump_is_refused_and_the_dump_kept(tmp_path, co
     assert r.returncode == 0, r.stderr
 
 
+def test_an_out_that_is_a_file_is_an_input_error_naming_the_path(tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("not a directory")
+    r = kvq("sweep", BUNDLED, "--k", "int8-head", "--v", "int8-head", "--out", taken)
+    assert r.returncode == 3
+    assert r.stderr == f"kvq: error: {taken}/checkpoint: cannot create directories: Not a directory\n"
+    assert taken.read_text() == "not a directory"
+
+
 def test_recommend_names_a_missing_column(tmp_path):
     csv = tmp_path / "partial.csv"
     csv.write_text("source,layer,k_scheme\nm,0,int8-head\n")
