@@ -240,7 +240,11 @@ std::vector<Scheme> parse_scheme_list(std::string_view names) {
   std::vector<Scheme> schemes;
   for (std::string_view name : split(names, ',')) {
     if (name.empty()) throw SchemeError(fmt::format("empty scheme name in list '{}'", names));
-    schemes.push_back(parse_scheme(name));
+    const Scheme s = parse_scheme(name);
+    for (const Scheme& earlier : schemes)  // the same scheme twice would give every row of it twice
+      if (to_string(earlier) == to_string(s))
+        throw SchemeError(fmt::format("scheme '{}' is listed twice in '{}' (as '{}')", name, names, to_string(s)));
+    schemes.push_back(s);
   }
   return schemes;
 }

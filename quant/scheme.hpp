@@ -108,7 +108,7 @@ const char* granularity_name(Granularity g);
 const char* scale_dtype_name(ScaleDtype dt);
 // How codes encode values: int, fp8-e4m3, fp8-e5m2, or the block format's name (q8_0 ... nvfp4).
 std::string format_name(const Scheme& s);
-// Comma-separated list, e.g. "int8-head,int4-g32-asym".
+// Comma-separated list, e.g. "int8-head,int4-g32-asym"; a scheme named twice (by any spelling) is an error.
 std::vector<Scheme> parse_scheme_list(std::string_view names);
 
 // Throws SchemeError when `s` cannot quantize a tensor with this head_dim, e.g.

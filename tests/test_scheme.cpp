@@ -37,6 +37,9 @@ TEST_CASE("bad scheme names are rejected with the reason") {
   CHECK(msg("int8-head-bf16").find("unexpected or repeated suffix 'bf16'") != std::string::npos);
   CHECK(message_of<SchemeError>([] { parse_scheme_list("int8-head,,int4-head"); }).find("empty scheme name") !=
         std::string::npos);
+  CHECK(message_of<SchemeError>([] { parse_scheme_list("int8-head,int4-g32-asym,int8-head-sym"); }) ==
+        "scheme 'int8-head-sym' is listed twice in 'int8-head,int4-g32-asym,int8-head-sym' (as 'int8-head')");
+  CHECK(parse_scheme_list("int8-head,int8-head-asym,int8-head-fp32").size() == 3);  // three different schemes
 }
 
 TEST_CASE("schemes that do not fit a head_dim are rejected") {
