@@ -231,9 +231,15 @@ def eval_pairs(k_list, v_list, head_dim, appending=True):
         pairs = [("none", "none"), ("bf16", "bf16"), ("fp16", "fp16")]
         pairs += [(k.name, v.name) for k, v in kvq.default_pairs(head_dim)
                   if not any(needs_whole_cache(s, appending) for s in (k, v))]
+    named = {}  # a pair listed twice (by any spelling) would be run and reported twice
+    canonical = lambda name: name if name in STORAGES else kvq.parse_scheme(name).name  # noqa: E731
     for k, v in pairs:
         check_storage(k, head_dim, appending)
         check_storage(v, head_dim, appending)
+        key = (canonical(k), canonical(v))
+        if key in named:
+            raise ValueError(f"the pair K {k} / V {v} is listed twice (as K {named[key][0]} / V {named[key][1]})")
+        named[key] = (k, v)
     return pairs
 
 
@@ -480,7 +486,6 @@ def gpu_engine_available():
 
 def make_engine(args, gguf, llama2c, text):
     """The engine --engine names (auto: the GPU one where it can run and the model has a GPU path)."""
-    hf = not gguf and not llama2c
     if args.runtime != "exact" and (not gguf or args.engine == "gpu" or args.precision != "float32"
                                     or args.attention != "reference"):
         raise ValueError(f"--runtime {args.runtime}: GGUF models on the CPU path in float32 with the reference "
@@ -583,6 +588,10 @@ def main(argv=None):
             setattr(args, name, plan["settings"].get(name, getattr(args, name)))
     if args.shards < 1:
         ap.error(f"--shards {args.shards}: expected >= 1")
+    if args.max_tokens is not None and args.max_tokens < 2:
+        ap.error(f"--max-tokens {args.max_tokens}: expected >= 2 (perplexity scores token t + 1 from t)")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        ap.error(f"--out {args.out}: exists and is not a folder")
 
     if args.model in BUNDLED_NAMES:
         args.model = BUNDLED_MODEL

@@ -279,11 +279,28 @@ def test_cli_writes_results_and_recommend_ranks_them(tmp_path):
     (["--k", "int8-tensor"], "per-tensor scale needs the whole cache"),
     (["--k", "int4-g3"], "int4-g3: group size 3 does not divide head_dim 8"),
     (["--v", "int5-head"], "unknown scheme 'int5-head'"),
+    (["--k", "int8-head,fp16,int8-head-sym", "--v", "none"],
+     "the pair K int8-head-sym / V none is listed twice (as K int8-head / V none)"),
 ])
 def test_bad_pairs_are_refused_before_running(tmp_path, capsys, args, message):
     assert kvq_eval.main(["--model", "stories260k"] + args + ["--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "eval.csv").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--max-tokens", "0"], "--max-tokens 0: expected >= 2"),
+    (["--max-tokens", "-5"], "--max-tokens -5: expected >= 2"),
+    (["--out", "FILE"], "exists and is not a folder"),
+])
+def test_bad_options_are_usage_errors_before_the_model_loads(tmp_path, capsys, args, message):
+    (tmp_path / "file").write_text("kept")
+    args = [str(tmp_path / "file") if a == "FILE" else a for a in args]
+    out = [] if "--out" in args else ["--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit) as e:
+        kvq_eval.main(["--model", "stories260k", "--k", "int8-head", "--v", "int8-head"] + args + out)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert (tmp_path / "file").read_text() == "kept" and not (tmp_path / "o").exists()
 
 
 def test_windows_are_cut_like_llama_perplexity():
