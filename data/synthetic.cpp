@@ -39,10 +39,10 @@ void check_spec(const SyntheticSpec& s) {
   const auto need = [&](bool ok, const std::string& what) {
     if (!ok) bad.push_back(what);
   };
-  need(s.batch >= 0, fmt::format("B={} (need >= 0)", s.batch));
+  need(s.batch > 0, fmt::format("B={} (need > 0: a dump holds no empty tensor)", s.batch));
   need(s.q_heads > 0 && s.kv_heads > 0 && s.q_heads % s.kv_heads == 0,
        fmt::format("Hq={} Hkv={} (need both > 0, Hkv dividing Hq)", s.q_heads, s.kv_heads));
-  need(s.tokens >= 0, fmt::format("T={} (need >= 0)", s.tokens));
+  need(s.tokens > 0, fmt::format("T={} (need > 0: a dump holds no empty tensor)", s.tokens));
   need(s.head_dim > 0 && s.head_dim % 2 == 0, fmt::format("D={} (need even and > 0: RoPE rotates pairs)", s.head_dim));
   need(s.q_len >= 0 && s.q_len <= s.tokens, fmt::format("Tq={} (need 0 <= Tq <= T = {})", s.q_len, s.tokens));
   need(s.outlier_channels >= 0 && s.outlier_channels <= s.head_dim / 2,

@@ -234,6 +234,11 @@ TEST_CASE("synthetic parameters out of range are named with their values and rul
   CHECK(test::message_of<InputError>([&] { make_synthetic(q); }) ==
         "synthetic: bad parameters: Hq=6 Hkv=4 (need both > 0, Hkv dividing Hq); Tq=5 (need 0 <= Tq <= T = 4); "
         "sink_tokens=6 (need 0 .. T = 4)");
+  SyntheticSpec empty;
+  empty.batch = 0, empty.tokens = 0, empty.q_len = 0, empty.sink_tokens = 0;
+  CHECK(test::message_of<InputError>([&] { make_synthetic(empty); }) ==
+        "synthetic: bad parameters: B=0 (need > 0: a dump holds no empty tensor); T=0 (need > 0: a dump holds no "
+        "empty tensor)");
   CHECK_NOTHROW(make_synthetic(SyntheticSpec{}));
 }
 

@@ -10,10 +10,10 @@ namespace kvq {
 
 inline void add_synthetic_options(CLI::App& cmd, SyntheticSpec& s) {
   auto* g = cmd.add_option_group("synthetic data", "Seeded LLM-shaped K/V/Q (labelled synthetic in every output)");
-  g->add_option("--batch", s.batch, "B")->capture_default_str()->check(kNonNegative);
+  g->add_option("--batch", s.batch, "B")->capture_default_str()->check(kPositive);
   g->add_option("--q-heads", s.q_heads, "Hq")->capture_default_str()->check(kPositive);
   g->add_option("--kv-heads", s.kv_heads, "Hkv")->capture_default_str()->check(kPositive);
-  g->add_option("--tokens", s.tokens, "T")->capture_default_str()->check(kNonNegative);
+  g->add_option("--tokens", s.tokens, "T")->capture_default_str()->check(kPositive);
   g->add_option("--head-dim", s.head_dim, "D")->capture_default_str()->check(kPositive);
   g->add_option("--q-len", s.q_len, "Tq: decode queries per sequence (the last Tq positions)")->capture_default_str();
   g->add_option("--seed", s.seed, "Generator seed")->capture_default_str();

@@ -153,7 +153,8 @@ def test_errors_are_one_line_with_exit_codes(tmp_path, args, code, message):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--batch", "-1"], "--batch: -1 is negative (need >= 0)"),
+    (["--batch", "0"], "--batch: 0 is not positive (need > 0)"),
+    (["--outlier-channels", "-1"], "synthetic: bad parameters: outlier_channels=-1 (need 0 .. D/2 = 64)"),
     (["--layers", "0"], "--layers: 0 is not positive (need > 0)"),
     (["--head-dim", "abc"], "--head-dim: abc is not a number"),
     (["--token-spread", "-1", "--rope-theta", "nan"],
