@@ -222,37 +222,49 @@ def empty_cache(scheme, batch, heads, capacity, head_dim, *, device="cuda", tens
 
 
 def empty_paged_cache(scheme, pages, page_tokens, heads, head_dim, *, device="cuda", tensor_scale=None,
-                      window_pages=None, params_in_page=False):
+                      window_pages=None, params_in_page=False, layout="nhd"):
     """A paged K or V cache (a token-local scheme or raw "bf16" / "fp16", see append): a pool of `pages`
     pages of `page_tokens` tokens (a power of two >= 16), every slot zero. Codes (values) [pages, P,
-    heads, row bytes (D)] (NHD, as vLLM's and FlashInfer's pools), scales and zero points head-major in
-    their page ([pages, heads, P, groups]; per token [pages, P]): a kvq.gpu.Cache of layout "paged",
-    which append and decode take with the block table. +w<W> schemes: a pool of `window_pages`
-    (default `pages`) bf16 pages [window_pages, P, heads, D] for the window's raw tokens (Cache.window),
-    which append and decode take with a window_table: a sequence needs pages only for the window's
-    tokens, ceil(W / P) + 1 at most at a time (a ring of pages), not for its whole length.
+    heads, row bytes (D)]: layout "nhd" stores them so (vLLM's and FlashInfer's NHD pools), "hnd" stores
+    each page head-major, [pages, heads, P, row] (FlashInfer's HND, TensorRT-LLM's blocks), and the Cache
+    holds its [pages, P, heads, row] view, which append and decode read through its strides. HND keeps a
+    head's rows of a page together: in pages of 16, int8-head and fp8-e4m3 decodes at B >= 8 take a
+    median 1.03x (max 1.06x) the contiguous cache's time from HND pools, 1.05x (max 1.15-1.17x) from NHD
+    ones (H200, experiments/results/nvidia-h200/paged-decode-8bit/). Scales and zero points are head-major in their
+    page ([pages, heads, P, groups]; per token [pages, P]) in both: a kvq.gpu.Cache of layout "paged",
+    which append and decode take with the block table. +w<W> schemes: a pool of `window_pages` (default
+    `pages`) bf16 pages [window_pages, P, heads, D] (in `layout`'s order) for the window's raw tokens
+    (Cache.window), which append and decode take with a window_table: a sequence needs pages only for the
+    window's tokens, ceil(W / P) + 1 at most at a time (a ring of pages), not for its whole length.
     params_in_page: one pool, each page its codes then its scales then its zero points (kvq.gpu.one_pool:
     views of the same shapes), instead of a pool each."""
     f = _facts(scheme, "kvq.ops.empty_paged_cache")
     _check_tensor_scale(f, scheme, tensor_scale, "kvq.ops.empty_paged_cache")
+    if layout not in ("nhd", "hnd"):
+        raise gpu.InputError(f"kvq.ops.empty_paged_cache: layout {layout!r}, expected 'nhd' or 'hnd'")
     if f.channel and page_tokens % _group_tokens(scheme):
         raise gpu.InputError(f"kvq.ops.empty_paged_cache: {scheme}: pages of {page_tokens} tokens do not hold whole "
                              f"token groups of {_group_tokens(scheme)} (N must divide P)")
+    hnd = layout == "hnd"
+
+    def stored(x):  # x [pages, heads, P, ...] -> the pool in `layout`'s order, as a [pages, P, heads, ...] view
+        return x.transpose(1, 2) if hnd else x.transpose(1, 2).contiguous()
     if f.raw:
-        return gpu.Cache(scheme, torch.zeros(pages, page_tokens, heads, head_dim, dtype=RAW_STORAGES[scheme],
-                                             device=device), layout="paged")
+        return gpu.Cache(scheme, stored(torch.zeros(pages, heads, page_tokens, head_dim, dtype=RAW_STORAGES[scheme],
+                                                    device=device)), layout="paged")
     # each page a planar cache of P tokens: its parameters are already head-major
     flat = quantize(torch.zeros(pages, heads, page_tokens, head_dim, dtype=torch.bfloat16, device=device), f.base,
                     tensor_scale=tensor_scale)
     window = None
     if f.window:
-        window = torch.zeros(pages if window_pages is None else window_pages, page_tokens, heads, head_dim,
-                             dtype=torch.bfloat16, device=device)
-    data, scales, zeros = flat.data.transpose(1, 2).contiguous(), flat.scales, flat.zero_points
+        window = stored(torch.zeros(pages if window_pages is None else window_pages, heads, page_tokens, head_dim,
+                                    dtype=torch.bfloat16, device=device))
+    data, scales, zeros = flat.data if hnd else flat.data.transpose(1, 2).contiguous(), flat.scales, flat.zero_points
     if params_in_page and scales is not None and scales.numel() > 1:
         shaped = (lambda a: a if a is None else a.view(pages, -1))  # a page's parameters: one row of the pool
         data, scales, zeros = gpu.one_pool(data, shaped(scales), shaped(zeros))
-    return gpu.Cache(f.storage, data, scales, zeros, "paged", flat.tensor_scale, window)
+    return gpu.Cache(f.storage, data.transpose(1, 2) if hnd else data, scales, zeros, "paged", flat.tensor_scale,
+                     window)
 
 
 @torch.compiler.assume_constant_result

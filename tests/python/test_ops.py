@@ -224,9 +224,18 @@ def test_append_refuses_what_it_cannot_write_a_token_at_a_time(scheme, why):
         kvq.ops.empty_cache(scheme, 1, 1, 8, 64)
 
 
-def paged_stream(k_scheme, v_scheme, B=3, H=2, D=128, P=16, capacity=96, seed=50, params_in_page=False):
+# int4 g32 K with one-scale-a-row int8 V: a contiguous cache takes the kernel of that shape, whose V codes
+# are multiplied biased (1024 + u, dfa5c3d), and a paged one the general kernel, so their outputs differ in
+# the last bits (H200, experiments/results/nvidia-h200/paged-decode-8bit/). paged_mixed_shapes.diff there
+# gives pages the contiguous kernel's shape; strict: these fail the run once it lands until unmarked.
+G32_ROW_NOT_BITWISE = pytest.mark.xfail(strict=True, reason="paged mixed pairs take the general kernel: not the "
+                                        "contiguous g32 / row kernel's bits (paged-decode-8bit/)")
+
+
+def paged_stream(k_scheme, v_scheme, B=3, H=2, D=128, P=16, capacity=96, seed=50, params_in_page=False, layout="nhd"):
     """Caches appended token by token (after a prefill chunk) both contiguous and paged (pages shuffled
-    through a pool with spare ones; params_in_page: a page's parameters in its codes' page); yields
+    through a pool with spare ones; params_in_page: a page's parameters in its codes' page; layout: the
+    pages' order, empty_paged_cache's); yields
     (q, contiguous K, V, paged K, V, block table, seq_lens)."""
     g = torch.Generator().manual_seed(seed)
     per_seq = capacity // P
@@ -234,7 +243,7 @@ def paged_stream(k_scheme, v_scheme, B=3, H=2, D=128, P=16, capacity=96, seed=50
     k_all, v_all = random_kv((B, H, capacity, D), seed + 1), random_kv((B, H, capacity, D), seed + 2)
     flat = [kvq.ops.empty_cache(s, B, H, capacity, D, tensor_scale=TENSOR_SCALES.get(s)) for s in (k_scheme, v_scheme)]
     pages = [kvq.ops.empty_paged_cache(s, B * per_seq + 3, P, H, D, tensor_scale=TENSOR_SCALES.get(s),
-                                       params_in_page=params_in_page) for s in (k_scheme, v_scheme)]
+                                       params_in_page=params_in_page, layout=layout) for s in (k_scheme, v_scheme)]
     q = random_kv((B, 8, D), seed + 3)
     pos = torch.tensor([0, 5, 17][:B], dtype=torch.int32, device="cuda")
     first = 20
@@ -254,7 +263,8 @@ def paged_stream(k_scheme, v_scheme, B=3, H=2, D=128, P=16, capacity=96, seed=50
         yield q, flat[0], flat[1], pages[0], pages[1], table, pos.clone()
 
 
-@pytest.mark.parametrize("k_scheme,v_scheme", [("int8-head", "q4_0"), ("int4-g32-asym", "int8-token"),
+@pytest.mark.parametrize("k_scheme,v_scheme", [("int8-head", "q4_0"),
+                                               pytest.param("int4-g32-asym", "int8-token", marks=G32_ROW_NOT_BITWISE),
                                                ("fp8-e4m3-head", "fp8-e5m2"), ("q8_0+had", "mxfp4"), ("q5_1", "iq4_nl"),
                                                ("bf16", "int8-head"), ("fp8-e4m3-tensor", "int8-tensor")])
 def test_paged_append_and_decode_equal_the_contiguous_cache(k_scheme, v_scheme):
@@ -267,7 +277,8 @@ def test_paged_append_and_decode_equal_the_contiguous_cache(k_scheme, v_scheme):
     torch.library.opcheck(torch.ops.kvq.decode.default, op_args(q, kp, vp, lens, table))
 
 
-@pytest.mark.parametrize("k_scheme,v_scheme", [("int8-head", "q4_0"), ("int4-g32-asym", "int8-token"),
+@pytest.mark.parametrize("k_scheme,v_scheme", [("int8-head", "q4_0"),
+                                               pytest.param("int4-g32-asym", "int8-token", marks=G32_ROW_NOT_BITWISE),
                                                ("q8_0+had", "mxfp4")])
 def test_paged_parameters_in_their_codes_pages_append_and_decode_as_their_own_pools(k_scheme, v_scheme):
     """kvq.gpu.one_pool's pages (codes, then scales, then zero points in one allocation): append writes
@@ -277,6 +288,24 @@ def test_paged_parameters_in_their_codes_pages_append_and_decode_as_their_own_po
         if step % 13:
             continue
         assert kp.data.data_ptr() <= kp.scales.data_ptr() < kp.data.data_ptr() + kp.data.stride(0)  # one pool
+        o_c, lse_c = kvq.ops.decode(q, kc, vc, seq_lens=lens)
+        o_p, lse_p = kvq.ops.decode(q, kp, vp, seq_lens=lens, block_table=table)
+        assert torch.equal(o_c, o_p) and torch.equal(lse_c, lse_p), step
+
+
+@pytest.mark.parametrize("k_scheme,v_scheme,params_in_page", [("int8-head", "q4_0", False), ("bf16", "int4-g32-asym", False),
+                                                              ("fp8-e4m3-tensor", "int8-tensor", False),
+                                                              pytest.param("int4-g32-asym", "int8-token", True,
+                                                                           marks=G32_ROW_NOT_BITWISE)])
+def test_hnd_pages_append_and_decode_equal_the_contiguous_cache(k_scheme, v_scheme, params_in_page):
+    """Head-major pages (layout="hnd": each page [H, P, row], the Cache its [pages, P, H, row] view):
+    append writes and decode reads them through the view's strides, bit for bit the contiguous cache's."""
+    stream = paged_stream(k_scheme, v_scheme, params_in_page=params_in_page, layout="hnd")
+    for step, (q, kc, vc, kp, vp, table, lens) in enumerate(stream):
+        if step % 9:
+            continue
+        for c in (kp, vp):  # a head's rows of a page lie together
+            assert c.data.stride(1) * c.data.shape[1] == c.data.stride(2), c.data.stride()
         o_c, lse_c = kvq.ops.decode(q, kc, vc, seq_lens=lens)
         o_p, lse_p = kvq.ops.decode(q, kp, vp, seq_lens=lens, block_table=table)
         assert torch.equal(o_c, o_p) and torch.equal(lse_c, lse_p), step
@@ -430,11 +459,12 @@ def reference_decode(q, k, v, lens):
     return o
 
 
-@pytest.mark.parametrize("k_scheme,v_scheme,P", [("int4-g32-asym+w40", "int8-head+w24", 16),
-                                                 ("q8_0+w17", "int4-head-asym", 32),
-                                                 ("int4-head-asym", "nvfp4+w20", 16),
-                                                 ("fp8-e4m3-tensor+w16", "int8-token+w33", 16)])
-def test_windowed_append_and_decode_read_the_window_raw(k_scheme, v_scheme, P):
+@pytest.mark.parametrize("k_scheme,v_scheme,P,layout", [("int4-g32-asym+w40", "int8-head+w24", 16, "nhd"),
+                                                        ("q8_0+w17", "int4-head-asym", 32, "nhd"),
+                                                        ("int4-head-asym", "nvfp4+w20", 16, "nhd"),
+                                                        ("fp8-e4m3-tensor+w16", "int8-token+w33", 16, "nhd"),
+                                                        ("int4-g32-asym+w40", "int8-head+w24", 16, "hnd")])
+def test_windowed_append_and_decode_read_the_window_raw(k_scheme, v_scheme, P, layout):
     """Token by token into a contiguous cache and a paged one whose window pages are a ring per
     sequence (a few pages held, not the sequence's): the codes before the window are
     kvq.AppendQuantizer's, and both decodes, at lengths that put each sequence's window elsewhere,
@@ -449,7 +479,7 @@ def test_windowed_append_and_decode_read_the_window_raw(k_scheme, v_scheme, P):
     ring = (max(w or 0 for w in windows) + max(shorter)) // P + 2  # pages that hold every window read below
     window_table = (torch.arange(B)[:, None] * ring + torch.arange(per_seq)[None, :] % ring).to(torch.int32).cuda()
     flat = [kvq.ops.empty_cache(s, B, H, capacity, D, tensor_scale=t) for s, t in zip(schemes, ts)]
-    pages = [kvq.ops.empty_paged_cache(s, B * per_seq, P, H, D, tensor_scale=t, window_pages=B * ring)
+    pages = [kvq.ops.empty_paged_cache(s, B * per_seq, P, H, D, tensor_scale=t, window_pages=B * ring, layout=layout)
              for s, t in zip(schemes, ts)]
     hosts = [kvq.AppendQuantizer(s, tensor_scale=t) for s, t in zip(schemes, ts)]
     xs = [random_kv((B, H, capacity, D), 81), random_kv((B, H, capacity, D), 82)]

@@ -69,11 +69,11 @@ def test_fake_decode_gives_output_and_lse_shapes():
     assert (tuple(o.shape), o.dtype, tuple(lse.shape), lse.dtype) == ((3, 8, 128), torch.bfloat16, (3, 8), torch.float32)
 
 
-def serving_step(paged, k_scheme, v_scheme, B=2, H=2, Hq=4, D=64, P=32, pages=8):
+def serving_step(paged, k_scheme, v_scheme, B=2, H=2, Hq=4, D=64, P=32, pages=8, layout="nhd"):
     """One decode step as a serving loop writes it: append a token per sequence, then decode."""
     if paged:
-        k = kvq.ops.empty_paged_cache(k_scheme, pages, P, H, D, device=META)
-        v = kvq.ops.empty_paged_cache(v_scheme, pages, P, H, D, device=META)
+        k = kvq.ops.empty_paged_cache(k_scheme, pages, P, H, D, device=META, layout=layout)
+        v = kvq.ops.empty_paged_cache(v_scheme, pages, P, H, D, device=META, layout=layout)
     else:
         k = kvq.ops.empty_cache(k_scheme, B, H, pages * P // B, D, device=META)
         v = kvq.ops.empty_cache(v_scheme, B, H, pages * P // B, D, device=META)
@@ -105,15 +105,16 @@ class GraphRecorder:
         return gm.forward
 
 
-@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("paged,layout", [(False, "nhd"), (True, "nhd"), (True, "hnd")],
+                         ids=["contiguous", "paged", "paged-hnd"])
 @pytest.mark.parametrize("k_scheme,v_scheme,ops", [
     ("int8-head", "int4-g32-asym", {"quantize": 2, "append_rows": 2, "decode": 1}),
     ("bf16", "q4_0", {"quantize": 1, "append_rows": 2, "decode": 1}),
     ("int8-head+w16", "int4-head-asym+w16", {"quantize": 2, "append_rows": 4, "decode": 1}),
     ("int4-chan-t32-asym", "int8-head", {"quantize": 1, "append_rows": 2, "flush_channel_groups": 1, "decode": 1})])
-def test_serving_step_compiles_to_one_graph_of_kvq_ops(paged, k_scheme, v_scheme, ops):
+def test_serving_step_compiles_to_one_graph_of_kvq_ops(paged, layout, k_scheme, v_scheme, ops):
     torch._dynamo.reset()
-    step, args = serving_step(paged, k_scheme, v_scheme)
+    step, args = serving_step(paged, k_scheme, v_scheme, layout=layout)
     backend = GraphRecorder()
     o, lse = torch.compile(step, backend=backend, fullgraph=True)(*args)  # fullgraph: a break raises
     assert (tuple(o.shape), tuple(lse.shape)) == ((2, 4, 64), (2, 4))
@@ -166,3 +167,29 @@ def test_one_pool_keeps_each_pages_parts_together_at_aligned_offsets():
         kvq.gpu.one_pool(codes, scales[:4])
     with pytest.raises(kvq.InputError, match="multiple of 16"):
         kvq.gpu.one_pool(codes, scales, align=8)
+
+
+@pytest.mark.parametrize("scheme,params_in_page", [("int8-head", False), ("int4-g32-asym", True), ("bf16", False),
+                                                   ("int8-token", False), ("int8-head+w16", False)])
+def test_hnd_pages_are_head_major_under_the_nhd_view(scheme, params_in_page):
+    """layout="hnd" stores each page [H, P, row] and hands append / decode the [pages, P, H, row] view
+    that layout="nhd" stores as it is: the same shapes, the parameters alike, only the codes' strides differ."""
+    pages, P, H, D = 6, 32, 3, 64
+    nhd, hnd = (kvq.ops.empty_paged_cache(scheme, pages, P, H, D, device=META, params_in_page=params_in_page, layout=lay)
+                for lay in ("nhd", "hnd"))
+    for a, b in ((nhd.data, hnd.data), (nhd.window, hnd.window)):
+        if a is None:
+            assert b is None
+            continue
+        assert a.shape == b.shape and a.dtype == b.dtype
+        row = a.shape[3]
+        assert a.stride()[1:] == (H * row, row, 1)  # NHD: a token's heads together
+        assert b.stride()[1:] == (row, P * row, 1)  # HND: a head's tokens together
+        assert a.stride(0) == b.stride(0)
+    for a, b in ((nhd.scales, hnd.scales), (nhd.zero_points, hnd.zero_points)):
+        assert (a is None and b is None) or (a.shape == b.shape and a.stride() == b.stride())
+
+
+def test_paged_cache_refuses_an_unknown_layout():
+    with pytest.raises(kvq.InputError, match="layout 'bshd', expected 'nhd' or 'hnd'"):
+        kvq.ops.empty_paged_cache("int8-head", 4, 16, 2, 64, device=META, layout="bshd")
