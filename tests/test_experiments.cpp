@@ -168,6 +168,17 @@ TEST_CASE("sweep CSV round-trips through the CSV reader with quoted sources") {
   CHECK(test::message_of<InputError>([&] { t.column("latency_us"); }) == csv + ": no column 'latency_us'");
   CHECK(test::message_of<InputError>([&] { t.number(0, t.column("k_scheme")); })
             .find("line 2: column 'k_scheme' is 'int8-head', expected a number") != std::string::npos);
+  // the per-head file or the JSON handed to recommend: what it is not, and every column it lacks
+  CHECK(test::message_of<InputError>([&] { read_pair_results(heads, "out_rel_l2_mean"); }) ==
+        heads + ": not kvq sweep's results (sweep.csv): no columns k_bytes_per_token_head, v_bytes_per_token_head, "
+                "out_rel_l2_mean");
+  CHECK(test::message_of<InputError>([&] { read_end_to_end_results(csv, "kld_mean"); }) ==
+        csv + ": not kvq eval's results (eval.csv): no columns kld_mean, kld_max, top1_agreement, ppl_delta");
+  const std::string json = temp_path("sweep.json");
+  std::ofstream(json) << "{\n  \"rows\": [1, 2]\n}\n";
+  CHECK(test::message_of<InputError>([&] { CsvTable::read(json); }) ==
+        json + ": JSON, expected a CSV file (a header line of column names)");
+  std::filesystem::remove(json);
   std::filesystem::remove(csv);
   std::filesystem::remove(heads);
 }

@@ -1,6 +1,7 @@
 #include "experiments/common/csv_table.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -40,6 +41,9 @@ CsvTable CsvTable::read(const std::string& path) {
   t.path_ = path;
   std::string line;
   if (!std::getline(in, line)) throw InputError(fmt::format("{}: empty file, expected a CSV header", path));
+  const size_t first = line.find_first_not_of(" \t\r\xEF\xBB\xBF");
+  if (first != std::string::npos && (line[first] == '{' || line[first] == '['))
+    throw InputError(fmt::format("{}: JSON, expected a CSV file (a header line of column names)", path));
   t.header_ = split_csv_line(line);
   for (size_t number = 2; std::getline(in, line); ++number) {
     if (line.empty()) continue;
@@ -60,6 +64,19 @@ size_t CsvTable::column(const std::string& name) const {
   const auto it = std::find(header_.begin(), header_.end(), name);
   if (it == header_.end()) throw InputError(fmt::format("{}: no column '{}'", path_, name));
   return static_cast<size_t>(it - header_.begin());
+}
+
+std::vector<size_t> CsvTable::columns(const std::vector<std::string>& names, const std::string& expected) const {
+  std::vector<size_t> out;
+  std::vector<std::string> missing;
+  for (const std::string& name : names) {
+    if (has_column(name)) out.push_back(column(name));
+    else if (std::find(missing.begin(), missing.end(), name) == missing.end()) missing.push_back(name);
+  }
+  if (!missing.empty())
+    throw InputError(fmt::format("{}: not {}: no column{} {}", path_, expected, missing.size() > 1 ? "s" : "",
+                                 fmt::join(missing, ", ")));
+  return out;
 }
 
 double CsvTable::number(size_t row, size_t column) const {

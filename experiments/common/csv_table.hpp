@@ -15,6 +15,9 @@ class CsvTable {
   bool has_column(const std::string& name) const;
   // Throws InputError naming the file and the column when it is missing.
   size_t column(const std::string& name) const;
+  // The columns of `names`, in order; throws InputError naming the file, every missing column and
+  // `expected` (what the file should have been, e.g. "kvq sweep's sweep.csv").
+  std::vector<size_t> columns(const std::vector<std::string>& names, const std::string& expected) const;
   const std::string& at(size_t row, size_t column) const { return cells_[row][column]; }
   // The cell as a number; throws InputError naming file, line and column when it is not one.
   double number(size_t row, size_t column) const;

@@ -49,9 +49,10 @@ std::vector<Recommendation> recommend(const std::vector<PairResult>& results, do
 
 std::vector<PairResult> read_pair_results(const std::string& csv_path, const std::string& metric) {
   const CsvTable t = CsvTable::read(csv_path);
-  const size_t source = t.column("source"), layer = t.column("layer"), k = t.column("k_scheme"),
-               v = t.column("v_scheme"), kb = t.column("k_bytes_per_token_head"),
-               vb = t.column("v_bytes_per_token_head"), err = t.column(metric);
+  const std::vector<size_t> c = t.columns({"source", "layer", "k_scheme", "v_scheme", "k_bytes_per_token_head",
+                                           "v_bytes_per_token_head", metric},
+                                          "kvq sweep's results (sweep.csv)");
+  const size_t source = c[0], layer = c[1], k = c[2], v = c[3], kb = c[4], vb = c[5], err = c[6];
   std::vector<PairResult> out;
   for (size_t r = 0; r < t.rows(); ++r) {
     if (t.at(r, err).empty())
@@ -68,10 +69,12 @@ bool is_end_to_end_results(const std::string& csv_path) { return CsvTable::read(
 
 std::vector<EndToEndResult> read_end_to_end_results(const std::string& csv_path, const std::string& metric) {
   const CsvTable t = CsvTable::read(csv_path);
-  const size_t source = t.column("source"), k = t.column("k_scheme"), v = t.column("v_scheme"),
-               kb = t.column("k_bytes_per_token_head"), vb = t.column("v_bytes_per_token_head"),
-               mean = t.column("kld_mean"), max = t.column("kld_max"), top1 = t.column("top1_agreement"),
-               ppl = t.column("ppl_delta"), err = t.column(metric);
+  const std::vector<size_t> c =
+      t.columns({"source", "k_scheme", "v_scheme", "k_bytes_per_token_head", "v_bytes_per_token_head", "kld_mean",
+                 "kld_max", "top1_agreement", "ppl_delta", metric},
+                "kvq eval's results (eval.csv)");
+  const size_t source = c[0], k = c[1], v = c[2], kb = c[3], vb = c[4], mean = c[5], max = c[6], top1 = c[7],
+               ppl = c[8], err = c[9];
   std::vector<EndToEndResult> out;
   for (size_t r = 0; r < t.rows(); ++r)
     out.push_back({t.at(r, source), t.at(r, k), t.at(r, v), t.number(r, kb) + t.number(r, vb), t.number(r, mean),
