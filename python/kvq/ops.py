@@ -230,9 +230,9 @@ def empty_paged_cache(scheme, pages, page_tokens, heads, head_dim, *, device="cu
     holds its [pages, P, heads, row] view, which append and decode read through its strides. HND keeps a
     head's rows of a page together: in pages of 16, int8-head and fp8-e4m3 decodes at B >= 8 take a
     median 1.03x (max 1.06x) the contiguous cache's time from HND pools, 1.05x (max 1.15-1.17x) from NHD
-    ones (H200, experiments/results/nvidia-h200/paged-decode-8bit/). Scales and zero points are head-major in their
-    page ([pages, heads, P, groups]; per token [pages, P]) in both: a kvq.gpu.Cache of layout "paged",
-    which append and decode take with the block table. +w<W> schemes: a pool of `window_pages` (default
+    ones (H200, experiments/results/nvidia-h200/paged-decode-8bit/). Scales and zero points are
+    head-major in their page ([pages, heads, P, groups]; per token [pages, P]) in both: a kvq.gpu.Cache
+    of layout "paged", which append and decode take with the block table. +w<W> schemes: a pool of `window_pages` (default
     `pages`) bf16 pages [window_pages, P, heads, D] (in `layout`'s order) for the window's raw tokens
     (Cache.window), which append and decode take with a window_table: a sequence needs pages only for the
     window's tokens, ceil(W / P) + 1 at most at a time (a ring of pages), not for its whole length.
