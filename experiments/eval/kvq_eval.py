@@ -57,6 +57,7 @@ import capture_llama2c  # noqa: E402
 import eval_engines  # noqa: E402
 import eval_shards  # noqa: E402
 import sequence_eval  # noqa: E402
+import which_scheme  # noqa: E402
 import windows  # noqa: E402
 
 MODELS = os.path.join(ROOT, "data", "models", "stories260K")
@@ -253,17 +254,19 @@ KERNEL_COLUMNS = ["kernel_variant", "kernel_profile", "kernel_kld_mean", "kernel
                   "kernel_ppl_delta", "kernel_note"]
 
 
-def sweep_errors(path):
-    """(K scheme, V scheme) -> out_rel_l2_mean averaged over the layers of a kvq sweep CSV."""
+def sweep_errors(path, source):
+    """(K scheme, V scheme) -> out_rel_l2_mean averaged over the layers of a kvq sweep CSV, over its rows
+    of `source`'s model (which_scheme.rows_of_model)."""
     per_pair = {}
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
-        missing = {"k_scheme", "v_scheme", "out_rel_l2_mean"} - set(reader.fieldnames or [])
+        missing = {"source", "k_scheme", "v_scheme", "out_rel_l2_mean"} - set(reader.fieldnames or [])
         if missing:
             raise ValueError(f"{path}: no column {', '.join(sorted(missing))} (expected kvq sweep results)")
-        for row in reader:
-            if row["out_rel_l2_mean"]:
-                per_pair.setdefault((row["k_scheme"], row["v_scheme"]), []).append(float(row["out_rel_l2_mean"]))
+        rows = list(reader)
+    for row in which_scheme.rows_of_model(path, rows, source):
+        if row["out_rel_l2_mean"]:
+            per_pair.setdefault((row["k_scheme"], row["v_scheme"]), []).append(float(row["out_rel_l2_mean"]))
     if not per_pair:
         raise ValueError(f"{path}: no out_rel_l2_mean values (not kvq sweep results with attention metrics)")
     return {pair: float(np.mean(values)) for pair, values in per_pair.items()}
@@ -627,7 +630,7 @@ def main(argv=None):
         if args.ctx and engine.context and args.ctx > engine.context:
             raise ValueError(f"--ctx {args.ctx}: more than the model's context, {engine.context} tokens")
         pairs = eval_pairs(args.k, args.v, engine.head_dim, appending=not (gguf or engine.name == "gpu"))
-        sweep = sweep_errors(args.sweep) if args.sweep else None
+        sweep = sweep_errors(args.sweep, engine.source) if args.sweep else None
     except (kvq.InputError, OSError, ValueError) as e:
         print(f"kvq eval: error: {e}", file=sys.stderr)
         return 2

@@ -45,10 +45,29 @@ def llamacpp_flags(row):
         return None
 
 
-def sweep_table(path):
-    """{(K, V): {layer: (rel-L2 mean, bits)}} over the rows with attention metrics."""
+def model_of(source):
+    """The model a results row came from: its source without the details in parentheses (a capture's
+    'gguf:SmolLM2-135M-Instruct.Q4_1 (kvq_essays.txt, 1024 tokens, ...)' and an eval's
+    'gguf:SmolLM2-135M-Instruct.Q4_1' are one model)."""
+    return source.split(" (")[0]
+
+
+def rows_of_model(path, rows, source):
+    """kvq sweep's rows at `path` that are of `source`'s model; ValueError if none is: another model's
+    attention error beside this one's end-to-end numbers would read as a prediction of them."""
+    mine = [r for r in rows if model_of(r["source"]) == model_of(source)]
+    if not mine:
+        models = sorted({model_of(r["source"]) for r in rows})
+        raise ValueError(f"{path}: kvq sweep results of {', '.join(models) or 'no model'}, not of "
+                         f"{model_of(source)} (the evaluated model): give the sweep of this model's capture")
+    return mine
+
+
+def sweep_table(path, source):
+    """{(K, V): {layer: (rel-L2 mean, bits)}} over the rows with attention metrics, of `source`'s model."""
     table = defaultdict(dict)
-    for r in read_csv(path, ("layer", "k_scheme", "v_scheme", "out_rel_l2_mean", "kv_bits_per_element")):
+    rows = read_csv(path, ("source", "layer", "k_scheme", "v_scheme", "out_rel_l2_mean", "kv_bits_per_element"))
+    for r in rows_of_model(path, rows, source):
         if r["out_rel_l2_mean"]:
             table[(r["k_scheme"], r["v_scheme"])][int(r["layer"])] = (float(r["out_rel_l2_mean"]),
                                                                       float(r["kv_bits_per_element"]))
@@ -134,12 +153,11 @@ def main(argv=None):
     try:
         rows = read_csv(args.eval_csv, ("source", "k_scheme", "v_scheme", "kv_bits_per_element", "kld_mean",
                                         "top1_agreement", "ppl_delta", "out_rel_l2_mean"))
-        table = sweep_table(args.sweep) if args.sweep else {}
+        if not rows:
+            raise ValueError(f"{args.eval_csv}: no rows")
+        table = sweep_table(args.sweep, rows[0]["source"]) if args.sweep else {}
     except (OSError, ValueError) as e:
         print(f"which_scheme: error: {e}", file=sys.stderr)
-        return 2
-    if not rows:
-        print(f"which_scheme: error: {args.eval_csv}: no rows", file=sys.stderr)
         return 2
     print(f"Which KV cache scheme for {rows[0]['source']} ({rows[0].get('tokens', '?')} tokens evaluated)?")
     # A GGUF model is llama.cpp's: its answer also names llama.cpp's cache types as llama.cpp runs them

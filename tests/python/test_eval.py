@@ -275,6 +275,26 @@ def test_cli_writes_results_and_recommend_ranks_them(tmp_path):
     assert kvq_cli("recommend", out / "eval.csv", "--max-rel-l2", "0.1").returncode == 3
 
 
+def test_a_sweep_of_another_model_is_refused(tmp_path, capsys):
+    """--sweep puts a capture's attention error beside each pair: only the evaluated model's sweep may."""
+    sweep = tmp_path / "sweep.csv"
+    with open(sweep, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["source", "layer", "k_scheme", "v_scheme", "out_rel_l2_mean"])
+        w.writeheader()
+        w.writerow({"source": "synthetic:llm-shaped(seed=0)", "layer": 0, "k_scheme": "int8-head", "v_scheme": "int8-head",
+                    "out_rel_l2_mean": 0.02})
+    args = ["--model", "stories260k", "--max-tokens", "8", "--k", "int8-head", "--v", "int8-head", "--no-plot"]
+    assert kvq_eval.main(args + ["--sweep", str(sweep), "--out", str(tmp_path / "a")]) == 2
+    assert (f"{sweep}: kvq sweep results of synthetic:llm-shaped(seed=0), not of llama2.c:stories260K (the evaluated "
+            "model)") in capsys.readouterr().err
+    assert not (tmp_path / "a" / "eval.csv").exists()
+    with open(sweep, "a", newline="") as f:  # the same model's capture (its source in the capture's words) joins
+        csv.writer(f).writerow(["llama2.c:stories260K (tinystory.txt, 256 tokens)", 0, "int8-head", "int8-head", 0.03])
+    assert kvq_eval.main(args + ["--sweep", str(sweep), "--out", str(tmp_path / "b")]) == 0
+    # only its rows count: the other model's 0.02 is not averaged in
+    assert next(csv.DictReader(open(tmp_path / "b" / "eval.csv")))["sweep_out_rel_l2_mean"] == "0.03"
+
+
 @pytest.mark.parametrize("args,message", [
     (["--k", "int8-tensor"], "per-tensor scale needs the whole cache"),
     (["--k", "int4-g3"], "int4-g3: group size 3 does not divide head_dim 8"),

@@ -103,8 +103,9 @@ def test_which_scheme_picks_the_smallest_pair_within_each_budget(tmp_path, capsy
     write_rows(tmp_path / "eval.csv", [e2e("none", 32, 0), e2e("int8-head", 8.25, 4e-4), e2e("int8-token", 8.08, 9e-4),
                                        e2e("int4-g32-asym", 5, 6e-3), e2e("int4-head", 4.25, 0.2)])
 
-    def sweep(layer, k, bits, err):
-        return {"layer": layer, "k_scheme": k, "v_scheme": k, "out_rel_l2_mean": err, "kv_bits_per_element": bits}
+    def sweep(layer, k, bits, err, source="gguf:m (text.txt, 1024 tokens, rope order hf)"):  # a capture's source
+        return {"source": source, "layer": layer, "k_scheme": k, "v_scheme": k, "out_rel_l2_mean": err,
+                "kv_bits_per_element": bits}
     write_rows(tmp_path / "sweep.csv", [sweep(0, "int4-g32-asym", 5, 0.1), sweep(1, "int4-g32-asym", 5, 0.3),
                                         sweep(0, "int4-head", 4.25, 0.15), sweep(1, "int4-head", 4.25, 0.5),
                                         sweep(0, "int8-head", 8.25, 0.01), sweep(1, "int8-head", 8.25, 0.02)])
@@ -120,6 +121,10 @@ def test_which_scheme_picks_the_smallest_pair_within_each_budget(tmp_path, capsy
     assert "KLD budget 1e-06 nats:\n  no scheme pair stays within it" in out
     assert which_scheme.main([str(tmp_path / "sweep.csv")]) == 2  # not eval results
     assert "no column" in capsys.readouterr().err
+    # another model's sweep is refused, not put beside this model's numbers
+    write_rows(tmp_path / "other.csv", [sweep(0, "int8-head", 8.25, 0.01, "gguf:other (text.txt, 64 tokens)")])
+    assert which_scheme.main([str(tmp_path / "eval.csv"), "--sweep", str(tmp_path / "other.csv")]) == 2
+    assert "other.csv: kvq sweep results of gguf:other, not of gguf:m (the evaluated model)" in capsys.readouterr().err
 
 
 def test_layer_lists():
