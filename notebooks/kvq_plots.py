@@ -159,7 +159,7 @@ def plot_head_heatmap(heads, k_scheme, v_scheme, out_dir):
     """Attention output rel-L2 of every (layer, query head), averaged over the batch."""
     sel = heads[(heads.k_scheme == k_scheme) & (heads.v_scheme == v_scheme)]
     if sel.empty:
-        raise ValueError(f"no per-head results for K {k_scheme} / V {v_scheme}")
+        raise ValueError(f"--pair {k_scheme}/{v_scheme}: no per-head results for that pair in the sweep")
     grid = sel.groupby(["layer", "q_head"])["rel_l2"].mean().unstack("q_head")
     fig, ax = plt.subplots(figsize=(1.2 + 0.45 * grid.shape[1], 1.2 + 0.45 * grid.shape[0]))
     values = grid.to_numpy(dtype=float)
@@ -175,10 +175,26 @@ def plot_head_heatmap(heads, k_scheme, v_scheme, out_dir):
     return _save(fig, out_dir, "head_error_heatmap.png")
 
 
-def plot_k_channel_magnitude(dump_path, out_dir):
-    """max |K| of every channel in every layer: per-channel outliers show as bright columns."""
+def dump_source(f):
+    source = f.attrs.get("source", "")
+    return source.decode("utf-8") if isinstance(source, bytes) else str(source)
+
+
+def plot_k_channel_magnitude(dump_path, out_dir, swept_sources=None):
+    """max |K| of every channel in every layer: per-channel outliers show as bright columns.
+    swept_sources: the sweep's sources; a dump that is not one of them is refused (its figure would
+    sit among another capture's)."""
     import h5py
-    with h5py.File(dump_path, "r") as f:
+    try:
+        f = h5py.File(dump_path, "r")
+    except OSError as e:
+        raise ValueError(f"--dump {dump_path}: not a readable HDF5 file ({e})") from None
+    with f:
+        if "layers" not in f or not len(f["layers"]):
+            raise ValueError(f"--dump {dump_path}: no /layers group (not a kvq dump)")
+        if swept_sources is not None and dump_source(f) not in swept_sources:
+            raise ValueError(f"--dump {dump_path}: its source {dump_source(f)!r} is not one the sweep swept "
+                             f"({', '.join(map(repr, sorted(swept_sources)))})")
         layers = sorted(f["layers"], key=int)
         seq_lens = f["seq_lens"][...] if "seq_lens" in f else None
         rows = []
@@ -188,8 +204,7 @@ def plot_k_channel_magnitude(dump_path, out_dir):
                 mask = np.arange(k.shape[2])[None, :] < seq_lens[:, None]
                 k = np.where(mask[:, None, :, None], k, 0.0)
             rows.append(np.nanmax(np.abs(k), axis=(0, 1, 2)))
-        source = f.attrs.get("source", "")
-        source = source.decode("utf-8") if isinstance(source, bytes) else source
+        source = dump_source(f)
     grid = np.stack(rows)
     fig, ax = plt.subplots(figsize=(max(6, 0.09 * grid.shape[1] + 3), 1.5 + 0.4 * grid.shape[0]))
     im = ax.imshow(grid, cmap="viridis", aspect="auto")
@@ -277,6 +292,8 @@ def main(argv=None):
     ap.add_argument("--pair", help="K/V pair for the head heatmap, e.g. int4-head-asym/int8-head")
     ap.add_argument("--out", help="output directory (default RESULTS/plots)")
     args = ap.parse_args(argv)
+    if args.pair is not None and len(args.pair.split("/")) != 2:
+        ap.error(f"--pair {args.pair!r}: expected K/V, e.g. int4-head-asym/int8-head")
     try:
         rows, heads = load(args.results)
     except FileNotFoundError as e:
@@ -284,16 +301,20 @@ def main(argv=None):
         return 3
     out = args.out or os.path.join(args.results, "plots")
     os.makedirs(out, exist_ok=True)
-    written = [plot_error_vs_group_size(rows, out), plot_sqnr_per_layer(rows, out)]
-    if rows["out_rel_l2_mean"].notna().any():
-        written.append(plot_tradeoff(rows, out))
-        if heads is not None and len(heads):
-            k, v = args.pair.split("/") if args.pair else default_heatmap_pair(rows)
-            written.append(plot_head_heatmap(heads, k, v, out))
-    else:
-        print("kvq_plots: no attention metrics (no decode queries): skipping the trade-off and head figures")
-    if args.dump:
-        written.append(plot_k_channel_magnitude(args.dump, out))
+    try:
+        written = [plot_error_vs_group_size(rows, out), plot_sqnr_per_layer(rows, out)]
+        if rows["out_rel_l2_mean"].notna().any():
+            written.append(plot_tradeoff(rows, out))
+            if heads is not None and len(heads):
+                k, v = args.pair.split("/") if args.pair else default_heatmap_pair(rows)
+                written.append(plot_head_heatmap(heads, k, v, out))
+        else:
+            print("kvq_plots: no attention metrics (no decode queries): skipping the trade-off and head figures")
+        if args.dump:
+            written.append(plot_k_channel_magnitude(args.dump, out, set(rows["source"].astype(str))))
+    except ValueError as e:
+        print(f"kvq_plots: {e}", file=sys.stderr)
+        return 3
     for path in written:
         print(f"wrote {path}")
     return 0

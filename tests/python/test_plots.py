@@ -51,6 +51,23 @@ def test_missing_results_give_a_clear_error(tmp_path, capsys):
     assert "no sweep results here" in capsys.readouterr().err
 
 
+def test_a_dump_or_pair_the_sweep_does_not_have_is_refused(tmp_path, capsys):
+    out = ["--out", str(tmp_path / "plots")]
+    (tmp_path / "not.h5").write_text("x")
+    assert kvq_plots.main([BUNDLED_RESULTS, "--dump", str(tmp_path / "not.h5")] + out) == 3
+    assert "not.h5: not a readable HDF5 file" in capsys.readouterr().err
+    other = tmp_path / "other.h5"  # a dump the bundled results did not sweep
+    assert kvq("synth", "--out", other, "--tokens", "16", "--head-dim", "16", "--q-heads", "2", "--kv-heads", "1").returncode == 0
+    assert kvq_plots.main([BUNDLED_RESULTS, "--dump", str(other)] + out) == 3
+    assert "its source 'synthetic:llm-shaped(" in capsys.readouterr().err
+    assert not (tmp_path / "plots" / "k_channel_magnitude.png").exists()
+    assert kvq_plots.main([BUNDLED_RESULTS, "--pair", "int8-head/int5-head"] + out) == 3
+    assert "--pair int8-head/int5-head: no per-head results for that pair" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        kvq_plots.main([BUNDLED_RESULTS, "--pair", "int8-head"] + out)
+    assert "expected K/V" in capsys.readouterr().err
+
+
 def test_bundled_results_are_current(tmp_path):
     """The committed results equal a fresh sweep of the bundled dump (regenerate them after a metric change:
     build/experiments/kvq sweep --out experiments/results/stories260k)."""
