@@ -183,6 +183,18 @@ def test_an_output_over_the_input_dump_is_refused_and_the_dump_kept(tmp_path, co
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.parametrize("command,made_by", [(["quantize", "--k", "int8-head", "--v", "int4-g8-asym"], "kvq quantize"),
+                                             (["reference"], "kvq reference")])
+def test_an_output_of_quantize_or_reference_read_as_a_dump_is_named(tmp_path, command, made_by):
+    out = tmp_path / "o.h5"
+    assert kvq(command[0], BUNDLED, *command[1:], "--out", out).returncode == 0
+    for use in (["inspect", out], ["sweep", out, "--out", tmp_path / "s"]):
+        r = kvq(*use)
+        assert r.returncode == 3
+        assert f"{out}: / attribute kvq_schema: missing: this file is {made_by}'s output" in r.stderr, r.stderr
+        assert f"not a dump; its input dump was {BUNDLED}" in r.stderr, r.stderr
+
+
 def test_an_out_that_is_a_file_is_an_input_error_naming_the_path(tmp_path):
     taken = tmp_path / "taken"
     taken.write_text("not a directory")
@@ -196,4 +208,6 @@ def test_recommend_names_a_missing_column(tmp_path):
     csv = tmp_path / "partial.csv"
     csv.write_text("source,layer,k_scheme\nm,0,int8-head\n")
     r = kvq("recommend", csv, "--max-rel-l2", "0.1")
-    assert r.returncode == 3 and r.stderr == f"kvq: error: {csv}: no column 'v_scheme'\n"
+    assert r.returncode == 3 and r.stderr == (f"kvq: error: {csv}: not kvq sweep's results (sweep.csv): no columns "
+                                              "v_scheme, k_bytes_per_token_head, v_bytes_per_token_head, "
+                                              "out_rel_l2_mean\n")
