@@ -422,14 +422,36 @@ void check_finite_queries(const DumpInfo& info, size_t layer, const KvLayer& val
                fmt::format("{}: /layers/{}/q", info.path, info.layers.at(layer).name), "attention needs finite queries");
 }
 
+namespace {
+// Layer indices as runs: 0, 1, 2, 5 -> "0-2, 5"
+std::string index_runs(const std::vector<int>& sorted) {
+  std::vector<std::string> runs;
+  for (size_t i = 0; i < sorted.size();) {
+    size_t j = i;
+    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1) ++j;
+    runs.push_back(j == i ? std::to_string(sorted[i]) : fmt::format("{}-{}", sorted[i], sorted[j]));
+    i = j + 1;
+  }
+  return fmt::format("{}", fmt::join(runs, ", "));
+}
+}  // namespace
+
 std::vector<size_t> select_layers(const DumpInfo& info, const std::vector<int>& indices) {
   std::vector<size_t> out;
-  for (size_t i = 0; i < info.layers.size(); ++i)
+  std::vector<int> present, missing;
+  for (size_t i = 0; i < info.layers.size(); ++i) {
+    present.push_back(info.layers[i].index);
     if (indices.empty() || std::find(indices.begin(), indices.end(), info.layers[i].index) != indices.end())
       out.push_back(i);
-  if (out.empty())
-    throw DumpError(fmt::format("{}: none of the requested --layers [{}] exist (the dump has layers 0..{})", info.path,
-                                fmt::join(indices, ", "), info.layers.back().index));
+  }
+  std::sort(present.begin(), present.end());
+  for (int index : indices)
+    if (!std::binary_search(present.begin(), present.end(), index) &&
+        std::find(missing.begin(), missing.end(), index) == missing.end())
+      missing.push_back(index);
+  if (!missing.empty())  // a layer asked for and not there is an error, not a smaller result
+    throw DumpError(fmt::format("{}: --layers {}: not in the dump (its layers: {})", info.path, fmt::join(missing, ", "),
+                                index_runs(present)));
   return out;
 }
 

@@ -141,12 +141,16 @@ def test_reference_options_change_the_result(tmp_path):
     (["sweep", BUNDLED, "--k", "int5-head"], 3, "kvq: error: unknown scheme 'int5-head': bits 'int5' must be int8, int4 or fp8"),
     (["quantize", BUNDLED, "--k", "int8-head"], 2, "--v is required"),
     (["sweep", "/nonexistent.h5"], 2, "File does not exist"),
-    (["sweep", BUNDLED, "--layers", "9"], 3, "none of the requested --layers [9] exist (the dump has layers 0..4)"),
+    (["sweep", BUNDLED, "--layers", "9"], 3, "--layers 9: not in the dump (its layers: 0-4)"),
+    (["sweep", BUNDLED, "--layers", "1", "7", "-2", "7"], 3, "--layers 7, -2: not in the dump (its layers: 0-4)"),
+    (["quantize", BUNDLED, "--k", "int8-head", "--v", "int8-head", "--layers", "0", "5"], 3,
+     "--layers 5: not in the dump (its layers: 0-4)"),
     (["recommend", BUNDLED, "--max-rel-l2", "0.1"], 3, f"kvq: error: {BUNDLED}: line "),
     (["frobnicate"], 2, ""),
 ])
 def test_errors_are_one_line_with_exit_codes(tmp_path, args, code, message):
-    r = kvq(*args, *(["--out", tmp_path / "o"] if args[0] in ("sweep",) else []))
+    out = {"sweep": tmp_path / "o", "quantize": tmp_path / "o.h5"}.get(args[0])
+    r = kvq(*args, *(["--out", out] if out else []))
     assert r.returncode == code, (r.stdout, r.stderr)
     assert message in r.stderr
     assert "Traceback" not in r.stderr and "HDF5-DIAG" not in r.stderr
