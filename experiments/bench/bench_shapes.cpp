@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <regex>
 #include <sstream>
 
 #include "experiments/gate/decode_run.hpp"
@@ -12,19 +11,7 @@
 
 namespace kvq {
 
-std::vector<DecodeShape> bench_shapes(const std::string& regex) {
-  std::regex re;
-  try {
-    re = std::regex(regex);
-  } catch (const std::regex_error& e) {
-    throw InputError(fmt::format("--shapes '{}': not a valid regular expression ({})", regex, e.what()));
-  }
-  std::vector<DecodeShape> out;
-  for (const DecodeShape& s : design_decode_shapes())
-    if (std::regex_search(s.label(), re)) out.push_back(s);  // group/B<b>/T<t>
-  if (out.empty()) throw InputError(fmt::format("--shapes '{}' matches none of the shapes (seed000, seed002, llama8b, smollm2; a label reads seed000/B128/T8192)", regex));
-  return out;
-}
+std::vector<DecodeShape> bench_shapes(const std::string& regex) { return design_decode_shapes(regex, "--shapes"); }
 
 BenchStorage bench_storage(const std::optional<Scheme>& k, KvFormat k_raw, const std::optional<Scheme>& v,
                            KvFormat v_raw, bool fbgemm) {

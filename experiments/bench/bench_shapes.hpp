@@ -17,7 +17,7 @@
 
 namespace kvq {
 
-// The DESIGN.md decode shapes (experiments/common/decode_shapes.hpp) whose group matches `regex`.
+// The DESIGN.md decode shapes (experiments/common/decode_shapes.hpp) whose label matches `regex`.
 std::vector<DecodeShape> bench_shapes(const std::string& regex = ".");
 
 // A K/V storage: each of K and V raw (bf16 / fp16) or quantized by a scheme, planar or (int4, both

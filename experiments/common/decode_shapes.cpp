@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <regex>
+
+#include "quant/errors.hpp"
+
 namespace kvq {
 
 std::string DecodeShape::label() const { return fmt::format("{}/B{}/T{}", group, batch, tokens); }
@@ -17,6 +21,22 @@ std::vector<DecodeShape> design_decode_shapes() {
   for (int64_t b : {1, 8, 64})
     for (int64_t t : {1024, 8192}) shapes.push_back({"smollm2", b, 9, 3, t, 64});
   return shapes;
+}
+
+std::vector<DecodeShape> design_decode_shapes(const std::string& regex, const std::string& option) {
+  std::regex re;
+  try {
+    re = std::regex(regex);
+  } catch (const std::regex_error& e) {
+    throw InputError(fmt::format("{} '{}': not a valid regular expression ({})", option, regex, e.what()));
+  }
+  std::vector<DecodeShape> out;
+  for (const DecodeShape& s : design_decode_shapes())
+    if (std::regex_search(s.label(), re)) out.push_back(s);
+  if (out.empty())
+    throw InputError(fmt::format("{} '{}' matches none of the shapes (seed000, seed002, llama8b, smollm2; a label "
+                                 "reads seed000/B128/T8192)", option, regex));
+  return out;
 }
 
 }  // namespace kvq

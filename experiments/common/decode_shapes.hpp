@@ -18,5 +18,8 @@ struct DecodeShape {
 // Hq=32 Hkv=8 D=128, B in {1, 8, 64} x T in {1K, 8K, 32K} without B=64 T=32K (34 GB of fp32 K/V);
 // SmolLM2-135M (the main job's real model) Hq=9 Hkv=3 D=64, B in {1, 8, 64} x T in {1K, 8K}.
 std::vector<DecodeShape> design_decode_shapes();
+// Those whose label matches `regex` (std::regex_search); InputError naming `option` when the regex is
+// not one or matches no shape.
+std::vector<DecodeShape> design_decode_shapes(const std::string& regex, const std::string& option);
 
 }  // namespace kvq

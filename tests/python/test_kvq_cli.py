@@ -146,6 +146,9 @@ def test_reference_options_change_the_result(tmp_path):
     (["quantize", BUNDLED, "--k", "int8-head", "--v", "int8-head", "--layers", "0", "5"], 3,
      "--layers 5: not in the dump (its layers: 0-4)"),
     (["recommend", BUNDLED, "--max-rel-l2", "0.1"], 3, f"kvq: error: {BUNDLED}: line "),
+    (["bench-cpu", "--filter", "llama9b"], 3, "--filter 'llama9b' matches none of the shapes"),
+    (["bench-cpu", "--filter", "seed0(0"], 3, "--filter 'seed0(0': not a valid regular expression"),
+    (["bench-cpu", "--min-seconds", "-1"], 2, "--min-seconds: -1 is negative (need >= 0)"),
     (["frobnicate"], 2, ""),
 ])
 def test_errors_are_one_line_with_exit_codes(tmp_path, args, code, message):
