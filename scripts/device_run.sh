@@ -8,7 +8,7 @@
 # ends by comparing every timing with the newest committed run on the same GPU (compare_runs.py) and
 # judging the speed targets from the run's own CSVs (targets.py, in summary.txt).
 # Narrower runs: KVQ_SHAPES, KVQ_SCHEMES, KVQ_DECODE_VARIANTS (passed to kvq bench), KVQ_BENCH_QUANTIZE=0,
-# KVQ_NCU=0, KVQ_SANITIZE=0, KVQ_VALIDATE_VARIANTS (regex for kvq validate), KVQ_VALIDATE_DUMPS (dumps,
+# KVQ_BENCH_PAGED=0, KVQ_NCU=0, KVQ_SANITIZE=0, KVQ_VALIDATE_VARIANTS (regex for kvq validate), KVQ_VALIDATE_DUMPS (dumps,
 # space-separated, that the decode variants are validated on as well).
 #
 #   OUT=results/device bash scripts/device_run.sh          # any CUDA machine with the build deps
@@ -147,6 +147,16 @@ step "peers: FlashInfer FP8/bf16 (bench_peers.py)" peers_flashinfer.log \
 bench_args=(--shapes "${KVQ_SHAPES:-.}" --variant "${KVQ_DECODE_VARIANTS:-.}")
 [[ -n ${KVQ_SCHEMES:-} ]] && bench_args+=(--schemes "$KVQ_SCHEMES")
 step "kvq bench (decode)" bench.log "$kvq" bench --peers "$OUT/peers.csv" --csv "$OUT/decode.csv" "${bench_args[@]}"
+# Issue 33: decode-tc over pages of 16 tokens beside the same cache contiguous, NHD and HND pools, one CSV.
+paged_bench() {
+  local layout
+  for layout in nhd hnd; do
+    PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" python3 experiments/bench/bench_paged.py --layout "$layout" \
+      --pages 16 --shapes "${KVQ_SHAPES:-.}" --out "$logs/paged_$layout.csv" || return 1
+  done
+  { cat "$logs/paged_nhd.csv"; tail -n +2 "$logs/paged_hnd.csv"; } > "$OUT/paged.csv"
+}
+[[ ${KVQ_BENCH_PAGED:-1} == 1 ]] && step "paged vs contiguous decode, NHD and HND (bench_paged.py)" paged.log paged_bench
 # No silent regressions: every decode and quantize row against the newest committed run on this GPU.
 # A tree without .git orders the committed runs by experiments/results/.run_times.json: write it
 # where git is (compare_runs.py --write-times) and carry it along; without it the report warns.
@@ -162,6 +172,7 @@ judge_targets() {
   local args=()
   [[ -s $OUT/decode.csv ]] && args+=(--decode "$OUT/decode.csv")
   [[ -s $OUT/quantize_bandwidth.csv ]] && args+=(--quantize "$OUT/quantize_bandwidth.csv")
+  [[ -s $OUT/paged.csv ]] && args+=(--paged "$OUT/paged.csv")
   ((${#args[@]})) && python3 experiments/bench/targets.py "${args[@]}" > "$logs/targets.txt"
 }
 step "speed targets (targets.py)" targets.log judge_targets
