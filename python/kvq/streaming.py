@@ -57,6 +57,9 @@ class AppendQuantizer:
         x = np.asarray(x)
         if x.ndim != 4:
             raise _core.InputError(f"{self.name}: expected new tokens [B, H, t, D], got shape {list(x.shape)}")
+        if not (np.issubdtype(x.dtype, np.floating) or x.dtype.name == "bfloat16"):  # as kvq.quantize takes them
+            raise _core.InputError(f"{self.name}: new tokens of dtype {x.dtype}, expected a float type (float16, "
+                                   "bfloat16, float32, float64)")
         if self._pending is not None and (x.shape[:2] != self._pending.shape[:2] or x.shape[3] != self._pending.shape[3]):
             raise _core.InputError(f"{self.name}: appended tokens have shape {list(x.shape)}, the cache has "
                                    f"[B, H, D] = {[*self._pending.shape[:2], self._pending.shape[3]]}")

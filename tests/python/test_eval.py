@@ -179,6 +179,14 @@ def test_append_quantizer_chunks_and_pending_tokens():
     np.testing.assert_array_equal(stored[:, :, :16], whole.dequantized)
     np.testing.assert_array_equal(stored[:, :, 16:], x[:, :, 16:])  # the pending token, untouched
     assert a.result().codes.tobytes() == whole.codes.tobytes()
+    # integer tokens are refused on every append, as kvq.quantize refuses them (after the first
+    # append they were promoted through the float pending tokens)
+    for first in (True, False):
+        b = kvq.AppendQuantizer("int8-head", "test K")
+        if not first:
+            b.append(x[:, :, :2])
+        with pytest.raises(kvq.InputError, match="test K: new tokens of dtype int8, expected a float type"):
+            b.append(np.ones((2, 3, 1, 6), np.int8))
     with pytest.raises(kvq.SchemeError, match="per-tensor scale needs the whole cache"):
         kvq.AppendQuantizer("int8-tensor")
     with pytest.raises(kvq.SchemeError, match="per-tensor zero point needs the whole cache"):
