@@ -38,6 +38,13 @@ def cache_scheme(cache_type, side, head_dim, rotation=True):
         raise ValueError(f"cache type {cache_type!r}: llama.cpp's are {', '.join(CACHE_TYPES)}")
     if side not in ("k", "v"):
         raise ValueError(f"side {side!r}: expected 'k' or 'v'")
+    if head_dim <= 0:
+        raise ValueError(f"head_dim {head_dim}: expected a positive number")
+    if cache_type not in UNQUANTIZED:  # llama.cpp stores whole blocks a row, as kvq's codec
+        try:
+            _core.parse_scheme(CACHE_TYPES[cache_type]).fits(head_dim)
+        except _core.SchemeError as e:
+            raise ValueError(f"-ct{side} {cache_type}: {e}") from None
     if not rotation or cache_type in UNQUANTIZED:
         return CACHE_TYPES[cache_type]
     return _core.llamacpp_cache_scheme(cache_type, side, head_dim).name  # the C++ rule kvq's default pairs follow
@@ -48,13 +55,22 @@ def cache_schemes(type_k, type_v, head_dim, rotation=True):
     return cache_scheme(type_k, "k", head_dim, rotation), cache_scheme(type_v, "v", head_dim, rotation)
 
 
+def _fits(cache_type, head_dim):
+    try:
+        cache_scheme(cache_type, "k", head_dim)
+        return True
+    except ValueError:
+        return False
+
+
 def describe_pair(k_name, v_name, head_dim):
     """How a llama.cpp user gets kvq's pair (k_name, v_name) at head_dim: '-ctk X -ctv Y' (llama.cpp's
     default, rotated), 'LLAMA_ATTN_ROT_DISABLE=1 -ctk X -ctv Y' (the unrotated types), or None where
     llama.cpp runs no such cache (kvq's own schemes, or a rotation llama.cpp would not apply)."""
+    fitting = [t for t in CACHE_TYPES if _fits(t, head_dim)]  # llama.cpp has no cache of the others here
     for rotation in (True, False):
-        for tk in CACHE_TYPES:
-            for tv in CACHE_TYPES:
+        for tk in fitting:
+            for tv in fitting:
                 if cache_schemes(tk, tv, head_dim, rotation) == (k_name, v_name):
                     rotated = cache_schemes(tk, tv, head_dim, True) != cache_schemes(tk, tv, head_dim, False)
                     flags = f"-ctk {tk} -ctv {tv}"

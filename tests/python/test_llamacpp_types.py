@@ -45,6 +45,18 @@ def test_bad_names_are_errors():
         llamacpp.rotation_block("q", 128)
 
 
+def test_head_dims_llama_cpp_cannot_cache_are_refused():
+    # a block of 32 must divide each row (llama.cpp stores whole blocks, as kvq's codec does)
+    with pytest.raises(ValueError, match="-ctv q8_0: q8_0: block size 32 does not divide head_dim 40"):
+        llamacpp.cache_schemes("f16", "q8_0", 40)
+    for bad in (0, -64):
+        with pytest.raises(ValueError, match=f"head_dim {bad}: expected a positive number"):
+            llamacpp.cache_scheme("q4_0", "k", bad)
+    assert llamacpp.cache_schemes("f16", "bf16", 40) == ("fp16", "bf16")
+    assert llamacpp.describe_pair("fp16", "bf16", 40) == "-ctk f16 -ctv bf16"
+    assert llamacpp.describe_pair("q4_0", "q8_0", 40) is None  # no such cache at head_dim 40
+
+
 def test_block_rotation_back_and_the_append_cache_agree_with_the_codec():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((1, 2, 40, 128)).astype(np.float32)
