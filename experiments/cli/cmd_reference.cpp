@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 
 #include "data/dump.hpp"
 #include "data/h5_writer.hpp"
@@ -17,13 +18,13 @@ namespace {
 struct ReferenceArgs {
   std::string in, out;
   bool alibi = false;
-  double scale = 0.0;
+  std::optional<double> scale;  // unset: the layer's
   std::vector<int> layers;
 };
 
 int run(const ReferenceArgs& a) {
-  if (a.scale < 0 || !std::isfinite(a.scale))
-    throw InputError(fmt::format("--scale {}: the softmax scale must be positive", a.scale));
+  if (a.scale && !(*a.scale > 0 && std::isfinite(*a.scale)))
+    throw InputError(fmt::format("--scale {}: the softmax scale must be positive and finite", *a.scale));
   refuse_output_over_input(a.out, a.in);
   const DumpInfo info = open_dump_checked(a.in, a.layers);
   for (const LayerInfo& l : info.layers)
@@ -40,7 +41,7 @@ int run(const ReferenceArgs& a) {
     check_finite_queries(info, i, layer);
     AttentionProblem p = attention_problem(layer, layer.k, layer.v);
     p.alibi = a.alibi || layer.alibi;
-    p.softmax_scale = a.scale != 0.0 ? a.scale : layer.softmax_scale;
+    p.softmax_scale = a.scale.value_or(layer.softmax_scale);
     const AttentionOutput out = attention(p);
     const std::string group = "/layers/" + std::to_string(index);
     f.write_doubles(group + "/o", {p.batch, p.q_heads, p.q_len, p.head_dim}, out.o);

@@ -146,13 +146,14 @@ def test_reference_options_change_the_result(tmp_path):
     (["quantize", BUNDLED, "--k", "int8-head", "--v", "int8-head", "--layers", "0", "5"], 3,
      "--layers 5: not in the dump (its layers: 0-4)"),
     (["recommend", BUNDLED, "--max-rel-l2", "0.1"], 3, f"kvq: error: {BUNDLED}: line "),
+    (["reference", BUNDLED, "--scale", "0"], 3, "--scale 0: the softmax scale must be positive and finite"),
     (["bench-cpu", "--filter", "llama9b"], 3, "--filter 'llama9b' matches none of the shapes"),
     (["bench-cpu", "--filter", "seed0(0"], 3, "--filter 'seed0(0': not a valid regular expression"),
     (["bench-cpu", "--min-seconds", "-1"], 2, "--min-seconds: -1 is negative (need >= 0)"),
     (["frobnicate"], 2, ""),
 ])
 def test_errors_are_one_line_with_exit_codes(tmp_path, args, code, message):
-    out = {"sweep": tmp_path / "o", "quantize": tmp_path / "o.h5"}.get(args[0])
+    out = {"sweep": tmp_path / "o", "quantize": tmp_path / "o.h5", "reference": tmp_path / "r.h5"}.get(args[0])
     r = kvq(*args, *(["--out", out] if out else []))
     assert r.returncode == code, (r.stdout, r.stderr)
     assert message in r.stderr
