@@ -49,12 +49,14 @@ double load_float(const uint8_t* base, int64_t offset, nb::dlpack::dtype dt) {
 }
 
 int64_t load_integer(const uint8_t* base, int64_t offset, nb::dlpack::dtype dt) {
+  // each branch widened to int64 on its own: `s ? int32 : uint32` would be uint32, and -1 read as 2^32 - 1
   const bool s = dt.code == static_cast<uint8_t>(Code::Int);
+  const auto as = [&](auto value) { return static_cast<int64_t>(value); };
   switch (dt.bits) {
-    case 8: return s ? load<int8_t>(base, offset) : load<uint8_t>(base, offset);
-    case 16: return s ? load<int16_t>(base, offset) : load<uint16_t>(base, offset);
-    case 32: return s ? load<int32_t>(base, offset) : load<uint32_t>(base, offset);
-    default: return s ? load<int64_t>(base, offset) : static_cast<int64_t>(load<uint64_t>(base, offset));
+    case 8: return s ? as(load<int8_t>(base, offset)) : as(load<uint8_t>(base, offset));
+    case 16: return s ? as(load<int16_t>(base, offset)) : as(load<uint16_t>(base, offset));
+    case 32: return s ? as(load<int32_t>(base, offset)) : as(load<uint32_t>(base, offset));
+    default: return s ? as(load<int64_t>(base, offset)) : as(load<uint64_t>(base, offset));
   }
 }
 

@@ -408,8 +408,8 @@ void bind_reference(nb::module_& m) {
         "probabilities"_a = false,
         "Exact attention (kvq's reference): q [B, Hq, Tq, D], k and v [B, Hkv, T, D] ('bsnh': [B, T, Hkv, D]); "
         "query row i sits at position seq_len - Tq + i and attends causally. Returns (O [B,Hq,Tq,D], LSE [B,Hq,Tq]) "
-        "in float64, and P [B,Hq,Tq,T] with probabilities=True. precision: 'fp64' or a kernel profile such as "
-        "'fp32-pbf16-obf16'.");
+        "in float64, and P [B,Hq,Tq,T] with probabilities=True. softmax_scale 0: 1/sqrt(D). precision: 'fp64' or a "
+        "kernel profile such as 'fp32-pbf16-obf16'.");
   m.def("alibi_slopes", &alibi_slopes, "n"_a);
 }
 

@@ -40,6 +40,8 @@ void check_problem(const AttentionProblem& p) {
   for (int64_t b = 0; p.seq_lens && b < p.batch; ++b)
     if (p.seq_lens[b] < 0 || p.seq_lens[b] > p.tokens())
       fail(fmt::format("seq_lens[{}] = {} is outside [0, T={}]", b, p.seq_lens[b], p.tokens()));
+  if (!(std::isfinite(p.softmax_scale) && p.softmax_scale >= 0))
+    fail(fmt::format("softmax_scale {} must be finite and > 0 (0: 1/sqrt(D))", p.softmax_scale));
 }
 
 std::vector<double> alibi_slopes(int64_t n) {

@@ -204,6 +204,13 @@ def test_errors_carry_kvq_messages(tmp_path):
      "^attention: num_q_heads 3 is not a multiple of num_kv_heads 2$"),
     (lambda: kvq.attention(*[np.zeros((1, 2, 4, 8), np.float32)] * 3, seq_lens=np.array([5])),
      r"seq_lens\[0\] = 5 is outside \[0, T=4\]"),
+    # a negative int32 is read as itself (it read as 2^32 - 1: "value 4294967295 does not fit int32")
+    (lambda: kvq.attention(*[np.zeros((1, 2, 4, 8), np.float32)] * 3, seq_lens=np.array([-1], np.int32)),
+     r"seq_lens\[0\] = -1 is outside \[0, T=4\]"),
+    (lambda: kvq.attention(*[np.zeros((1, 2, 4, 8), np.float32)] * 3, softmax_scale=float("nan")),
+     r"softmax_scale nan must be finite and > 0"),
+    (lambda: kvq.attention(*[np.zeros((1, 2, 4, 8), np.float32)] * 3, softmax_scale=-0.5),
+     r"softmax_scale -0.5 must be finite and > 0"),
     (lambda: kvq.QuantizeResult(np.zeros((1, 1, 2, 8), np.uint8), np.ones(3, np.float16), scheme="int8-tensor"),
      r"scales: expected shape \[1\], got \[3\]"),
     (lambda: kvq.QuantizeResult(np.zeros((1, 1, 2, 8), np.uint8), np.ones(1, np.float16), scheme="int8-tensor-asym"),
