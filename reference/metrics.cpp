@@ -30,12 +30,17 @@ std::vector<int64_t> top_k(const double* row, int64_t n, int64_t k) {
   return idx;
 }
 
+// max / min that carry a NaN through (std::max keeps whichever side is not NaN): a NaN output must
+// show in the error, not vanish from it
+double nan_max(double a, double b) { return std::isnan(a) || std::isnan(b) ? std::nan("") : std::max(a, b); }
+double nan_min(double a, double b) { return std::isnan(a) || std::isnan(b) ? std::nan("") : std::min(a, b); }
+
 // Mean, min and max of per-head or per-query values; `empty` stands in when there were none.
 struct Summary {
   double sum = 0, min = std::numeric_limits<double>::infinity(), max = -std::numeric_limits<double>::infinity();
   int64_t count = 0;
   void add(double x) {
-    sum += x, min = std::min(min, x), max = std::max(max, x);
+    sum += x, min = nan_min(min, x), max = nan_max(max, x);
     ++count;
   }
   double mean_or(double empty) const { return count ? sum / count : empty; }
@@ -61,7 +66,7 @@ template <typename A, typename B>
 double max_abs_difference(const std::vector<A>& a, const std::vector<B>& b) {
   check_same_size(a, b, "max_abs_difference");
   double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  for (size_t i = 0; i < a.size(); ++i) m = nan_max(m, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
   return m;
 }
 template double max_abs_difference(const std::vector<float>&, const std::vector<float>&);
@@ -82,13 +87,16 @@ std::vector<HeadError> head_errors(const std::vector<double>& o_test, const std:
       ref2 += r * r;
       test2 += t * t;
       dot += t * r;
-      max_abs = std::max(max_abs, std::abs(t - r));
+      max_abs = nan_max(max_abs, std::abs(t - r));
     }
     heads[h].max_abs = max_abs;
-    heads[h].empty = ref2 == 0;
+    // A zero reference (an empty key set) that the output matches: nothing to measure against. One it
+    // does not match is an error over nothing: rel-L2 inf (NaN with a NaN output), cosine 0.
+    heads[h].empty = ref2 == 0 && diff2 == 0;
     if (heads[h].empty) continue;
     heads[h].rel_l2 = std::sqrt(diff2 / ref2);
-    heads[h].cosine = test2 > 0 ? dot / std::sqrt(test2 * ref2) : 0.0;
+    const double norms = std::sqrt(test2 * ref2);
+    heads[h].cosine = norms > 0 ? dot / norms : std::isnan(norms) ? norms : 0.0;
   }
   return heads;
 }
@@ -97,7 +105,7 @@ OutputError summarize(const std::vector<HeadError>& heads) {
   Summary rel_l2, cosine;
   OutputError e;
   for (const HeadError& h : heads) {
-    e.max_abs = std::max(e.max_abs, h.max_abs);
+    e.max_abs = nan_max(e.max_abs, h.max_abs);
     if (h.empty) continue;
     rel_l2.add(h.rel_l2);
     cosine.add(h.cosine);
@@ -120,12 +128,18 @@ ProbabilityError probability_error(const std::vector<double>& p_test, const std:
     const double* pt = p_test.data() + r * row_length;
     int64_t support = 0;
     double divergence = 0;
+    bool nan = false;  // a NaN probability: both metrics NaN (and no top-k ordering of NaNs)
     for (int64_t j = 0; j < row_length; ++j) {
+      nan = nan || std::isnan(pt[j]);
       if (pr[j] <= 0) continue;
       ++support;
       divergence += pr[j] * (pt[j] > 0 ? std::log(pr[j] / pt[j]) : std::numeric_limits<double>::infinity());
     }
     if (support == 0) continue;
+    if (nan) {
+      kl.add(std::nan("")), overlap.add(std::nan(""));
+      continue;
+    }
     const int64_t kk = std::min(k, support);
     const std::vector<int64_t> a = top_k(pr, row_length, kk), b = top_k(pt, row_length, kk);
     std::vector<int64_t> common;

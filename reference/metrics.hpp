@@ -22,8 +22,9 @@ struct OutputError {
   double cosine_mean = 1;  // mean over heads of <O', O> / (||O'|| ||O||)
   double cosine_min = 1;
 };
-// One head's error. `empty` when the reference is all zero (an empty key set): rel-L2 and cosine
-// are then undefined and left out of the summaries.
+// One head's error. `empty` when the reference is all zero (an empty key set) and the output too:
+// rel-L2 and cosine are then undefined and left out of the summaries (a nonzero output there has
+// rel-L2 inf). A NaN in the output makes every summary it enters NaN.
 struct HeadError {
   double rel_l2 = 0, cosine = 1, max_abs = 0;
   bool empty = false;

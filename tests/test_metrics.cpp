@@ -13,6 +13,7 @@ TEST_CASE("SQNR and max abs on hand-computed values") {
   CHECK(sqnr_db(x, x_hat) == doctest::Approx(10 * std::log10(25 / 0.25)));  // 20 dB
   CHECK(std::isinf(sqnr_db(x, x)));
   CHECK(max_abs_difference(x, x_hat) == 0.5);
+  CHECK(std::isnan(max_abs_difference(x, std::vector<float>{std::nanf(""), 3.5f})));  // not dropped by std::max
   CHECK(test::message_of<InputError>([] { sqnr_db({1, 2}, {1}); }) == "sqnr_db: inputs differ in size (2 vs 1)");
 }
 
@@ -27,6 +28,17 @@ TEST_CASE("output error: rel-L2 and cosine per head with mean and max") {
   CHECK(e.cosine_mean == doctest::Approx((1 + (9.0 + 20) / (5 * std::sqrt(34.0))) / 2));
   // An all-zero reference head (empty key set) is skipped.
   CHECK(output_error({0, 0, 3, 5}, {0, 0, 3, 4}, 2).rel_l2_mean == doctest::Approx(0.2));
+  // ... unless the output is not zero there: an error over nothing, not a perfect head
+  const OutputError off = output_error({1, 0, 3, 4}, {0, 0, 3, 4}, 2);
+  CHECK(std::isinf(off.rel_l2_max));
+  CHECK(off.cosine_min == 0.0);
+  CHECK(off.max_abs == 1.0);
+  // A NaN output shows in every summary (std::max would drop it: max_abs 0, rel-L2 max -inf)
+  const OutputError nan = output_error({std::nan(""), 0, 3, 4}, {1, 0, 3, 4}, 2);
+  CHECK(std::isnan(nan.max_abs));
+  CHECK(std::isnan(nan.rel_l2_max));
+  CHECK(std::isnan(nan.rel_l2_mean));
+  CHECK(std::isnan(nan.cosine_min));
 }
 
 TEST_CASE("probability error: KL and top-k overlap") {
@@ -36,6 +48,9 @@ TEST_CASE("probability error: KL and top-k overlap") {
   CHECK(e.topk_overlap_mean == 0.0);  // top-1 differs
   CHECK(probability_error(test, ref, 4, 3).topk_overlap_mean == 1.0);  // k capped at the support, 3
   CHECK(probability_error(ref, ref, 4, 2).kl_max == 0.0);
+  const ProbabilityError nan = probability_error({0.5, std::nan(""), 0.25, 0.0}, ref, 4, 2);
+  CHECK(std::isnan(nan.kl_max));
+  CHECK(std::isnan(nan.topk_overlap_min));
 }
 
 TEST_CASE("memory per token and head includes amortized scales") {
