@@ -193,6 +193,10 @@ void ShardDir::record_run(const ShardSpec& spec, const std::string& group, const
 
 CollectedUnits collect_units(const std::vector<std::string>& dirs) {
   if (dirs.empty()) throw InputError("merge: no shard folders given");
+  for (size_t i = 0; i < dirs.size(); ++i)  // by any path to it: its units would count twice
+    for (size_t j = 0; j < i; ++j)
+      if (fs::exists(dirs[i]) && fs::exists(dirs[j]) && fs::equivalent(dirs[i], dirs[j]))
+        throw InputError(fmt::format("merge: {} is given twice (as {})", dirs[i], dirs[j]));
   CollectedUnits c;
   nlohmann::json plan_json;
   std::map<std::string, size_t> index;

@@ -112,6 +112,9 @@ def test_merge_and_shard_errors(tmp_path):
             check=False)
     assert r.returncode == 3 and "2 unit(s) found more than once" in r.stderr
     assert f"{tmp_path}/s/1/units/d0-L1-int8-head__int8-head.json and {tmp_path}/s/again/units/" in r.stderr
+    # one folder named twice (by another path): said so, not as its units found twice
+    r = kvq("merge", tmp_path / "s" / "0", tmp_path / "s" / "1", f"{tmp_path}/s/./0", "--out", tmp_path / "m", check=False)
+    assert r.returncode == 3 and f"merge: {tmp_path}/s/./0 is given twice (as {tmp_path}/s/0)" in r.stderr
     # another study's folder
     kvq("plan", "sweep", dump, "--k", "int8-head", "--v", "int8-head", "--shards", 1, "--out", tmp_path / "other")
     kvq("sweep", "--plan", tmp_path / "other" / "plan.json", "--shard", 0, "--out", tmp_path / "other" / "0")
