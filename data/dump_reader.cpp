@@ -312,11 +312,12 @@ DumpInfo open_dump(const std::string& path) {
   const auto has = [&](const char* name) {
     return r.guarded("/", "look the attributes up", [&] { return file.attrExists(name); });
   };
-  for (const auto& [mark, command] : {std::pair{"kvq_quantized", "kvq quantize"}, std::pair{"kvq_reference", "kvq reference"}})
-    if (has(mark) && !has("kvq_schema"))
-      r.fail("/ attribute kvq_schema",
-             fmt::format("missing: this file is {}'s output ({}), not a dump{}", command, mark,
-                         has("input") ? "; its input dump was " + r.read_string_attr(file, "/", "input") : ""));
+  if (!has("kvq_schema"))
+    for (const auto& [mark, command] : {std::pair{"kvq_quantized", "kvq quantize"}, std::pair{"kvq_reference", "kvq reference"}})
+      if (has(mark))
+        r.fail("/ attribute kvq_schema",
+               fmt::format("missing: this file is {}'s output ({}), not a dump{}", command, mark,
+                           has("input") ? "; its input dump was " + r.read_string_attr(file, "/", "input") : ""));
   const auto schema = r.read_int_attr(file, "/", "kvq_schema", true);
   if (*schema != kDumpSchemaVersion)
     r.fail("/ attribute kvq_schema", fmt::format("expected {}, got {}", kDumpSchemaVersion, *schema));

@@ -258,12 +258,7 @@ def sweep_errors(path, source):
     """(K scheme, V scheme) -> out_rel_l2_mean averaged over the layers of a kvq sweep CSV, over its rows
     of `source`'s model (which_scheme.rows_of_model)."""
     per_pair = {}
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = {"source", "k_scheme", "v_scheme", "out_rel_l2_mean"} - set(reader.fieldnames or [])
-        if missing:
-            raise ValueError(f"{path}: no column {', '.join(sorted(missing))} (expected kvq sweep results)")
-        rows = list(reader)
+    rows = which_scheme.read_csv(path, ("source", "k_scheme", "v_scheme", "out_rel_l2_mean"), "kvq sweep results")
     for row in which_scheme.rows_of_model(path, rows, source):
         if row["out_rel_l2_mean"]:
             per_pair.setdefault((row["k_scheme"], row["v_scheme"]), []).append(float(row["out_rel_l2_mean"]))

@@ -22,12 +22,15 @@ from collections import defaultdict
 from kvq import llamacpp
 
 
-def read_csv(path, needed):
+def read_csv(path, needed, expected=None):
+    """The rows of the CSV at `path`; ValueError naming the columns of `needed` it lacks (and what the
+    file should have been, `expected`)."""
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         missing = set(needed) - set(reader.fieldnames or [])
         if missing:
-            raise ValueError(f"{path}: no column {', '.join(sorted(missing))}")
+            hint = f" (expected {expected})" if expected else ""
+            raise ValueError(f"{path}: no column {', '.join(sorted(missing))}{hint}")
         return list(reader)
 
 
