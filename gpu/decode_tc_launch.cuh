@@ -143,8 +143,9 @@ const void* tc_kernel_ptr() {
     return reinterpret_cast<const void*>(&decode_tc_kernel<FK, FV, D, kKSlicesPerGroup, kVPairsPerGroup, kPaged, C, kTail>);
 }
 
-// The kernel of `shape`; paged caches (kernels of their own: kPaged) read with the same shapes, but
-// mixed pairs with the general one only (compile time). C: the configuration (TcConfig).
+// The kernel of `shape`; paged caches (kernels of their own: kPaged) read with the same shapes, the
+// mixed pairs' too: the contiguous cache's kernel shape and split count give the same bits (int8 V of
+// one group a row is multiplied biased there, which the general kernel does not). C: the configuration.
 template <KvFormat FK, KvFormat FV, int D, bool kPaged, TcConfig C = TcConfig::kStandard, bool kTail = false>
 const void* tc_kernel_for(TcGroupShape shape) {
   using Tr = TcTraits<FK, FV, D>;
@@ -175,14 +176,14 @@ const void* tc_kernel_for(TcGroupShape shape) {
   if constexpr (FK != FV) {
     // The mixed pairs the bench and the sweep's defaults use, at D = 64 and 128 (each kernel costs
     // compile time): int8 / FP8 / raw K with int4 g32 V, int4 g32 K with int8 V.
-    constexpr bool kSmallD = (D == 64 || D == 128) && !kPaged;
+    constexpr bool kSmallD = D == 64 || D == 128;
     constexpr bool kRowG32 = kSmallD && FV == KvFormat::kInt4 &&
                              (FK == KvFormat::kInt8 || FK == KvFormat::kFp8E4m3 || FK == KvFormat::kBf16 || FK == KvFormat::kFp16);
     constexpr bool kG32Row = kSmallD && FK == KvFormat::kInt4 && FV == KvFormat::kInt8;
     if constexpr (kRowG32)
-      if (shape == TcGroupShape::kRowG32) return tc_kernel_ptr<FK, FV, D, kSlices, 1, false, TcConfig::kStandard, kTail>();
+      if (shape == TcGroupShape::kRowG32) return tc_kernel_ptr<FK, FV, D, kSlices, 1, kPaged, TcConfig::kStandard, kTail>();
     if constexpr (kG32Row)
-      if (shape == TcGroupShape::kG32Row) return tc_kernel_ptr<FK, FV, D, 2, kSlices / 2, false, TcConfig::kStandard, kTail>();
+      if (shape == TcGroupShape::kG32Row) return tc_kernel_ptr<FK, FV, D, 2, kSlices / 2, kPaged, TcConfig::kStandard, kTail>();
     return tc_kernel_ptr<FK, FV, D, 0, 0, kPaged, TcConfig::kStandard, kTail>();
   } else if constexpr (!Tr::kQuantized) {
     return tc_kernel_ptr<FK, FV, D, kSlices, kSlices / 2, kPaged, TcConfig::kStandard, kTail>();

@@ -224,14 +224,6 @@ def test_append_refuses_what_it_cannot_write_a_token_at_a_time(scheme, why):
         kvq.ops.empty_cache(scheme, 1, 1, 8, 64)
 
 
-# int4 g32 K with one-scale-a-row int8 V: a contiguous cache takes the kernel of that shape, whose V codes
-# are multiplied biased (1024 + u, dfa5c3d), and a paged one the general kernel, so their outputs differ in
-# the last bits (H200, experiments/results/nvidia-h200/paged-decode-8bit/). paged_mixed_shapes.diff there
-# gives pages the contiguous kernel's shape; strict: these fail the run once it lands until unmarked.
-G32_ROW_NOT_BITWISE = pytest.mark.xfail(strict=True, reason="paged mixed pairs take the general kernel: not the "
-                                        "contiguous g32 / row kernel's bits (paged-decode-8bit/)")
-
-
 def paged_stream(k_scheme, v_scheme, B=3, H=2, D=128, P=16, capacity=96, seed=50, params_in_page=False, layout="nhd"):
     """Caches appended token by token (after a prefill chunk) both contiguous and paged (pages shuffled
     through a pool with spare ones; params_in_page: a page's parameters in its codes' page; layout: the
@@ -264,7 +256,7 @@ def paged_stream(k_scheme, v_scheme, B=3, H=2, D=128, P=16, capacity=96, seed=50
 
 
 @pytest.mark.parametrize("k_scheme,v_scheme", [("int8-head", "q4_0"),
-                                               pytest.param("int4-g32-asym", "int8-token", marks=G32_ROW_NOT_BITWISE),
+                                               ("int4-g32-asym", "int8-token"),
                                                ("fp8-e4m3-head", "fp8-e5m2"), ("q8_0+had", "mxfp4"), ("q5_1", "iq4_nl"),
                                                ("bf16", "int8-head"), ("fp8-e4m3-tensor", "int8-tensor")])
 def test_paged_append_and_decode_equal_the_contiguous_cache(k_scheme, v_scheme):
@@ -278,7 +270,7 @@ def test_paged_append_and_decode_equal_the_contiguous_cache(k_scheme, v_scheme):
 
 
 @pytest.mark.parametrize("k_scheme,v_scheme", [("int8-head", "q4_0"),
-                                               pytest.param("int4-g32-asym", "int8-token", marks=G32_ROW_NOT_BITWISE),
+                                               ("int4-g32-asym", "int8-token"),
                                                ("q8_0+had", "mxfp4")])
 def test_paged_parameters_in_their_codes_pages_append_and_decode_as_their_own_pools(k_scheme, v_scheme):
     """kvq.gpu.one_pool's pages (codes, then scales, then zero points in one allocation): append writes
@@ -295,8 +287,7 @@ def test_paged_parameters_in_their_codes_pages_append_and_decode_as_their_own_po
 
 @pytest.mark.parametrize("k_scheme,v_scheme,params_in_page", [("int8-head", "q4_0", False), ("bf16", "int4-g32-asym", False),
                                                               ("fp8-e4m3-tensor", "int8-tensor", False),
-                                                              pytest.param("int4-g32-asym", "int8-token", True,
-                                                                           marks=G32_ROW_NOT_BITWISE)])
+                                                              ("int4-g32-asym", "int8-token", True)])
 def test_hnd_pages_append_and_decode_equal_the_contiguous_cache(k_scheme, v_scheme, params_in_page):
     """Head-major pages (layout="hnd": each page [H, P, row], the Cache its [pages, P, H, row] view):
     append writes and decode reads them through the view's strides, bit for bit the contiguous cache's."""
