@@ -273,6 +273,14 @@ int64_t partial_lse_floats(const DecodeParams& p);
 // Throws InputError for a malformed problem (dims, D, Hq % Hkv, missing buffers).
 void check_decode_params(const DecodeParams& p);
 
+namespace detail {
+// nvfp4 V: blocks of 16, which split an m-tile pair (the tensor-core kernel's scales multiply its V
+// fragments instead; TcGroupShape::kVBlocks16).
+inline bool tc_v_blocks16(const DecodeParams& p) {
+  return p.v_format == KvFormat::kLut4 && p.v.scale_dtype == ScaleDtype::kE4M3 && p.v.group == 16;
+}
+}  // namespace detail
+
 // Enqueues the decode kernel (and the split merge when splits > 1). p must be planned.
 void launch_decode(const DecodeParams& p, cudaStream_t stream);
 

@@ -17,10 +17,6 @@ namespace kvq::detail {
 // of 32 with V one group per row) get theirs too (kRowG32, kG32Row; tc_kernel_for says for which).
 // nvfp4 V (blocks of 16) has its own with any K (kVBlocks16).
 enum class TcGroupShape { kRow, kG32, kAny, kChannelK, kRowG32, kG32Row, kVBlocks16 };
-// nvfp4 V: blocks of 16, which split an m-tile pair (its scales multiply the V fragments instead)
-inline bool tc_v_blocks16(const DecodeParams& p) {
-  return p.v_format == KvFormat::kLut4 && p.v.scale_dtype == ScaleDtype::kE4M3 && p.v.group == 16;
-}
 inline TcGroupShape tc_group_shape(const DecodeParams& p) {
   if (p.k.mode == ParamMode::kChannel) return TcGroupShape::kChannelK;
   if (tc_v_blocks16(p)) return TcGroupShape::kVBlocks16;
@@ -350,5 +346,11 @@ TcEntry tc_entry_for_v(KvFormat v) {
   }
   return {};
 }
+
+// The host side of a launch (decode_launch.cu) that the planner (decode_plan.cu) asks about.
+TcEntry tc_entry_of(const DecodeParams& p);  // p's pair's kernels in this build (no CUDA call)
+int tc_split_round(const DecodeParams& p);   // the multiple of keys p's kernel gives each split
+int ctas_per_sm(const DecodeParams& p);      // resident CTAs per SM of the kernel p runs (1 if unknown)
+bool tc_cluster_merge_fits(const DecodeParams& p);  // p's splits merge in CTA clusters
 
 }  // namespace kvq::detail

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every split count of decode-tc at the chosen shapes, one build: `kvq bench --splits N` for each N
 # (0: the planner's own count), KVQ_ROUNDS rounds in turn, then per case the planner's count and time
-# beside the best count's. The split-count rules in gpu/decode_launch.cu are judged by such sweeps
+# beside the best count's. The split-count rules in gpu/decode_plan.cu are judged by such sweeps
 # (experiments/results/nvidia-h100-80gb-hbm3/decode-split-counts/).
 #
 #   OUT=results/splits KVQ_SHAPES='smollm2/B(1|8)/' KVQ_SCHEMES=bf16,int8-head bash experiments/bench/sweep_splits.sh
