@@ -14,7 +14,6 @@ Needs a CUDA GPU, torch and kvq._gpu (a build with KVQ_PYTHON; PYTHONPATH=build-
 import argparse
 import csv
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_peers import driver_version, time_graphs_interleaved  # noqa: E402
-from peer_rows import SHAPES, input_sets  # noqa: E402
+from peer_rows import input_sets, paged_cases  # noqa: E402
 
 import kvq  # noqa: E402
 import kvq.gpu  # noqa: E402
@@ -102,7 +101,7 @@ def main():
     ap.add_argument("--shapes", default="seed000|seed002|llama8b|smollm2", help="regex over shape names")
     ap.add_argument("--pages", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--pairs", default="", help="regex over 'K/V' storage pairs (default: all of PAIRS)")
-    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--reps", type=int, default=30, help="timed reps (>= 2: p10 and p90 need two)")
     ap.add_argument("--layout", choices=("nhd", "hnd"), default="nhd",
                     help="the pool's codes: [pages, P, Hkv, row] (vLLM's, FlashInfer's NHD) or [pages, Hkv, P, row]")
     ap.add_argument("--pool-order", choices=("shuffled", "in-order"), default="shuffled",
@@ -114,15 +113,20 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="no timing: per row one contiguous decode, then one paged decode (for ncu -k decode_tc_kernel)")
     args = ap.parse_args()
+    if args.reps < 2:
+        ap.error(f"--reps {args.reps}: expected at least 2 (the p10 and p90 columns)")
+    try:
+        todo, left_out = paged_cases(args.shapes, args.pairs, args.pages, PAIRS)
+    except ValueError as e:
+        ap.error(str(e))
+    for shape, P in left_out:
+        print(f"bench_paged: {shape.label} left out at P={P}: T={shape.T} is not a multiple of it", file=sys.stderr)
     props = torch.cuda.get_device_properties(0)
     gpu = props.name
     commit = os.environ.get("KVQ_COMMIT") or subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
                                                             text=True).stdout.strip() or "unknown"
     l2 = getattr(props, "L2_cache_size", 50 << 20)
     rows = []
-    shapes = [s for s in SHAPES if re.search(args.shapes, s.name)]
-    pairs = [p for p in PAIRS if re.search(args.pairs, f"{p[0]}/{p[1]}")]
-    todo = [(s, p, P) for s in shapes for p in pairs for P in args.pages if s.T % P == 0]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     hnd, in_order, in_pg = args.layout == "hnd", args.pool_order == "in-order", args.params == "in-page"
     for n, (shape, pair, P) in enumerate(todo, 1):

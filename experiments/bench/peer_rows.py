@@ -1,7 +1,8 @@
 """What bench_peers.py times and writes, without torch (so CI tests it): the DESIGN.md decode shapes,
 the peers, which shapes FBGEMM's kernel takes, FlashInfer's page table and kernel choice, byte counts,
 the number of rotating input sets, and the CSV row in `kvq bench`'s schema (experiments/cli/cmd_bench.cpp,
-kColumns)."""
+kColumns), and which (shape, storage pair, page size) cases bench_paged.py times."""
+import re
 import statistics
 from dataclasses import dataclass
 
@@ -69,6 +70,34 @@ FLASHINFER_PEERS = (FlashInferPeer("flashinfer-fp8-e4m3", "float8_e4m3fn", 1, "f
                     FlashInferPeer("flashinfer-bf16", "bfloat16", 2, "bf16"))
 FLASHINFER_PAGE = 16  # tokens per page, vLLM's default block size
 
+
+def paged_cases(shapes_re, pairs_re, pages, pairs, shapes=SHAPES):
+    """bench_paged.py's cases: (shape, (K, V) storage pair, page tokens) for the shapes whose name matches
+    `shapes_re`, the pairs whose "K/V" matches `pairs_re`, and the page sizes that divide the shape's T
+    (returned second: the (shape, P) pairs left out for that). ValueError naming the option at fault
+    where a regex is malformed or matches nothing, a page size is not one decode-tc reads (a power of
+    two >= 16), or no case is left."""
+    for option, rx in (("--shapes", shapes_re), ("--pairs", pairs_re)):
+        try:
+            re.compile(rx)
+        except re.error as e:
+            raise ValueError(f"{option} {rx!r}: not a regular expression ({e})") from None
+    bad = [P for P in pages if P < 16 or P & (P - 1)]
+    if bad:
+        raise ValueError(f"--pages {' '.join(map(str, bad))}: decode-tc reads pages of a power of two >= 16 tokens")
+    picked = [s for s in shapes if re.search(shapes_re, s.name)]
+    if not picked:
+        names = ", ".join(dict.fromkeys(s.name for s in shapes))
+        raise ValueError(f"--shapes {shapes_re!r} matches no shape (the shapes: {names})")
+    chosen = [p for p in pairs if re.search(pairs_re, f"{p[0]}/{p[1]}")]
+    if not chosen:
+        raise ValueError(f"--pairs {pairs_re!r} matches no pair (the pairs: {', '.join(f'{k}/{v}' for k, v in pairs)})")
+    cases = [(s, p, P) for s in picked for p in chosen for P in pages if s.T % P == 0]
+    left_out = [(s, P) for s in picked for P in pages if s.T % P]
+    if not cases:
+        raise ValueError(f"--pages {' '.join(map(str, pages))}: no page size divides a chosen shape's T "
+                         f"({', '.join(sorted({str(s.T) for s in picked}, key=int))})")
+    return cases, left_out
 
 def flashinfer_pages(T, page=FLASHINFER_PAGE):
     """(pages per sequence, tokens in its last page): FlashInfer's last_page_len is 1..page."""

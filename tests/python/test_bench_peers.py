@@ -122,3 +122,30 @@ def test_shape_labels_match_kvq_bench():
     import re
     assert [s.label for s in pr.SHAPES if re.search(r"llama8b/B(1|8)/T1024$", s.label)] == \
         ["llama8b/B1/T1024", "llama8b/B8/T1024"]
+
+
+PAIRS = (("int8-head", "int8-head"), ("fp8-e4m3", "fp8-e4m3"))
+
+
+def test_paged_cases_pick_shapes_pairs_and_page_sizes_that_divide_t():
+    cases, left_out = pr.paged_cases("smollm2|mha_b128", "int8", [16, 256], PAIRS)
+    assert {(s.name, s.T, p, P) for s, p, P in cases if P == 256} == {("smollm2", 1024, PAIRS[0], 256),
+                                                                      ("smollm2", 8192, PAIRS[0], 256),
+                                                                      ("mha_b128", 1024, PAIRS[0], 256),
+                                                                      ("mha_b128", 4096, PAIRS[0], 256)}
+    assert len([c for c in cases if c[2] == 16]) == 9  # 6 SmolLM2 shapes and 3 MHA ones, one pair
+    assert [(s.label, P) for s, P in left_out] == [("mha_b128/B128/T128", 256)]  # T = 128 < 256
+
+
+@pytest.mark.parametrize("shapes,pairs,pages,message", [
+    ("(", ".", [16], "--shapes '(': not a regular expression"),
+    (".", "[", [16], "--pairs '[': not a regular expression"),
+    ("llama70b", ".", [16], "--shapes 'llama70b' matches no shape (the shapes: seed000, seed002, llama8b, smollm2, mha_b128)"),
+    (".", "q4_0", [16], "--pairs 'q4_0' matches no pair (the pairs: int8-head/int8-head, fp8-e4m3/fp8-e4m3)"),
+    (".", ".", [16, 24, 8], "--pages 24 8: decode-tc reads pages of a power of two >= 16 tokens"),
+    ("mha_b128", ".", [16384], "--pages 16384: no page size divides a chosen shape's T (128, 1024, 4096)"),
+])
+def test_paged_cases_name_the_option_that_leaves_nothing_to_time(shapes, pairs, pages, message):
+    with pytest.raises(ValueError) as e:
+        pr.paged_cases(shapes, pairs, pages, PAIRS)
+    assert str(e.value).startswith(message), str(e.value)
