@@ -37,7 +37,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from peer_rows import (BF16_PEERS, COLUMNS, FBGEMM_PEERS, FBGEMM_SPLITS, FLASHINFER_PAGE, FLASHINFER_PEERS, SHAPES,
                        Machine, Shape, bf16_bytes, fbgemm_bytes, fbgemm_row_bytes, fbgemm_skip_reason, fbgemm_splits,
-                       flashinfer_bytes, flashinfer_pages, flashinfer_tensor_cores, input_sets, make_row)
+                       flashinfer_bytes, flashinfer_pages, flashinfer_tensor_cores, input_sets, make_row, select)
 
 SDPA_BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash2": SDPBackend.FLASH_ATTENTION}
 INT4 = 2  # FBGEMM's CacheLogicalDtype::INT4
@@ -329,6 +329,11 @@ def main():
     args = ap.parse_args()
     if args.reps < 30:
         ap.error(f"--reps {args.reps}: DESIGN.md asks for at least 30 replays")
+    try:
+        select("--peers", args.peers, list(BF16_PEERS) + [p.name for p in FBGEMM_PEERS + FLASHINFER_PEERS])
+        shapes = select("--shapes", args.shapes, SHAPES, lambda s: s.label)
+    except ValueError as e:
+        ap.error(str(e))
     if not torch.cuda.is_available():
         print("no CUDA device: peers not timed", file=sys.stderr)
         return 1
@@ -343,7 +348,6 @@ def main():
     wanted = lambda peer: re.search(args.peers, peer)  # noqa: E731
     fbgemm_peers = [p for p in FBGEMM_PEERS if wanted(p.name)]
     flashinfer_peers = [p for p in FLASHINFER_PEERS if wanted(p.name)]
-    shapes = [s for s in SHAPES if re.search(args.shapes, s.label)]
     print(f"{machine.gpu}, driver {machine.driver}, torch {torch.__version__}, CUDA {machine.cuda}; "
           f"read {machine.read_gbps:.0f} GB/s, copy {machine.copy_gbps:.0f} GB/s (read + write)")
     failed = False

@@ -71,27 +71,31 @@ FLASHINFER_PEERS = (FlashInferPeer("flashinfer-fp8-e4m3", "float8_e4m3fn", 1, "f
 FLASHINFER_PAGE = 16  # tokens per page, vLLM's default block size
 
 
+def select(option, rx, items, name_of=str):
+    """The items whose name (name_of) matches the regex `rx` of command-line option `option`;
+    ValueError naming the option where `rx` is malformed or matches none (with the names it could)."""
+    try:
+        pattern = re.compile(rx)
+    except re.error as e:
+        raise ValueError(f"{option} {rx!r}: not a regular expression ({e})") from None
+    picked = [i for i in items if pattern.search(name_of(i))]
+    if not picked:
+        names = ", ".join(dict.fromkeys(name_of(i) for i in items))
+        raise ValueError(f"{option} {rx!r} matches none of: {names}")
+    return picked
+
+
 def paged_cases(shapes_re, pairs_re, pages, pairs, shapes=SHAPES):
     """bench_paged.py's cases: (shape, (K, V) storage pair, page tokens) for the shapes whose name matches
     `shapes_re`, the pairs whose "K/V" matches `pairs_re`, and the page sizes that divide the shape's T
     (returned second: the (shape, P) pairs left out for that). ValueError naming the option at fault
-    where a regex is malformed or matches nothing, a page size is not one decode-tc reads (a power of
-    two >= 16), or no case is left."""
-    for option, rx in (("--shapes", shapes_re), ("--pairs", pairs_re)):
-        try:
-            re.compile(rx)
-        except re.error as e:
-            raise ValueError(f"{option} {rx!r}: not a regular expression ({e})") from None
+    where a page size is not one decode-tc reads (a power of two >= 16), a regex is malformed or
+    matches nothing (select), or no case is left."""
     bad = [P for P in pages if P < 16 or P & (P - 1)]
     if bad:
         raise ValueError(f"--pages {' '.join(map(str, bad))}: decode-tc reads pages of a power of two >= 16 tokens")
-    picked = [s for s in shapes if re.search(shapes_re, s.name)]
-    if not picked:
-        names = ", ".join(dict.fromkeys(s.name for s in shapes))
-        raise ValueError(f"--shapes {shapes_re!r} matches no shape (the shapes: {names})")
-    chosen = [p for p in pairs if re.search(pairs_re, f"{p[0]}/{p[1]}")]
-    if not chosen:
-        raise ValueError(f"--pairs {pairs_re!r} matches no pair (the pairs: {', '.join(f'{k}/{v}' for k, v in pairs)})")
+    picked = select("--shapes", shapes_re, shapes, lambda s: s.name)
+    chosen = select("--pairs", pairs_re, pairs, lambda p: f"{p[0]}/{p[1]}")
     cases = [(s, p, P) for s in picked for p in chosen for P in pages if s.T % P == 0]
     left_out = [(s, P) for s in picked for P in pages if s.T % P]
     if not cases:

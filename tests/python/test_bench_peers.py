@@ -140,8 +140,8 @@ def test_paged_cases_pick_shapes_pairs_and_page_sizes_that_divide_t():
 @pytest.mark.parametrize("shapes,pairs,pages,message", [
     ("(", ".", [16], "--shapes '(': not a regular expression"),
     (".", "[", [16], "--pairs '[': not a regular expression"),
-    ("llama70b", ".", [16], "--shapes 'llama70b' matches no shape (the shapes: seed000, seed002, llama8b, smollm2, mha_b128)"),
-    (".", "q4_0", [16], "--pairs 'q4_0' matches no pair (the pairs: int8-head/int8-head, fp8-e4m3/fp8-e4m3)"),
+    ("llama70b", ".", [16], "--shapes 'llama70b' matches none of: seed000, seed002, llama8b, smollm2, mha_b128"),
+    (".", "q4_0", [16], "--pairs 'q4_0' matches none of: int8-head/int8-head, fp8-e4m3/fp8-e4m3"),
     (".", ".", [16, 24, 8], "--pages 24 8: decode-tc reads pages of a power of two >= 16 tokens"),
     ("mha_b128", ".", [16384], "--pages 16384: no page size divides a chosen shape's T (128, 1024, 4096)"),
 ])
@@ -149,3 +149,10 @@ def test_paged_cases_name_the_option_that_leaves_nothing_to_time(shapes, pairs, 
     with pytest.raises(ValueError) as e:
         pr.paged_cases(shapes, pairs, pages, PAIRS)
     assert str(e.value).startswith(message), str(e.value)
+
+
+def test_select_matches_labels_in_order_and_names_what_it_could_match():
+    picked = pr.select("--shapes", "smollm2/B1/", pr.SHAPES, lambda s: s.label)
+    assert [s.label for s in picked] == ["smollm2/B1/T1024", "smollm2/B1/T8192"]
+    with pytest.raises(ValueError, match=r"--peers 'fbgemm-int8' matches none of: cudnn, flash2$"):
+        pr.select("--peers", "fbgemm-int8", ["cudnn", "flash2", "cudnn"])
