@@ -203,6 +203,13 @@ def _(x, storage, codes, scales, zeros, window, positions, block_table, window_t
     return None
 
 
+def _check_counts(name, **counts):
+    """InputError naming the first of `counts` (a cache's sizes) below 1, before anything is allocated."""
+    for what, n in counts.items():
+        if n < 1:
+            raise gpu.InputError(f"{name}: {what} = {n}, expected >= 1")
+
+
 def empty_cache(scheme, batch, heads, capacity, head_dim, *, device="cuda", tensor_scale=None):
     """A K or V cache of `capacity` tokens in `scheme` (a token-local scheme, or raw "bf16" / "fp16":
     see append), every slot zero: the tensors kvq.ops.quantize would give for [batch, heads, capacity,
@@ -214,6 +221,9 @@ def empty_cache(scheme, batch, heads, capacity, head_dim, *, device="cuda", tens
     chan-t<N> cache is named and read as chan-t<N>+w0."""
     f = _facts(scheme, "kvq.ops.empty_cache")
     _check_tensor_scale(f, scheme, tensor_scale, "kvq.ops.empty_cache")
+    _check_counts("kvq.ops.empty_cache", heads=heads, capacity=capacity, head_dim=head_dim)
+    if batch < 0:
+        raise gpu.InputError(f"kvq.ops.empty_cache: batch = {batch}, expected >= 0")
     zeros = torch.zeros(batch, heads, capacity, head_dim, dtype=RAW_STORAGES.get(scheme, torch.bfloat16), device=device)
     if f.raw:
         return gpu.Cache(scheme, zeros)
@@ -240,6 +250,12 @@ def empty_paged_cache(scheme, pages, page_tokens, heads, head_dim, *, device="cu
     views of the same shapes), instead of a pool each."""
     f = _facts(scheme, "kvq.ops.empty_paged_cache")
     _check_tensor_scale(f, scheme, tensor_scale, "kvq.ops.empty_paged_cache")
+    _check_counts("kvq.ops.empty_paged_cache", pages=pages, heads=heads, head_dim=head_dim)
+    if page_tokens < 16 or page_tokens & (page_tokens - 1):  # decode_support's rule, asked before any allocation
+        raise gpu.InputError(f"kvq.ops.empty_paged_cache: pages of {page_tokens} tokens: kvq's paged decode reads "
+                             "pages of a power of two >= 16 tokens")
+    if window_pages is not None and window_pages < 1:
+        raise gpu.InputError(f"kvq.ops.empty_paged_cache: window_pages = {window_pages}, expected >= 1")
     if layout not in ("nhd", "hnd"):
         raise gpu.InputError(f"kvq.ops.empty_paged_cache: layout {layout!r}, expected 'nhd' or 'hnd'")
     if f.channel and page_tokens % _group_tokens(scheme):

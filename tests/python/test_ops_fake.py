@@ -5,6 +5,8 @@ then decode, contiguous and paged, windows and chan-t<N>) traces with torch.comp
 on meta tensors: no graph breaks, every op in the graph. test_ops.py checks the same ops against
 the kernels on a device (torch.library.opcheck). Also what kvq._gpu answers without a device: which
 storages a decode variant reads (decode_support, as kvq.gate_kvq asks it)."""
+import re
+
 import numpy as np
 import pytest
 
@@ -193,3 +195,26 @@ def test_hnd_pages_are_head_major_under_the_nhd_view(scheme, params_in_page):
 def test_paged_cache_refuses_an_unknown_layout():
     with pytest.raises(kvq.InputError, match="layout 'bshd', expected 'nhd' or 'hnd'"):
         kvq.ops.empty_paged_cache("int8-head", 4, 16, 2, 64, device=META, layout="bshd")
+
+
+@pytest.mark.parametrize("args,kwargs,message", [
+    ((4, 24, 2, 64), {}, "pages of 24 tokens: kvq's paged decode reads pages of a power of two >= 16 tokens"),
+    ((4, 8, 2, 64), {}, "pages of 8 tokens"),
+    ((0, 16, 2, 64), {}, "pages = 0, expected >= 1"),
+    ((4, 16, 0, 64), {}, "heads = 0, expected >= 1"),
+    ((4, 16, 2, -64), {}, "head_dim = -64, expected >= 1"),
+    ((4, 16, 2, 64), {"window_pages": 0}, "window_pages = 0, expected >= 1"),
+])
+def test_paged_cache_refuses_sizes_its_decode_cannot_read(args, kwargs, message):
+    scheme = "int8-head+w32" if "window_pages" in kwargs else "int8-head"
+    with pytest.raises(kvq.InputError, match=re.escape("kvq.ops.empty_paged_cache: " + message)):
+        kvq.ops.empty_paged_cache(scheme, *args, device=META, **kwargs)
+
+
+@pytest.mark.parametrize("args,message", [((-1, 2, 16, 64), "batch = -1, expected >= 0"),
+                                          ((2, 0, 16, 64), "heads = 0, expected >= 1"),
+                                          ((2, 2, 0, 64), "capacity = 0, expected >= 1")])
+def test_cache_refuses_sizes_below_one(args, message):
+    with pytest.raises(kvq.InputError, match=re.escape("kvq.ops.empty_cache: " + message)):
+        kvq.ops.empty_cache("int8-head", *args, device=META)
+    assert kvq.ops.empty_cache("int8-head", 0, 2, 16, 64, device=META).data.shape == (0, 2, 16, 64)  # an empty batch

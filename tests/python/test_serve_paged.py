@@ -105,3 +105,12 @@ def test_the_command_refuses_what_it_cannot_append():
         serve_paged.parse_pairs("int4-chan-t32-asym/bf16", 16)
     with pytest.raises(SystemExit, match="is not K/V"):
         serve_paged.parse_pairs("int8-head")
+
+
+@pytest.mark.parametrize("argv,message", [(["--page-tokens", "24"], "--page-tokens 24: kvq's paged decode reads pages"),
+                                          (["--page-tokens", "8"], "--page-tokens 8: kvq's paged decode reads pages"),
+                                          (["--new-tokens", "0"], "--new-tokens 0: expected >= 1")])
+def test_the_command_refuses_sizes_before_loading_anything(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        serve_paged.main(["--random", "llama3.2-1b"] + argv)
+    assert message in capsys.readouterr().err
