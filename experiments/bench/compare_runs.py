@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """No silent regressions: compares a device run's decode and quantize timings with the newest
 committed run of every row on the same GPU model, and lists each row more than --threshold slower or
-faster, with both commits.
+faster, with both commits, and whether the two runs' p10-p90 ranges are apart or overlap.
 
     python3 experiments/bench/compare_runs.py results/device/decode.csv results/device/quantize_bandwidth.csv \\
         --results experiments/results [--threshold 0.05] [--csv FILE]
@@ -158,6 +158,17 @@ def compare(new_rows, kind, base, threshold):
     return flagged, compared, ambiguous, missing
 
 
+def spread(row, old):
+    """'apart' where the two runs' p10-p90 ranges do not meet (the whole spread moved), 'overlap' where
+    they do (a median shift within the runs' own spread, which one round on another machine can show),
+    '' where either row lacks them."""
+    try:
+        new_lo, new_hi, old_lo, old_hi = (float(r[c]) for r in (row, old) for c in ("p10_us", "p90_us"))
+    except (KeyError, TypeError, ValueError):
+        return ""
+    return "overlap" if new_lo <= old_hi and old_lo <= new_hi else "apart"
+
+
 def label(key, row):
     kind = key[0]
     if kind == "decode":
@@ -220,6 +231,10 @@ def main(argv=None):
         lines.append(f"{kind} rows vs the newest committed run on {gpu}: {compared} compared, {len(slower)} more than "
                      f"{args.threshold:.0%} slower, {len(faster)} more than {args.threshold:.0%} faster "
                      f"({missing} without a committed row, {ambiguous} ambiguous there)")
+        if any(spread(row, old) for _, _, row, old, _, _ in slower):
+            apart = sum(spread(row, old) == "apart" for _, _, row, old, _, _ in slower)
+            lines.append(f"  of the slower rows, {apart} with p10-p90 ranges apart from the committed run's (the "
+                         f"others overlap it: a shift within the runs' spread)")
         if undated:
             lines.append(f"  warning: {undated} committed runs on {gpu} have no known time (no git here and no entry in "
                          f"{times_path}): among them the baseline is the last by path, not the newest")
@@ -228,15 +243,18 @@ def main(argv=None):
                 lines.append(f"  [{title.upper()}] {label(key, row)}: {float(old['median_us']):.1f} -> "
                              f"{float(row['median_us']):.1f} us ({ratio - 1:+.1%}; {old.get('commit', '?')} "
                              f"{os.path.relpath(old_path, args.results)} -> {row.get('commit', '?')})"
-                             + (f" [{note}]" if note else ""))
+                             + (f" [{note}]" if note else "")
+                             + (f" [p10-p90 {spread(row, old)}]" if spread(row, old) else ""))
     print("\n".join(lines))
     if args.csv_out:
         with open(args.csv_out, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["kind", "case", "old_us", "new_us", "ratio", "old_commit", "new_commit", "old_file", "note"])
+            w.writerow(["kind", "case", "old_us", "new_us", "ratio", "old_commit", "new_commit", "old_file", "note",
+                        "p10_p90"])
             for ratio, key, row, old, note, old_path in flagged_all:
                 w.writerow([key[0], label(key, row), old["median_us"], row["median_us"], f"{ratio:.4f}",
-                            old.get("commit", ""), row.get("commit", ""), os.path.relpath(old_path, args.results), note])
+                            old.get("commit", ""), row.get("commit", ""), os.path.relpath(old_path, args.results), note,
+                            spread(row, old)])
     return 0
 
 

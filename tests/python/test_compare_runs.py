@@ -162,3 +162,24 @@ def test_quantize_rows_of_another_input_are_cases_of_their_own(tmp_path, capsys)
     assert compare_runs.main([str(new), "--results", str(results)]) == 0
     out = capsys.readouterr().out
     assert "[SLOWER] quantize quantize-groupthread int8-head planar bfloat16 gaussian-rows B128 Hkv1: 100.0 -> 150.0 us" in out
+
+
+def test_slower_rows_say_whether_the_runs_spreads_are_apart(tmp_path, capsys):
+    header = DECODE + ["p10_us", "p90_us"]
+    spread = lambda row, lo, hi: {**row, "p10_us": lo, "p90_us": hi}  # noqa: E731
+    results = tmp_path / "results"
+    write(results / "gpu" / "old" / "decode.csv", [spread(decode_row("decode-tc", "int8-head", 10.0, "aaa"), 9.7, 10.3),
+                                                   spread(decode_row("decode-tc", "int4-head-asym", 9.6, "aaa"), 9.2, 10.1),
+                                                   decode_row("decode-tc", "bf16", 9.0, "aaa")], header)
+    new = tmp_path / "run" / "decode.csv"
+    write(new, [spread(decode_row("decode-tc", "int8-head", 11.5, "bbb"), 10.6, 11.7),       # 10.6 > 10.3: apart
+                spread(decode_row("decode-tc", "int4-head-asym", 10.4, "bbb"), 9.7, 10.7),   # 9.7 <= 10.1: overlap
+                spread(decode_row("decode-tc", "bf16", 10.0, "bbb"), 9.5, 10.5)], header)     # the old row has none
+    assert compare_runs.main([str(new), "--results", str(results), "--csv-out", str(tmp_path / "flagged.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "of the slower rows, 1 with p10-p90 ranges apart from the committed run's" in out
+    assert "int8-head seed000/B32/T8192 splits=4: 10.0 -> 11.5 us (+15.0%; aaa gpu/old/decode.csv -> bbb) [p10-p90 apart]" in out
+    assert "int4-head-asym seed000/B32/T8192 splits=4: 9.6 -> 10.4 us (+8.3%; aaa gpu/old/decode.csv -> bbb) [p10-p90 overlap]" in out
+    assert "bf16 seed000/B32/T8192 splits=4: 9.0 -> 10.0 us (+11.1%; aaa gpu/old/decode.csv -> bbb)\n" in out + "\n"
+    flagged = {r["case"].split()[2]: r["p10_p90"] for r in csv.DictReader(open(tmp_path / "flagged.csv"))}
+    assert flagged == {"int8-head": "apart", "int4-head-asym": "overlap", "bf16": ""}
