@@ -54,8 +54,13 @@ def main():
     os.makedirs(args.out, exist_ok=True)
 
     kvq_csv = os.path.join(args.out, "kvq_reference_cpu.csv")
-    subprocess.run([args.kvq, "bench-cpu", "--filter", args.filter, "--min-reps", str(args.min_reps),
-                    "--min-seconds", str(args.min_seconds), "--csv", kvq_csv], check=True)
+    try:
+        done = subprocess.run([args.kvq, "bench-cpu", "--filter", args.filter, "--min-reps", str(args.min_reps),
+                               "--min-seconds", str(args.min_seconds), "--csv", kvq_csv])
+    except OSError as e:
+        ap.error(f"--kvq {args.kvq}: cannot run it ({e.strerror}); build kvq first (README)")
+    if done.returncode != 0:  # kvq bench-cpu has said why (a filter, a count): its status, no traceback
+        return done.returncode
     with open(kvq_csv) as f:
         kvq_rows = list(csv.DictReader(f))
 

@@ -219,3 +219,16 @@ def test_recommend_names_a_missing_column(tmp_path):
     assert r.returncode == 3 and r.stderr == (f"kvq: error: {csv}: not kvq sweep's results (sweep.csv): no columns "
                                               "v_scheme, k_bytes_per_token_head, v_bytes_per_token_head, "
                                               "out_rel_l2_mean\n")
+
+
+def test_bench_cpu_vs_torch_passes_on_kvqs_refusal_without_a_traceback(tmp_path):
+    pytest.importorskip("torch")
+    script = os.path.join(ROOT, "experiments", "bench", "bench_cpu_vs_torch.py")
+    binary = os.environ.get("KVQ_BIN", os.path.join(ROOT, "build", "experiments", "kvq"))
+    run = lambda *a: subprocess.run([sys.executable, script, "--out", str(tmp_path), *a],  # noqa: E731
+                                    capture_output=True, text=True)
+    refused = run("--kvq", binary, "--filter", "llama70b")
+    assert refused.returncode == 3 and "--filter 'llama70b' matches none of the shapes" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    missing = run("--kvq", str(tmp_path / "no-kvq"))
+    assert missing.returncode == 2 and "cannot run it (No such file or directory)" in missing.stderr
