@@ -24,6 +24,7 @@ from collections import defaultdict
 
 import kvq.gate as gate
 import kvq.gate_kvq as gate_kvq
+import kvq.gpu as gpu
 import kvq.gate_peers as gate_peers
 
 # kvq's variants through Python: (variant, layout) -> the storage pairs (a subset of the C++ gate's)
@@ -140,18 +141,44 @@ def compare_with_cpp(cpp_path, reports):
     return not differ
 
 
+def checked_options(ap, args):
+    """(peers, kvq variants, cases) from the options, or a usage error before any run: a misspelt name
+    would otherwise fill the table with SKIP rows (and exit 0), and a missing --cpp report would stop
+    the run only after every kernel had run."""
+    peers = [p for p in args.peers.split(",") if p]
+    unknown = [p for p in peers if p not in gate_peers.PEERS]
+    if unknown:
+        ap.error(f"--peers {','.join(unknown)}: not in gate_peers.PEERS ({', '.join(gate_peers.PEERS)})")
+    variants = [v for v in args.kvq.split(",") if v]
+    if variants and gpu._gpu is not None:  # the registry answers without a device; a CPU-only build's
+        decode = [v["name"] for v in gpu._gpu.variants() if v["kind"] == "decode"]  # runs say why they skip
+        unknown = [v for v in variants if v not in decode]
+        if unknown:
+            ap.error(f"--kvq {','.join(unknown)}: not a decode variant of this build ({', '.join(decode)})")
+    cases = args.cases if args.cases in ("quick", "full") else [c for c in args.cases.split(",") if c]
+    unknown = [c for c in cases if c not in gate.FAMILIES] if isinstance(cases, list) else []
+    if unknown or not cases:
+        ap.error(f"--cases {args.cases}: expected quick, full or families of {', '.join(gate.FAMILIES)}")
+    if args.reruns < 1:
+        ap.error(f"--reruns {args.reruns}: expected >= 1")
+    if args.cpp and not os.path.isfile(args.cpp):
+        ap.error(f"--cpp {args.cpp}: no such file (kvq validate --report writes it)")
+    return peers, variants, cases
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/gate")
     ap.add_argument("--peers", default=",".join(gate_peers.PEERS), help="comma-separated names of gate_peers.PEERS")
     ap.add_argument("--kvq", default="decode-tc", help="kvq decode variants to gate through Python (comma-separated)")
-    ap.add_argument("--cases", default="full")
+    ap.add_argument("--cases", default="full", help="quick, full, or family names separated by commas (kvq.gate.FAMILIES)")
     ap.add_argument("--reruns", type=int, default=10)
     ap.add_argument("--cpp", help="kvq validate's report of the same build, to compare verdicts with")
     args = ap.parse_args(argv)
+    peers, variants, args.cases = checked_options(ap, args)
     os.makedirs(args.out, exist_ok=True)
     rows, failures, refusals, kvq_reports = [], [], [], []
-    for peer in [p for p in args.peers.split(",") if p]:
+    for peer in peers:
         try:
             kern = getattr(gate_peers, peer)
         except Exception as e:  # noqa: BLE001  the peer's library is missing or fails to load
@@ -161,7 +188,7 @@ def main(argv=None):
             continue
         for k, v in gate_peers.PEERS[peer]:
             run_one(kern, kern.name, k, v, args, rows, failures, refusals)
-    for variant in [v for v in args.kvq.split(",") if v]:
+    for variant in variants:
         for layout, pairs in KVQ_PAIRS.items():
             kern = gate_kvq.kernel(variant, layout)
             for k, v in pairs:

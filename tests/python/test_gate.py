@@ -688,6 +688,34 @@ def test_the_peers_table_keeps_refusals_apart(tmp_path):
     assert gate_table.cell({"OK": "0", "FAIL": "0", "REFUSED": "0", "SKIP": "3"}) == "skip"
 
 
+
+@pytest.mark.parametrize("argv,message", [
+    (["--peers", "sdpa_flash,flashinfer"], "--peers flashinfer: not in gate_peers.PEERS (sdpa_cudnn, "),
+    (["--cases", "varlen,nan"], "--cases varlen,nan: expected quick, full or families of varlen, head_dim, "),
+    (["--reruns", "0"], "--reruns 0: expected >= 1"),
+    (["--cpp", "missing/validate.json"], "--cpp missing/validate.json: no such file"),
+])
+def test_the_peers_table_refuses_names_it_would_only_skip(tmp_path, capsys, argv, message):
+    """A misspelt peer or family used to fill the table with SKIP rows and exit 0; a missing --cpp report
+    stopped the run after every kernel had run."""
+    sys.path.insert(0, os.path.join(ROOT, "experiments", "gate"))
+    import gate_table
+    with pytest.raises(SystemExit) as e:
+        gate_table.main(["--out", str(tmp_path / "gate"), *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "gate").exists()  # refused before anything ran or was written
+
+
+def test_the_peers_table_refuses_a_variant_the_build_lacks(tmp_path, capsys):
+    import kvq.gpu
+    if kvq.gpu._gpu is None:
+        pytest.skip("a CPU-only build: no registry to ask (each run then says why it skips)")
+    sys.path.insert(0, os.path.join(ROOT, "experiments", "gate"))
+    import gate_table
+    with pytest.raises(SystemExit):
+        gate_table.main(["--out", str(tmp_path), "--peers", "", "--kvq", "decode-tc,decode-tc2"])
+    assert "--kvq decode-tc2: not a decode variant of this build (decode-cudacore, " in capsys.readouterr().err
+
 def test_a_kernel_that_reads_codes_in_the_window_fails():
     """+w<W>: the window's tokens are read raw; their codes and parameters are poisoned, so a kernel that
     dequantizes every token (the window ignored) attends to NaN there."""
