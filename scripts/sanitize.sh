@@ -33,7 +33,7 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=suppressions=$PWD/scripts/lsan.supp:print_suppressions=0
 # Everything that runs kvq's C++ but the fresh fuzz batch (the main run has it; here the corpus
 # covers the same paths): not the plots and notebooks, nor the Python-only suites (the GGUF loader,
-# compare_runs, the peers', the HF capture's).
+# compare_runs and compare_evals, the peers', the HF capture's).
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" \
-  -E "plots_and_notebooks|capture_hf|bench_peers|gguf_llama|compare_runs|fuzz_fresh|slurm_cluster"
+  -E "plots_and_notebooks|capture_hf|bench_peers|gguf_llama|compare_runs|compare_evals|fuzz_fresh|slurm_cluster"
 echo "kvq sanitize: done in $((SECONDS - t0)) s"

@@ -10,6 +10,7 @@ Exits 1 when a pair differs beyond the tolerance or the runs hold different pair
 """
 import argparse
 import csv
+import math
 import sys
 
 KEYS = ("kld_mean", "kld_max", "ppl_delta", "top1_agreement", "out_rel_l2_mean")
@@ -38,7 +39,11 @@ def compare(a, b, rel, abs_tol, keys=("kld_mean",)):
             x, y = float(ra[key]), float(rb[key])
             row[f"{key}_a"], row[f"{key}_b"] = x, y
             if key in keys:
-                diff = abs(x - y)
+                if math.isnan(x) or math.isnan(y):  # within no tolerance (a NaN compared as "not above" any)
+                    row["ok"], row["note"] = False, f"{key}: {x:.6g} vs {y:.6g}"
+                    worst = float("inf")
+                    continue
+                diff = 0.0 if x == y else abs(x - y)  # equal infinities agree
                 if diff > max(abs_tol, rel * abs(x)):
                     row["ok"], row["note"] = False, f"{key}: {x:.6g} vs {y:.6g}"
                 worst = max(worst, diff / abs(x) if x else (0.0 if diff == 0 else float("inf")))
@@ -59,6 +64,9 @@ def main(argv=None):
                                                         f"{', '.join(KEYS)}; default: %(default)s)")
     ap.add_argument("--csv-out", help="write the side-by-side table here")
     args = ap.parse_args(argv)
+    for option, tol in (("--rel", args.rel), ("--abs", args.abs_tol)):
+        if not (math.isfinite(tol) and tol >= 0):
+            ap.error(f"{option} {tol:g}: expected a finite tolerance >= 0")
     keys = tuple(args.keys.split(","))
     if set(keys) - set(KEYS):
         ap.error(f"--keys {args.keys}: expected some of {', '.join(KEYS)}")
