@@ -149,7 +149,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     try:
         budgets = [float(b) for b in args.max_kld.split(",")]
-        if any(b < 0 for b in budgets):
+        if not all(b >= 0 for b in budgets):  # NaN too: it would hold no pair, as if none were good enough
             raise ValueError
     except ValueError:
         ap.error(f"--max-kld {args.max_kld!r}: expected non-negative numbers, comma-separated")

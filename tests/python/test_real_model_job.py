@@ -167,3 +167,10 @@ def test_which_scheme_names_llama_cpp_cache_types_as_llama_cpp_runs_them(tmp_pat
             "  in llama.cpp: LLAMA_ATTN_ROT_DISABLE=1 -ctk q5_0 -ctv q5_0 (kvq: K q5_0, V q5_0)" in out)
     assert "  in llama.cpp: -ctk q4_0 -ctv q4_0 (kvq: K q4_0+had, V q4_0+had), 4.50 bits" in out
     assert "KLD budget 1e-06 nats:\n  no scheme pair stays within it" in out
+
+
+@pytest.mark.parametrize("budgets", ["nan", "1e-3,-1e-2", "1e-3,,"])
+def test_which_scheme_refuses_budgets_that_are_not_kl_values(tmp_path, capsys, budgets):
+    with pytest.raises(SystemExit) as e:
+        which_scheme.main([str(tmp_path / "eval.csv"), "--max-kld", budgets])
+    assert e.value.code == 2 and f"--max-kld {budgets!r}: expected non-negative numbers" in capsys.readouterr().err
