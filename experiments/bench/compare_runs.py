@@ -28,6 +28,7 @@ import json
 import argparse
 import csv
 import glob
+import math
 import os
 import subprocess
 import sys
@@ -193,6 +194,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not args.csv and not args.write_times:
         ap.error("give the new run's CSV files (or --write-times FILE)")
+    if not (math.isfinite(args.threshold) and args.threshold >= 0):  # NaN would flag nothing
+        ap.error(f"--threshold {args.threshold:g}: expected a finite fraction >= 0 (0.05: 5 %)")
     try:  # the repository holding the committed runs, whose history orders them
         top = subprocess.run(["git", "-C", args.results, "rev-parse", "--show-toplevel"], capture_output=True,
                              text=True, timeout=30)

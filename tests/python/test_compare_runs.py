@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "experiments", "bench"))
 import compare_runs  # noqa: E402
@@ -87,6 +89,10 @@ def test_bad_inputs(tmp_path, capsys):
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
     assert compare_runs.main([str(tmp_path / "x.csv")]) == 2
     assert "not a kvq bench or bench-quantize CSV" in capsys.readouterr().err
+    for threshold in ("nan", "-0.05"):  # NaN flagged no row at all
+        with pytest.raises(SystemExit):
+            compare_runs.main([str(tmp_path / "x.csv"), "--threshold", threshold])
+        assert f"--threshold {float(threshold):g}: expected a finite fraction >= 0" in capsys.readouterr().err
 
 
 def test_a_tree_without_git_orders_runs_by_the_written_times(tmp_path, capsys):
