@@ -159,8 +159,8 @@ def checked_options(ap, args):
     unknown = [c for c in cases if c not in gate.FAMILIES] if isinstance(cases, list) else []
     if unknown or not cases:
         ap.error(f"--cases {args.cases}: expected quick, full or families of {', '.join(gate.FAMILIES)}")
-    if args.reruns < 1:
-        ap.error(f"--reruns {args.reruns}: expected >= 1")
+    if args.reruns < 2:  # kvq.gate's rule: a rerun compares at least two calls
+        ap.error(f"--reruns {args.reruns}: expected >= 2")
     if args.cpp and not os.path.isfile(args.cpp):  # the kernels still run: their tables are worth having
         print(f"gate_table: warning: --cpp {args.cpp}: no such file (kvq validate --report writes it); the gate runs, "
               "its verdicts are not compared, and the exit status is 1", file=sys.stderr)
