@@ -25,7 +25,6 @@ import argparse
 import csv
 import math
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -330,7 +329,7 @@ def main():
     if args.reps < 30:
         ap.error(f"--reps {args.reps}: DESIGN.md asks for at least 30 replays")
     try:
-        select("--peers", args.peers, list(BF16_PEERS) + [p.name for p in FBGEMM_PEERS + FLASHINFER_PEERS])
+        chosen = set(select("--peers", args.peers, list(BF16_PEERS) + [p.name for p in FBGEMM_PEERS + FLASHINFER_PEERS]))
         shapes = select("--shapes", args.shapes, SHAPES, lambda s: s.label)
     except ValueError as e:
         ap.error(str(e))
@@ -345,7 +344,7 @@ def main():
         with open(args.reference) as f:
             for r in csv.DictReader(f):
                 reference[(r["shape"], int(r["B"]), int(r["T"]), r["peer"])] = float(r["us"])
-    wanted = lambda peer: re.search(args.peers, peer)  # noqa: E731
+    wanted = lambda peer: peer in chosen  # noqa: E731
     fbgemm_peers = [p for p in FBGEMM_PEERS if wanted(p.name)]
     flashinfer_peers = [p for p in FLASHINFER_PEERS if wanted(p.name)]
     print(f"{machine.gpu}, driver {machine.driver}, torch {torch.__version__}, CUDA {machine.cuda}; "

@@ -234,20 +234,21 @@ def main(argv=None):
         lines.append(f"{kind} rows vs the newest committed run on {gpu}: {compared} compared, {len(slower)} more than "
                      f"{args.threshold:.0%} slower, {len(faster)} more than {args.threshold:.0%} faster "
                      f"({missing} without a committed row, {ambiguous} ambiguous there)")
-        if any(spread(row, old) for _, _, row, old, _, _ in slower):
-            apart = sum(spread(row, old) == "apart" for _, _, row, old, _, _ in slower)
-            lines.append(f"  of the slower rows, {apart} with p10-p90 ranges apart from the committed run's (the "
-                         f"others overlap it: a shift within the runs' spread)")
+        slower_spreads = [spread(row, old) for _, _, row, old, _, _ in slower]
+        if any(slower_spreads):
+            lines.append(f"  of the slower rows, {slower_spreads.count('apart')} with p10-p90 ranges apart from the "
+                         f"committed run's (the others overlap it: a shift within the runs' spread)")
         if undated:
             lines.append(f"  warning: {undated} committed runs on {gpu} have no known time (no git here and no entry in "
                          f"{times_path}): among them the baseline is the last by path, not the newest")
         for title, group in (("slower", slower), ("faster", faster)):
             for ratio, key, row, old, note, old_path in group:
+                moved = spread(row, old)
                 lines.append(f"  [{title.upper()}] {label(key, row)}: {float(old['median_us']):.1f} -> "
                              f"{float(row['median_us']):.1f} us ({ratio - 1:+.1%}; {old.get('commit', '?')} "
                              f"{os.path.relpath(old_path, args.results)} -> {row.get('commit', '?')})"
                              + (f" [{note}]" if note else "")
-                             + (f" [p10-p90 {spread(row, old)}]" if spread(row, old) else ""))
+                             + (f" [p10-p90 {moved}]" if moved else ""))
     print("\n".join(lines))
     if args.csv_out:
         with open(args.csv_out, "w", newline="") as f:

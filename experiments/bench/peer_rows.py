@@ -103,6 +103,7 @@ def paged_cases(shapes_re, pairs_re, pages, pairs, shapes=SHAPES):
                          f"({', '.join(sorted({str(s.T) for s in picked}, key=int))})")
     return cases, left_out
 
+
 def flashinfer_pages(T, page=FLASHINFER_PAGE):
     """(pages per sequence, tokens in its last page): FlashInfer's last_page_len is 1..page."""
     if T < 1:

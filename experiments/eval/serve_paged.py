@@ -314,8 +314,8 @@ def main(argv=None):
     ap.add_argument("--text", default=os.path.join(ROOT, "data", "texts", "kvq_essay.txt"))
     ap.add_argument("--out", default=None, help="a directory for serve_paged.json")
     args = ap.parse_args(argv)
-    if args.page_tokens < 16 or args.page_tokens & (args.page_tokens - 1):
-        ap.error(f"--page-tokens {args.page_tokens}: kvq's paged decode reads pages of a power of two >= 16 tokens")
+    if kvq.ops.page_tokens_error(args.page_tokens):
+        ap.error(f"--page-tokens {args.page_tokens}: {kvq.ops.page_tokens_error(args.page_tokens)}")
     for option in ("batch", "prompt_tokens", "new_tokens"):
         if getattr(args, option) < 1:
             ap.error(f"--{option.replace('_', '-')} {getattr(args, option)}: expected >= 1")

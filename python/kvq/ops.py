@@ -21,7 +21,7 @@ import torch
 
 from . import gpu
 
-__all__ = ["quantize", "decode", "decode_args", "empty_cache", "empty_paged_cache", "append"]
+__all__ = ["quantize", "decode", "decode_args", "empty_cache", "empty_paged_cache", "page_tokens_error", "append"]
 
 
 def _none_if_empty(t):
@@ -203,6 +203,14 @@ def _(x, storage, codes, scales, zeros, window, positions, block_table, window_t
     return None
 
 
+def page_tokens_error(page_tokens):
+    """The rule kvq's paged decode (decode_support) holds pages of `page_tokens` tokens to, where they
+    break it; else ""."""
+    if page_tokens < 16 or page_tokens & (page_tokens - 1):
+        return "kvq's paged decode reads pages of a power of two >= 16 tokens"
+    return ""
+
+
 def _check_counts(name, **counts):
     """InputError naming the first of `counts` (a cache's sizes) below 1, before anything is allocated."""
     for what, n in counts.items():
@@ -251,9 +259,9 @@ def empty_paged_cache(scheme, pages, page_tokens, heads, head_dim, *, device="cu
     f = _facts(scheme, "kvq.ops.empty_paged_cache")
     _check_tensor_scale(f, scheme, tensor_scale, "kvq.ops.empty_paged_cache")
     _check_counts("kvq.ops.empty_paged_cache", pages=pages, heads=heads, head_dim=head_dim)
-    if page_tokens < 16 or page_tokens & (page_tokens - 1):  # decode_support's rule, asked before any allocation
-        raise gpu.InputError(f"kvq.ops.empty_paged_cache: pages of {page_tokens} tokens: kvq's paged decode reads "
-                             "pages of a power of two >= 16 tokens")
+    if page_tokens_error(page_tokens):  # asked before any allocation
+        raise gpu.InputError(f"kvq.ops.empty_paged_cache: pages of {page_tokens} tokens: "
+                             f"{page_tokens_error(page_tokens)}")
     if window_pages is not None and window_pages < 1:
         raise gpu.InputError(f"kvq.ops.empty_paged_cache: window_pages = {window_pages}, expected >= 1")
     if layout not in ("nhd", "hnd"):
