@@ -502,11 +502,18 @@ def _call(kern, case, device, rows=None):
     if kern.returns_lse:
         if not isinstance(result, (tuple, list)) or len(result) != 2:
             return f"error: returned {type(result).__name__}, expected (O, LSE) (the kernel declares returns_lse=True)"
-        o, lse = device.get(result[0]), device.get(result[1])
+        outputs = (("O", result[0]), ("LSE", result[1]))
     else:
         if isinstance(result, (tuple, list)):
             return "error: returned a tuple, expected O alone (the kernel declares returns_lse=False)"
-        o, lse = device.get(result), None
+        outputs = (("O", result),)
+    got = []
+    for what, x in outputs:
+        try:  # what the kernel returned is its own: a ragged list or an unconvertible tensor fails the case
+            got.append(device.get(x))
+        except Exception as e:
+            return f"error: {what} is not readable as an array on device '{device.name}' ({type(e).__name__}: {e})"
+    o, lse = got if len(got) == 2 else (got[0], None)
     want = (case.batch, case.num_q_heads, case.head_dim)
     if o.shape != want:
         return f"error: O has shape {list(o.shape)}, expected [B, Hq, D] = {list(want)}"

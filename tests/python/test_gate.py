@@ -173,6 +173,19 @@ def test_kernel_errors_and_wrong_shapes_fail_the_case_and_the_gate_goes_on():
     assert "read-only" in r.cases[0].detail
 
 
+def test_outputs_that_are_not_arrays_fail_the_case_and_the_gate_goes_on():
+    class Unreadable:  # as a torch bf16 tensor handed back on device 'cpu': numpy cannot take it
+        def __array__(self, *args, **kwargs):
+            raise TypeError("Got unsupported ScalarType BFloat16")
+
+    r = run(lambda case: ([[1.0, 2.0], [3.0]], numpy_decode(case)[1]), cases=["mha", "one_key"])
+    assert [c.status for c in r.cases] == ["FAIL", "FAIL"]
+    assert r.cases[0].detail.startswith("error: O is not readable as an array on device 'cpu' (ValueError: ")
+    r = run(lambda case: (numpy_decode(case)[0], Unreadable()), cases=["mha", "one_key"])
+    assert [c.detail for c in r.cases] == ["error: LSE is not readable as an array on device 'cpu' "
+                                           "(TypeError: Got unsupported ScalarType BFloat16)"] * 2
+
+
 def test_o_alone_is_judged_without_lse():
     r = run(gate.Kernel(lambda case: numpy_decode(case)[0], returns_lse=False))
     assert r.ok and all("LSE not returned (declared)" in c.detail for c in r.cases if not c.skipped)
