@@ -127,7 +127,8 @@ def main(argv=None):
     ap.add_argument("--model", required=True, help="llama2.c checkpoint (.bin)")
     ap.add_argument("--tokenizer", required=True, help="llama2.c tokenizer (.bin)")
     ap.add_argument("--prompt", default="", help="text to feed after BOS; empty: greedy from BOS")
-    ap.add_argument("--tokens", type=int, default=256, help="positions T to capture (prompt + greedy)")
+    ap.add_argument("--tokens", type=int, help="positions T to capture (prompt + greedy; default: 256, or the "
+                                               "model's context if shorter)")
     ap.add_argument("--dtype", default="float32", choices=kvq_dump.DTYPES, help="stored dtype")
     ap.add_argument("--out", required=True, help="output dump (.h5)")
     args = ap.parse_args(argv)
@@ -135,6 +136,8 @@ def main(argv=None):
     model = Checkpoint(args.model)
     tok = Tokenizer(args.tokenizer, model.vocab_size)
     prompt = tok.encode(args.prompt) if args.prompt else [BOS]
+    if args.tokens is None:  # the default must suit a model of a shorter context too
+        args.tokens = min(256, model.seq_len)
     if not 1 <= args.tokens <= model.seq_len:
         ap.error(f"--tokens {args.tokens}: the model's context is 1..{model.seq_len}")
     if len(prompt) > args.tokens:

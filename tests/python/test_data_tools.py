@@ -2,6 +2,7 @@
 KVQ_BIN names the kvq binary (ctest sets it)."""
 import hashlib
 import os
+import struct
 import subprocess
 import sys
 
@@ -45,6 +46,26 @@ def test_tokenizer_round_trip_and_prompt_capture(tmp_path):
                           "--tokens", "24", "--out", str(out)])
     dump = kvq_dump.read_dump(out)
     assert list(dump["tokens"][0, :len(ids)]) == ids  # the prompt comes first, then greedy tokens
+
+
+def random_llama2c(path, dim, layers, heads, kv_heads, seq_len, hidden=32, vocab=512, seed=1):
+    """A random llama2.c checkpoint (tied output) of the given shape; head_dim = dim // heads."""
+    head_dim = dim // heads
+    sizes = [vocab * dim, layers * dim, layers * dim * dim, 2 * layers * kv_heads * head_dim * dim,
+             layers * dim * dim, layers * dim, 3 * layers * hidden * dim, dim, seq_len * (head_dim // 2) * 2]
+    with open(path, "wb") as f:
+        f.write(struct.pack("7i", dim, hidden, layers, heads, kv_heads, vocab, seq_len))
+        f.write((np.random.default_rng(seed).standard_normal(sum(sizes)) * 0.3).astype(np.float32).tobytes())
+    return str(path)
+
+
+def test_a_model_of_a_short_context_captures_with_the_default_tokens(tmp_path):
+    # MHA, head_dim 10, a context of 32 positions: less than the default 256 tokens
+    model = random_llama2c(tmp_path / "mha.bin", dim=40, layers=2, heads=4, kv_heads=4, seq_len=32)
+    out = tmp_path / "mha.h5"
+    assert capture_llama2c.main(["--model", model, "--tokenizer", TOKENIZER, "--out", str(out)]) == 0
+    dump = kvq_dump.read_dump(out)
+    assert dump["layers"][1]["k"].shape == (1, 4, 32, 10) and list(dump["seq_lens"]) == [32]
 
 
 def test_bundled_dump_is_recreated_bit_for_bit(tmp_path):
