@@ -38,8 +38,11 @@ class Checkpoint:
         self.shared_classifier = vocab > 0
         self.vocab_size = abs(vocab)
         if min(self.dim, self.hidden_dim, self.n_layers, self.n_heads, self.n_kv_heads, self.seq_len) <= 0 or \
-                self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
-            raise ValueError(f"{path}: implausible header dim={self.dim} heads={self.n_heads} kv_heads={self.n_kv_heads}")
+                self.dim % self.n_heads or self.n_heads % self.n_kv_heads or self.dim // self.n_heads % 2:
+            raise ValueError(f"{path}: implausible header dim={self.dim} heads={self.n_heads} "
+                             f"kv_heads={self.n_kv_heads} "
+                             "(expected heads dividing dim into an even head_dim, as RoPE rotates pairs, and kv_heads "
+                             "dividing heads)")
         self.head_dim = self.dim // self.n_heads
         kv_dim = self.n_kv_heads * self.head_dim
         L, d, h = self.n_layers, self.dim, self.hidden_dim
@@ -133,8 +136,12 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="output dump (.h5)")
     args = ap.parse_args(argv)
 
-    model = Checkpoint(args.model)
-    tok = Tokenizer(args.tokenizer, model.vocab_size)
+    try:
+        model = Checkpoint(args.model)
+        tok = Tokenizer(args.tokenizer, model.vocab_size)
+    except (OSError, ValueError) as e:  # a missing or foreign file: one line, not a traceback
+        print(f"kvq capture: error: {e}", file=sys.stderr)
+        return 2
     prompt = tok.encode(args.prompt) if args.prompt else [BOS]
     if args.tokens is None:  # the default must suit a model of a shorter context too
         args.tokens = min(256, model.seq_len)

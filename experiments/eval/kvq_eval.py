@@ -506,6 +506,8 @@ def make_engine(args, gguf, llama2c, text):
     if gguf:
         runner = GgufRunner(args.model, args.rope_order, args.precision, args.runtime)
     elif llama2c:
+        if not os.path.isfile(args.model):
+            raise ValueError(f"--model {args.model}: no such file (a llama2.c checkpoint .bin)")
         tokenizer = args.tokenizer or os.path.join(os.path.dirname(args.model), "tok512.bin")
         if not os.path.isfile(tokenizer):
             raise ValueError(f"--tokenizer {tokenizer}: no such file (a llama2.c model needs its tokenizer .bin)")
@@ -594,7 +596,7 @@ def main(argv=None):
     if args.model in BUNDLED_NAMES:
         args.model = BUNDLED_MODEL
     gguf = is_gguf(args.model)
-    llama2c = os.path.isfile(args.model) and args.model.endswith(".bin")
+    llama2c = args.model.endswith(".bin")  # a mistyped path too: not a Hugging Face name
     if args.text is None:
         args.text = BUNDLED_TEXT if args.model == BUNDLED_MODEL else REAL_TEXT
     if args.max_tokens is None and gguf and args.ctx is None:

@@ -68,6 +68,20 @@ def test_a_model_of_a_short_context_captures_with_the_default_tokens(tmp_path):
     assert dump["layers"][1]["k"].shape == (1, 4, 32, 10) and list(dump["seq_lens"]) == [32]
 
 
+def test_a_missing_or_malformed_checkpoint_is_one_line(tmp_path, capsys):
+    out = tmp_path / "x.h5"
+    model = random_llama2c(tmp_path / "ok.bin", dim=16, layers=1, heads=2, kv_heads=1, seq_len=8)
+    odd = random_llama2c(tmp_path / "odd.bin", dim=36, layers=1, heads=4, kv_heads=2, seq_len=8)  # head_dim 9
+    for args, message in [([str(tmp_path / "absent.bin"), TOKENIZER], "No such file or directory"),
+                          ([model, str(tmp_path / "absent_tok.bin")], "No such file or directory"),
+                          ([odd, TOKENIZER], "odd.bin: implausible header dim=36 heads=4 kv_heads=2 (expected heads "
+                                             "dividing dim into an even head_dim")]:
+        assert capture_llama2c.main(["--model", args[0], "--tokenizer", args[1], "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("kvq capture: error: ") and message in err and len(err.splitlines()) == 1, err
+        assert not out.exists()
+
+
 def test_bundled_dump_is_recreated_bit_for_bit(tmp_path):
     out = tmp_path / "stories260k.h5"
     capture_llama2c.main(["--model", MODEL, "--tokenizer", TOKENIZER, "--tokens", "256", "--out", str(out)])

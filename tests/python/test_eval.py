@@ -331,6 +331,21 @@ def test_bad_options_are_usage_errors_before_the_model_loads(tmp_path, capsys, a
     assert (tmp_path / "file").read_text() == "kept" and not (tmp_path / "o").exists()
 
 
+def test_a_llama2c_model_that_is_missing_or_malformed_is_one_line(tmp_path, capsys):
+    missing = tmp_path / "stories.bin"  # a mistyped path: not a Hugging Face model name
+    assert kvq_eval.main(["--model", str(missing), "--engine", "cpu", "--out", str(tmp_path / "o")]) == 2
+    assert f"kvq eval: error: --model {missing}: no such file (a llama2.c checkpoint .bin)" in capsys.readouterr().err
+    dim, hidden, heads, kv_heads, vocab, seq_len = 36, 16, 4, 2, 512, 8  # head_dim 9: RoPE has no pairs
+    floats = vocab * dim + 2 * dim * dim + 2 * kv_heads * 9 * dim + 2 * dim + 3 * hidden * dim + dim + seq_len * 8
+    odd = tmp_path / "odd.bin"
+    odd.write_bytes(struct.pack("7i", dim, hidden, 1, heads, kv_heads, vocab, seq_len) +
+                    np.full(floats, 0.01, np.float32).tobytes())
+    assert kvq_eval.main(["--model", str(odd), "--tokenizer", TOKENIZER, "--engine", "cpu", "--k", "int8-head",
+                          "--v", "int8-head", "--out", str(tmp_path / "o")]) == 2
+    assert "odd.bin: implausible header dim=36 heads=4 kv_heads=2" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_windows_are_cut_like_llama_perplexity():
     import windows
     assert windows.cut_windows(range(10)) == [list(range(10))]
