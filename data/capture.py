@@ -73,7 +73,11 @@ def main(argv=None):
 
     if args.prompt is None and not os.path.isfile(args.text or DEFAULT_TEXT):
         ap.error(f"--text {args.text}: no such file")
-    text = args.prompt if args.prompt is not None else open(args.text or DEFAULT_TEXT, encoding="utf-8").read().strip()
+    try:
+        text = args.prompt if args.prompt is not None else \
+            open(args.text or DEFAULT_TEXT, encoding="utf-8").read().strip()
+    except UnicodeDecodeError as e:  # a Latin-1 or binary file: name it, no traceback
+        ap.error(f"--text {args.text}: not UTF-8 text ({e.reason} at byte {e.start})")
     try:
         path = gguf_llama.find_model(model_arg)
         started = time.perf_counter()

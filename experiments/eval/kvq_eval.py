@@ -603,8 +603,11 @@ def main(argv=None):
         args.max_tokens = 512
     if not os.path.isfile(args.text):
         ap.error(f"--text {args.text}: no such file")
-    with open(args.text, encoding="utf-8") as f:
-        text = f.read().strip()
+    try:
+        with open(args.text, encoding="utf-8") as f:
+            text = f.read().strip()
+    except UnicodeDecodeError as e:  # a Latin-1 or binary file: name it, no traceback
+        ap.error(f"--text {args.text}: not UTF-8 text ({e.reason} at byte {e.start})")
     try:
         engine = make_engine(args, gguf, llama2c, text)
     except (OSError, ValueError) as e:

@@ -320,10 +320,12 @@ def test_bad_pairs_are_refused_before_running(tmp_path, capsys, args, message):
     (["--max-tokens", "0"], "--max-tokens 0: expected >= 2"),
     (["--max-tokens", "-5"], "--max-tokens -5: expected >= 2"),
     (["--out", "FILE"], "exists and is not a folder"),
+    (["--text", "LATIN1"], "latin1.txt: not UTF-8 text (invalid continuation byte at byte 3)"),
 ])
 def test_bad_options_are_usage_errors_before_the_model_loads(tmp_path, capsys, args, message):
     (tmp_path / "file").write_text("kept")
-    args = [str(tmp_path / "file") if a == "FILE" else a for a in args]
+    (tmp_path / "latin1.txt").write_bytes("café au lait".encode("latin-1"))
+    args = [{"FILE": str(tmp_path / "file"), "LATIN1": str(tmp_path / "latin1.txt")}.get(a, a) for a in args]
     out = [] if "--out" in args else ["--out", str(tmp_path / "o")]
     with pytest.raises(SystemExit) as e:
         kvq_eval.main(["--model", "stories260k", "--k", "int8-head", "--v", "int8-head"] + args + out)

@@ -72,6 +72,11 @@ def test_capture_refuses_bad_arguments(model, tmp_path, capsys):
         run_capture(model, tmp_path / "x.h5", "--queries", "some")
     with pytest.raises(SystemExit):
         run_capture(model, tmp_path / "x.h5", "--tokens", "0")
+    (tmp_path / "latin1.txt").write_bytes("café au lait".encode("latin-1"))
+    with pytest.raises(SystemExit):
+        capture.main(["--model", str(model[0]), "--text", str(tmp_path / "latin1.txt"),
+                      "--out", str(tmp_path / "x.h5")])
+    assert "latin1.txt: not UTF-8 text (invalid continuation byte at byte 3)" in capsys.readouterr().err
     assert capture.main(["--model", str(tmp_path / "absent.gguf"), "--out", str(tmp_path / "x.h5")]) == 2
     assert "absent.gguf: no such GGUF file" in capsys.readouterr().err
     assert not (tmp_path / "x.h5").exists()
