@@ -22,6 +22,9 @@ from collections import defaultdict
 from kvq import llamacpp
 
 
+NUMERIC = ("kv_bits_per_element", "kld_mean", "top1_agreement", "ppl_delta", "out_rel_l2_mean")  # eval.csv's
+
+
 def read_csv(path, needed, expected=None):
     """The rows of the CSV at `path`; ValueError naming the columns of `needed` it lacks (and what the
     file should have been, `expected`)."""
@@ -154,10 +157,16 @@ def main(argv=None):
     except ValueError:
         ap.error(f"--max-kld {args.max_kld!r}: expected non-negative numbers, comma-separated")
     try:
-        rows = read_csv(args.eval_csv, ("source", "k_scheme", "v_scheme", "kv_bits_per_element", "kld_mean",
-                                        "top1_agreement", "ppl_delta", "out_rel_l2_mean"))
+        rows = read_csv(args.eval_csv, ("source", "k_scheme", "v_scheme") + NUMERIC)
         if not rows:
             raise ValueError(f"{args.eval_csv}: no rows")
+        for line, r in enumerate(rows, start=2):  # every number is read later: a bad one is named now
+            for column in NUMERIC:
+                try:
+                    float(r[column])
+                except (TypeError, ValueError):
+                    raise ValueError(f"{args.eval_csv}: line {line}, column {column}: expected a number, got "
+                                     f"{r[column]!r}") from None
         table = sweep_table(args.sweep, rows[0]["source"]) if args.sweep else {}
     except (OSError, ValueError) as e:
         print(f"which_scheme: error: {e}", file=sys.stderr)

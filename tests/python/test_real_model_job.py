@@ -174,6 +174,15 @@ def test_which_scheme_names_llama_cpp_cache_types_as_llama_cpp_runs_them(tmp_pat
     assert "KLD budget 1e-06 nats:\n  no scheme pair stays within it" in out
 
 
+def test_which_scheme_names_a_value_that_is_not_a_number(tmp_path, capsys):
+    row = {"source": "gguf:m", "k_scheme": "int8-head", "v_scheme": "int8-head", "kv_bits_per_element": 8.25,
+           "kld_mean": 4e-4, "top1_agreement": 0.9, "ppl_delta": 0.1, "out_rel_l2_mean": 4e-3}
+    write_rows(tmp_path / "eval.csv", [row, dict(row, k_scheme="int4-head", kld_mean="")])
+    assert which_scheme.main([str(tmp_path / "eval.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"which_scheme: error: {tmp_path / 'eval.csv'}: line 3, column kld_mean: expected a number, got ''\n"
+
+
 @pytest.mark.parametrize("budgets", ["nan", "1e-3,-1e-2", "1e-3,,"])
 def test_which_scheme_refuses_budgets_that_are_not_kl_values(tmp_path, capsys, budgets):
     with pytest.raises(SystemExit) as e:
