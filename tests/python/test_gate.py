@@ -15,6 +15,7 @@ import pytest
 
 import kvq
 import kvq.gate as gate
+import kvq.gate_devices as gate_devices
 from kvq.gate_examples import numpy_bnsh, numpy_bsnh, numpy_decode, numpy_fbgemm, numpy_ggml, numpy_paged
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -271,7 +272,7 @@ def test_arguments_the_gate_cannot_run_are_errors():
         gate.Kernel(numpy_decode, profile="fp32-pbf8")
     with pytest.raises(ValueError, match="device 'tpu': kvq.gate runs on cpu, cuda, torch-cpu"):
         gate.check(numpy_bnsh, device="tpu", log=None)
-    if gate._Cuda.why_unavailable():  # no torch or no GPU here: the reason, before any case runs
+    if gate_devices.CudaDevice.why_unavailable():  # no torch or no GPU here: the reason, before any case runs
         with pytest.raises(ValueError, match="device 'cuda'"):
             gate.check(numpy_bnsh, device="cuda", log=None)
 
@@ -515,7 +516,7 @@ def test_mutants_command_line():
 def test_large_logits_leave_exp_range_in_the_sequences_that_ask_for_it():
     from kvq.gate_cases import case_specs
     spec = next(s for s in case_specs(["large_logits"]) if s.name == "large logits")
-    inputs = gate._Inputs(spec, "bf16", "bf16", "bnsh", 16, 0, gate._Cpu)
+    inputs = gate._Inputs(spec, "bf16", "bf16", "bnsh", 16, 0, gate_devices.CpuDevice)
     k, lens = inputs.ops["k"].reference, inputs.lens
     top = {}
     for b, mode in enumerate(spec.logits):
@@ -564,7 +565,8 @@ def test_engine_layouts_hold_the_cache_as_the_engines_do():
     assert np.array_equal(c.k.codes, c.kv_cache[:, 0]) and np.array_equal(c.v.codes, c.kv_cache[:, 1])
     assert c.block_table.shape == (3, 3) and c.kv_indptr is None
     spec = next(s for s in gate.case_specs(["odd_t"]))
-    stored = gate._Inputs(spec, "fp8-e4m3-tensor", "fp8-e4m3-tensor", "vllm", 16, 0, gate._Cpu).ops  # the same case
+    stored = gate._Inputs(spec, "fp8-e4m3-tensor", "fp8-e4m3-tensor", "vllm", 16, 0,
+                          gate_devices.CpuDevice).ops  # the same case
     assert c.k_scale == float(stored["k"].arrays["scales"][0].reshape(-1)[0]) and float(c.k.scales) == c.k_scale
     assert c.v_scale == float(stored["v"].arrays["scales"][0].reshape(-1)[0]) != c.k_scale
 
@@ -637,7 +639,7 @@ def test_nonfinite_values_stay_in_their_sequence():
 def huge_on_the_cpu(monkeypatch):
     """The huge_cache family on numpy arrays, past 2^20 elements instead of 2^31."""
     monkeypatch.setattr(gate, "HUGE_OFFSET", 1 << 20)
-    monkeypatch.setattr(gate._Cpu, "free_bytes", staticmethod(lambda: 1 << 50))
+    monkeypatch.setattr(gate_devices.CpuDevice, "free_bytes", staticmethod(lambda: 1 << 50))
     return 1 << 20
 
 
