@@ -6,7 +6,8 @@ and a 2-GPU run against a 1-GPU one.
 
     python experiments/eval/compare_evals.py cpu/eval.csv gpu/eval.csv --csv-out compare.csv
 
-Exits 1 when a pair differs beyond the tolerance or the runs hold different pairs, 2 on bad input.
+Exits 1 when a pair differs beyond the tolerance or the runs hold different pairs, 2 on bad input
+(a file with no pairs, or with a pair listed twice).
 """
 import argparse
 import csv
@@ -22,7 +23,16 @@ def read_rows(path):
         missing = {"k_scheme", "v_scheme", *KEYS} - set(reader.fieldnames or [])
         if missing:
             raise ValueError(f"{path}: no column {', '.join(sorted(missing))} (expected kvq eval's eval.csv)")
-        return {(r["k_scheme"], r["v_scheme"]): r for r in reader}
+        rows, lines = {}, {}
+        for r in reader:
+            pair = (r["k_scheme"], r["v_scheme"])
+            if pair in rows:  # a dict would keep one silently: which of the two is the run's?
+                raise ValueError(f"{path}: line {reader.line_num}: the pair K {pair[0]} / V {pair[1]} is listed "
+                                 f"twice (first on line {lines[pair]}; expected kvq eval's eval.csv, one row per pair)")
+            rows[pair], lines[pair] = r, reader.line_num
+    if not rows:  # 0 of 0 pairs would "agree": a pass on nothing
+        raise ValueError(f"{path}: no pairs (only a header): nothing to compare")
+    return rows
 
 
 def compare(a, b, rel, abs_tol, keys=("kld_mean",)):

@@ -40,3 +40,20 @@ def test_a_tolerance_that_would_pass_or_fail_everything_is_refused(tmp_path, cap
     with pytest.raises(SystemExit) as e:
         compare_evals.main([a, a, option, value])
     assert e.value.code == 2 and f"{option} {float(value):g}: expected a finite tolerance >= 0" in capsys.readouterr().err
+
+
+def test_runs_with_no_pairs_or_a_pair_twice_are_refused(tmp_path, capsys):
+    empty = write(tmp_path / "empty.csv", {})  # a header only: "0 of 0 pairs agree" would pass on nothing
+    assert compare_evals.main([empty, empty]) == 2
+    err = capsys.readouterr().err
+    assert f"compare_evals: error: {empty}: no pairs (only a header): nothing to compare" in err
+    a = write(tmp_path / "a.csv", {("int8-head", "int8-head"): 1e-3, ("q4_0", "q8_0"): 2e-2})
+    twice = tmp_path / "twice.csv"
+    lines = open(a).read().splitlines()
+    # a stale row first: the old reader kept the last one and passed
+    twice.write_text("\n".join([lines[0], lines[1].replace("0.001", "0.5")] + lines[1:]) + "\n")
+    assert compare_evals.main([a, str(twice), "--csv-out", str(tmp_path / "cmp.csv")]) == 2
+    err = capsys.readouterr().err
+    assert (f"{twice}: line 3: the pair K int8-head / V int8-head is listed twice (first on line 2; expected kvq "
+            "eval's eval.csv, one row per pair)") in err
+    assert not (tmp_path / "cmp.csv").exists()
