@@ -60,8 +60,9 @@ def main(argv=None):
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--text", help=f"UTF-8 text to run the model on (default: {os.path.relpath(DEFAULT_TEXT)})")
     src.add_argument("--prompt", help="text given on the command line")
-    ap.add_argument("--tokens", type=int, default=1024, help="tokens T to capture, from the text's start "
-                                                             "(default: %(default)s; fewer if the text is shorter)")
+    ap.add_argument("--tokens", type=int, default=1024,
+                    help="tokens T to capture, from the text's start (default: %(default)s; fewer if the text or "
+                         "the model's context is shorter)")
     ap.add_argument("--queries", default="64", help="decode queries kept: the last N positions, or 'all' "
                                                    "(Tq = T, causal) (default: %(default)s)")
     ap.add_argument("--rope-order", choices=tuple(ROPE_PAIRS), default="hf",
@@ -93,6 +94,9 @@ def main(argv=None):
     if not ids:
         ap.error("the text gives no tokens")
     T = len(ids)
+    if T < args.tokens:  # said before the run, on stderr with the other diagnostics
+        why = f"the model's context is {model.seq_len}" if T == model.seq_len else f"the text has {T} tokens"
+        print(f"kvq capture: note: capturing {T} tokens, fewer than --tokens {args.tokens}: {why}", file=sys.stderr)
     if args.queries == "all":
         queries = T
     else:
@@ -112,8 +116,6 @@ def main(argv=None):
     print(f"wrote {args.out}: {model.n_layers} layers, T={T}, Tq={queries}, Hq={model.n_heads}, "
           f"Hkv={model.n_kv_heads}, D={model.head_dim}, RoPE pairs {ROPE_PAIRS[args.rope_order]} "
           f"({time.perf_counter() - started:.1f} s)")
-    if T < args.tokens and T < model.seq_len:
-        print(f"note: the text has {T} tokens, fewer than --tokens {args.tokens}")
     return 0
 
 

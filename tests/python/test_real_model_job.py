@@ -67,6 +67,21 @@ def test_capture_orders_and_queries(model, tmp_path):
     assert len(rows) == 2 * 2 and all(float(r["out_rel_l2_mean"]) > 0 for r in rows)
 
 
+def test_capture_says_when_the_context_or_the_text_cuts_tokens(model, tmp_path, capsys):
+    path, _, cache = model
+    long = tmp_path / "long.txt"
+    long.write_text(" ".join([TEXT] * 6))  # more tokens than the tiny model's context of 256
+    assert capture.main(["--model", str(path), "--text", str(long), "--cache-dir", str(cache), "--tokens", "300",
+                         "--out", str(tmp_path / "ctx.h5")]) == 0
+    assert ("kvq capture: note: capturing 256 tokens, fewer than --tokens 300: the model's context is 256"
+            in capsys.readouterr().err)
+    with h5py.File(tmp_path / "ctx.h5") as f:
+        assert f["layers/0/k"].shape[2] == 256
+    assert run_capture(model, tmp_path / "short.h5", "--tokens", "200") == 0
+    err = capsys.readouterr().err
+    assert "fewer than --tokens 200: the text has" in err and "context" not in err
+
+
 def test_capture_refuses_bad_arguments(model, tmp_path, capsys):
     with pytest.raises(SystemExit):
         run_capture(model, tmp_path / "x.h5", "--queries", "some")
