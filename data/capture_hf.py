@@ -10,15 +10,23 @@ post-RoPE for rotary models) and then runs PyTorch SDPA as usual.
         --out llama32.h5
 
 Needs torch and transformers (not installed by kvq's set-up: pip install torch transformers).
+Without them the module still imports, so that main() can check its arguments and say what is
+missing in one line.
 """
 import argparse
 import os
 import sys
 
 import numpy as np
-import torch
-from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+try:
+    import torch
+    from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+except ImportError as e:
+    MISSING = str(e)  # e.g. "No module named 'transformers'"; main() reports it after the argument checks
+else:
+    MISSING = None
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvq_dump  # noqa: E402
@@ -35,7 +43,8 @@ def _capturing_attention(module, query, key, value, attention_mask, **kwargs):
     return out, weights
 
 
-AttentionInterface.register(_CAPTURE_NAME, _capturing_attention)
+if MISSING is None:
+    AttentionInterface.register(_CAPTURE_NAME, _capturing_attention)
 
 # ---- quantize-on-append (experiments/eval/kvq_eval.py) --------------------------------------------
 # A second attention function keeps each layer's K and V in a kvq cache storage (kvq.cache_storage:
@@ -100,7 +109,8 @@ def _stored_kv_attention(module, query, key, value, attention_mask, **kwargs):
     return out.to(query.dtype), weights
 
 
-AttentionInterface.register(_EVAL_NAME, _stored_kv_attention)
+if MISSING is None:
+    AttentionInterface.register(_EVAL_NAME, _stored_kv_attention)
 
 
 def run_stored(model, tokens, storages, record=False):
@@ -165,15 +175,33 @@ def main(argv=None):
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="UTF-8 text file to run the model on")
     src.add_argument("--prompt", help="text given on the command line")
-    ap.add_argument("--max-tokens", type=int, default=2048, help="truncate the tokenized text to this many tokens")
+    ap.add_argument("--max-tokens", type=int, default=2048, help="truncate the tokenized text to this many tokens "
+                                                                 "(default: %(default)s)")
     ap.add_argument("--dtype", choices=("model",) + kvq_dump.DTYPES, default="model",
                     help="stored dtype; 'model' keeps the model's own (exact)")
     ap.add_argument("--torch-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     ap.add_argument("--out", required=True, help="output dump (.h5)")
     args = ap.parse_args(argv)
 
-    text = open(args.text, encoding="utf-8").read() if args.text else args.prompt
+    # checked before the model loads (and where torch or transformers is missing too)
+    if args.max_tokens < 1:  # a negative slice bound would drop tokens from the end
+        ap.error(f"--max-tokens {args.max_tokens}: expected at least 1")
+    if args.text is not None and not os.path.isfile(args.text):
+        ap.error(f"--text {args.text}: no such file")
+    try:
+        if args.text is not None:
+            with open(args.text, encoding="utf-8") as f:
+                text = f.read()
+        else:
+            text = args.prompt
+    except UnicodeDecodeError as e:  # a Latin-1 or binary file: name it, no traceback
+        ap.error(f"--text {args.text}: not UTF-8 text ({e.reason} at byte {e.start})")
+    if MISSING:
+        print(f"kvq capture: error: --model {args.model}: a Hugging Face model needs torch and transformers, not "
+              f"installed here ({MISSING}): pip install torch transformers", file=sys.stderr)
+        return 2
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     ids = tokenizer(text, return_tensors="pt").input_ids[:, :args.max_tokens]
     if ids.shape[1] == 0:

@@ -82,6 +82,23 @@ def test_a_missing_or_malformed_checkpoint_is_one_line(tmp_path, capsys):
         assert not out.exists()
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--max-tokens", "-3"], "--max-tokens -3: expected at least 1"),  # was: the last 3 tokens dropped
+    (["--max-tokens", "0"], "--max-tokens 0: expected at least 1"),  # was: 'the text gives no tokens'
+    (["--text", "ABSENT"], "absent.txt: no such file"),
+    (["--text", "LATIN1"], "latin1.txt: not UTF-8 text (invalid continuation byte at byte 3)"),
+])
+def test_capture_hf_checks_its_arguments_before_transformers(tmp_path, capsys, args, message):
+    import capture_hf
+    (tmp_path / "latin1.txt").write_bytes("café au lait".encode("latin-1"))
+    args = [{"ABSENT": str(tmp_path / "absent.txt"), "LATIN1": str(tmp_path / "latin1.txt")}.get(a, a) for a in args]
+    text = [] if "--text" in args else ["--prompt", "once upon a time"]
+    with pytest.raises(SystemExit) as e:
+        capture_hf.main(["--model", "some/model", *text, *args, "--out", str(tmp_path / "x.h5")])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "x.h5").exists()
+
+
 def test_bundled_dump_is_recreated_bit_for_bit(tmp_path):
     out = tmp_path / "stories260k.h5"
     capture_llama2c.main(["--model", MODEL, "--tokenizer", TOKENIZER, "--tokens", "256", "--out", str(out)])
