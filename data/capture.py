@@ -47,11 +47,15 @@ def main(argv=None):
     known, rest = pre.parse_known_args(argv)
     import gguf_llama
     model_arg = known.model
-    if model_arg.endswith(".bin"):
+    if model_arg.lower().endswith(".bin"):
         import capture_llama2c
         return capture_llama2c.main(argv)
-    if not (model_arg.endswith(".gguf") or model_arg.lower() in gguf_llama.DEFAULT_NAMES):
+    if not (model_arg.lower().endswith(".gguf") or model_arg.lower() in gguf_llama.DEFAULT_NAMES):
         import capture_hf
+        why = capture_hf.why_not_loadable(model_arg, gguf_llama.DEFAULT_NAMES)
+        if why:  # before capture_hf's parser, whose options differ: a typo's --tokens is not the problem
+            print(f"kvq capture: error: {why}", file=sys.stderr)
+            return 2
         return capture_hf.main(argv)
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

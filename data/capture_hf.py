@@ -10,10 +10,11 @@ post-RoPE for rotary models) and then runs PyTorch SDPA as usual.
         --out llama32.h5
 
 Needs torch and transformers (not installed by kvq's set-up: pip install torch transformers).
-Without them the module still imports, so that main() can check its arguments and say what is
-missing in one line.
+Without them the module still imports, so that main() can check its arguments and the model name
+and say what is missing in one line (capture.py and kvq_eval.py route here).
 """
 import argparse
+import difflib
 import os
 import sys
 
@@ -165,6 +166,23 @@ def capture(model, input_ids):
     return [records[i] for i in range(n_layers)], outputs.past_key_values
 
 
+def why_not_loadable(model, bundled=()):
+    """'' when transformers may load `model` here, else one line saying why not: a name that reached
+    the Hugging Face path by a typo (of a bundled name, or of a file's extension) should not end in
+    'No module named transformers'. bundled: the model names the calling tool knows."""
+    if os.path.isfile(model):  # from_pretrained takes an id or a folder, never a file
+        return (f"--model {model}: a file, but not a GGUF (.gguf) or llama2.c (.bin) one (a Hugging Face model is "
+                "an id or a folder)")
+    if MISSING is None:
+        return ""
+    need = f"needs torch and transformers, not installed here ({MISSING}): pip install torch transformers"
+    if os.path.isdir(model):
+        return f"--model {model}: a Hugging Face model folder {need}"
+    close = difflib.get_close_matches(model.lower(), bundled, n=1)
+    return (f"--model {model}: neither a file nor a bundled model ({', '.join(bundled)})"
+            + (f" (did you mean {close[0]}?)" if close else "") + f"; as a Hugging Face model id it {need}")
+
+
 def to_numpy(t):
     return t.to(torch.float32).cpu().numpy()
 
@@ -197,9 +215,10 @@ def main(argv=None):
             text = args.prompt
     except UnicodeDecodeError as e:  # a Latin-1 or binary file: name it, no traceback
         ap.error(f"--text {args.text}: not UTF-8 text ({e.reason} at byte {e.start})")
-    if MISSING:
-        print(f"kvq capture: error: --model {args.model}: a Hugging Face model needs torch and transformers, not "
-              f"installed here ({MISSING}): pip install torch transformers", file=sys.stderr)
+    import gguf_llama  # the names capture.py routes to a GGUF file: a typo of one ends here
+    why = why_not_loadable(args.model, gguf_llama.DEFAULT_NAMES)
+    if why:
+        print(f"kvq capture: error: {why}", file=sys.stderr)
         return 2
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(args.model)

@@ -140,7 +140,7 @@ class GgufRunner:
 
 def is_gguf(model):
     import gguf_llama
-    return model.endswith(".gguf") or model.lower() in gguf_llama.DEFAULT_NAMES
+    return model.lower().endswith(".gguf") or model.lower() in gguf_llama.DEFAULT_NAMES
 
 
 class HfRunner:
@@ -593,10 +593,10 @@ def main(argv=None):
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         ap.error(f"--out {args.out}: exists and is not a folder")
 
-    if args.model in BUNDLED_NAMES:
+    if args.model.lower() in BUNDLED_NAMES:
         args.model = BUNDLED_MODEL
     gguf = is_gguf(args.model)
-    llama2c = args.model.endswith(".bin")  # a mistyped path too: not a Hugging Face name
+    llama2c = args.model.lower().endswith(".bin")  # a mistyped path too: not a Hugging Face name
     if args.text is None:
         args.text = BUNDLED_TEXT if args.model == BUNDLED_MODEL else REAL_TEXT
     if args.max_tokens is None and gguf and args.ctx is None:
@@ -608,6 +608,13 @@ def main(argv=None):
             text = f.read().strip()
     except UnicodeDecodeError as e:  # a Latin-1 or binary file: name it, no traceback
         ap.error(f"--text {args.text}: not UTF-8 text ({e.reason} at byte {e.start})")
+    if not (gguf or llama2c or args.model.startswith("random:")):
+        import capture_hf
+        import gguf_llama
+        why = capture_hf.why_not_loadable(args.model, gguf_llama.DEFAULT_NAMES + BUNDLED_NAMES[:1])
+        if why:  # a typo of a bundled name lands here: one line, not transformers' traceback
+            print(f"kvq eval: error: {why}", file=sys.stderr)
+            return 2
     try:
         engine = make_engine(args, gguf, llama2c, text)
     except (OSError, ValueError) as e:

