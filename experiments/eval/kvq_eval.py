@@ -64,7 +64,7 @@ MODELS = os.path.join(ROOT, "data", "models", "stories260K")
 BUNDLED_MODEL, BUNDLED_TOKENIZER = os.path.join(MODELS, "stories260K.bin"), os.path.join(MODELS, "tok512.bin")
 BUNDLED_TEXT = os.path.join(ROOT, "data", "texts", "tinystory.txt")
 REAL_TEXT = os.path.join(ROOT, "data", "texts", "kvq_essays.txt")
-BUNDLED_NAMES = ("stories260k", "stories260K")
+BUNDLED_NAMES = ("stories260k",)  # matched in any case
 STORAGES = sequence_eval.STORAGES
 
 
@@ -611,7 +611,7 @@ def main(argv=None):
     if not (gguf or llama2c or args.model.startswith("random:")):
         import capture_hf
         import gguf_llama
-        why = capture_hf.why_not_loadable(args.model, gguf_llama.DEFAULT_NAMES + BUNDLED_NAMES[:1])
+        why = capture_hf.why_not_loadable(args.model, gguf_llama.DEFAULT_NAMES + BUNDLED_NAMES)
         if why:  # a typo of a bundled name lands here: one line, not transformers' traceback
             print(f"kvq eval: error: {why}", file=sys.stderr)
             return 2
