@@ -163,6 +163,33 @@ def test_kvq_files_carry_checksums_and_a_flipped_data_byte_is_a_checksum_error(t
 
 
 
+def test_a_dump_compressed_with_a_filter_hdf5_lacks_is_named_not_called_corrupt(tmp_path):
+    """h5py's lzf is not in libhdf5: such a dump is a valid file kvq cannot decode (exit 3), not a corrupt one."""
+    def dump(path, k):
+        with h5py.File(path, "w") as f:
+            f.attrs.update(kvq_schema=np.int64(1), source="lzf", created_by="h5py", rope="none")
+            g = f.create_group("layers/0")
+            g.attrs.update(num_q_heads=2, num_kv_heads=1, head_dim=8)
+            g.create_dataset("k", data=k, compression="lzf", chunks=(1, 1, 16, 8))
+            g.create_dataset("v", data=np.zeros_like(k))
+    k = np.zeros((1, 1, 32, 8), np.float32)
+    k[0, 0, 16:] = np.random.default_rng(0).normal(size=(16, 8))  # noise lzf cannot shrink: stored unfiltered
+    path = tmp_path / "lzf.h5"
+    dump(path, k)
+    with h5py.File(path) as f:  # chunk 0 went through lzf, chunk 1 skipped it
+        assert [f["layers/0/k"].id.get_chunk_info(i).filter_mask for i in range(2)] == [0, 1]
+    for args in (["inspect", path], ["sweep", path, "--k", "int8-head", "--v", "int8-head", "--out", tmp_path / "s"]):
+        r = kvq(*args)
+        assert r.returncode == 3, r.stderr
+        assert one_line(r).startswith(f"kvq: error: {path}: /layers/0/k: chunk [0, 0, 0, 0] is stored through HDF5 "
+                                      "filter 32000 ('lzf'), which this HDF5 library cannot decode")
+    assert not (tmp_path / "s" / "sweep.csv").exists()
+    k[0, 0, :16] = np.random.default_rng(1).normal(size=(16, 8))  # no chunk went through lzf: readable
+    dump(path, k)
+    r = kvq("inspect", path)
+    assert r.returncode == 0, r.stderr
+
+
 def test_bench_quantize_names_a_bad_input_before_it_touches_the_gpu():
     r = kvq("bench-quantize", "--input", "uniform,gaussian-rows,normal", "--csv", "/nonexistent/never-written.csv")
     if "built without CUDA" in r.stderr:
