@@ -24,7 +24,9 @@ struct QuantizeArgs {
 // /layers/<L>/<name>/{codes, scales, zero_points, dequantized} and the scheme as attributes.
 // (+had: codes and dequantized values are in the rotated basis, the SQNR against the rotated input.)
 // mxfp4 / nvfp4 scales are their e8m0 / e4m3 bytes; nvfp4's tensor scale is the attribute tensor_scale.
-double write_tensor(H5Writer& f, const std::string& group, const QuantizedKv& q, const std::vector<float>& original) {
+// `original`: the input with its padding filled (padding_filled); the SQNR is over valid tokens.
+double write_tensor(H5Writer& f, const std::string& group, const QuantizedKv& q, const std::vector<float>& original,
+                    const std::vector<int32_t>& seq_lens) {
   const Scheme& s = q.scheme;
   const KvShape& x = q.shape;
   const std::vector<float> values = dequantize(q);
@@ -43,7 +45,10 @@ double write_tensor(H5Writer& f, const std::string& group, const QuantizedKv& q,
   f.write_floats(group + "/dequantized", {x.batch, x.heads, x.tokens, x.head_dim}, values, StoredDtype::kFp32);
   std::vector<float> reference = original;
   if (s.hadamard) rotate_rows(reference, x.head_dim, s.rotation_block(x.head_dim));
-  const double sqnr = sqnr_db(reference, values);
+  std::vector<float> valid = values;
+  zero_padding(reference, x, seq_lens);
+  zero_padding(valid, x, seq_lens);
+  const double sqnr = sqnr_db(reference, valid);
   f.set_attr(group, "scheme", to_string(s));
   f.set_attr(group, "bits", static_cast<int64_t>(s.bits));
   f.set_attr(group, "granularity", granularity_name(s.granularity));
@@ -88,10 +93,13 @@ int run(const QuantizeArgs& a) {
     const std::string group = "/layers/" + std::to_string(index);
     const std::string where = a.in + " layer " + std::to_string(index);
     const int32_t* lens = layer.seq_lens.empty() ? nullptr : layer.seq_lens.data();
-    const double ks = write_tensor(
-        f, group + "/k", quantize(KvView::bnsh(layer.k.data(), layer.kv_shape), k_scheme, where + " K", lens), layer.k);
-    const double vs = write_tensor(
-        f, group + "/v", quantize(KvView::bnsh(layer.v.data(), layer.kv_shape), v_scheme, where + " V", lens), layer.v);
+    // Padding may hold anything (NaN too): it must neither fail the run nor move a scale.
+    const std::vector<float> k = padding_filled(layer.k, layer.kv_shape, layer.seq_lens),
+                             v = padding_filled(layer.v, layer.kv_shape, layer.seq_lens);
+    const double ks = write_tensor(f, group + "/k", quantize(KvView::bnsh(k.data(), layer.kv_shape), k_scheme, where + " K", lens),
+                                   k, layer.seq_lens);
+    const double vs = write_tensor(f, group + "/v", quantize(KvView::bnsh(v.data(), layer.kv_shape), v_scheme, where + " V", lens),
+                                   v, layer.seq_lens);
     fmt::print("{:>5}  {:<23} {:>8.2f}  {:<23} {:>8.2f}\n", index, to_string(k_scheme), ks, to_string(v_scheme), vs);
   }
   f.close();

@@ -19,6 +19,13 @@ namespace kvq {
 // with the layer's softmax scale, ALiBi flag and sequence lengths.
 AttentionProblem attention_problem(const KvLayer& layer, const std::vector<float>& k, const std::vector<float>& v);
 
+// Padding (t >= seq_lens[b]) may hold anything, NaN too, and must not influence a result. The
+// quantizers see it filled with the entry's last valid token (an empty entry: another entry's, else
+// zeros): values its scale groups already hold, so per-tensor and per-channel statistics are those of
+// the valid tokens. Reconstruction errors are taken with the padding zeroed on both sides.
+std::vector<float> padding_filled(const std::vector<float>& x, const KvShape& shape, const std::vector<int32_t>& seq_lens);
+void zero_padding(std::vector<float>& x, const KvShape& shape, const std::vector<int32_t>& seq_lens);
+
 // +had in the sweep: every D-row of `x` rotated by the codec's fp32 transform (K, Q); and O rotated
 // back in fp64 (a +had V: O = H (P · H V), H symmetric and orthogonal).
 void rotate_rows(std::vector<float>& x, int64_t head_dim, int64_t block);

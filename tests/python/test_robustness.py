@@ -190,6 +190,38 @@ def test_a_dump_compressed_with_a_filter_hdf5_lacks_is_named_not_called_corrupt(
     assert r.returncode == 0, r.stderr
 
 
+def test_padding_never_moves_a_sweep_or_quantize_result_not_even_nan(tmp_path):
+    """Positions t >= seq_len may hold anything (docs/data.md): results are those of the valid tokens."""
+    rng = np.random.default_rng(7)
+    k, v = (rng.normal(size=(3, 2, 40, 32)).astype(np.float32) for _ in range(2))
+    k[..., 5] += 4  # a one-signed channel: a padding value outside its range would widen its groups
+    q = rng.normal(size=(3, 4, 1, 32)).astype(np.float32)
+    lens = np.array([40, 30, 0])
+    valid = np.broadcast_to(np.arange(40)[None, None, :, None] < lens[:, None, None, None], k.shape)
+    csvs, dequantized = [], []
+    for i, fill in enumerate([0.0, 50.0, np.nan]):
+        path = tmp_path / f"pad{i}.h5"
+        kvq_dump.write_dump(path, [{"k": np.where(valid, k, fill), "v": np.where(valid, v, fill), "q": q,
+                                    "num_q_heads": 4}], source="pad", created_by="test", rope="none", seq_lens=lens)
+        r = kvq("sweep", path, "--k", "int8-tensor,int4-tensor-asym,int4-chan-t32-asym,q4_1", "--v",
+                "int8-token,int4-tensor-asym", "--out", tmp_path / f"s{i}", "--no-latency")
+        assert r.returncode == 0, r.stderr
+        csvs.append((tmp_path / f"s{i}" / "sweep.csv").read_text())
+        out = tmp_path / f"q{i}.h5"
+        r = kvq("quantize", path, "--k", "int4-chan-t32-asym", "--v", "int4-tensor-asym", "--out", out)
+        assert r.returncode == 0, r.stderr
+        with h5py.File(out) as f:
+            for name, x in (("k", k), ("v", v)):
+                x_hat = f[f"layers/0/{name}/dequantized"][...]
+                err = np.where(valid, x_hat.astype(np.float64) - x, 0)
+                want = 10 * np.log10((np.where(valid, x, 0).astype(np.float64) ** 2).sum() / (err ** 2).sum())
+                assert f[f"layers/0/{name}"].attrs["sqnr_db"] == pytest.approx(want, rel=1e-9)  # valid tokens only
+                dequantized.append(x_hat[valid])
+    assert csvs[1] == csvs[0] and csvs[2] == csvs[0]
+    for i in range(2, 6):
+        np.testing.assert_array_equal(dequantized[i], dequantized[i % 2])
+
+
 def test_bench_quantize_names_a_bad_input_before_it_touches_the_gpu():
     r = kvq("bench-quantize", "--input", "uniform,gaussian-rows,normal", "--csv", "/nonexistent/never-written.csv")
     if "built without CUDA" in r.stderr:
