@@ -70,7 +70,8 @@ int run(const QuantizeArgs& a) {
   const Scheme k_scheme = parse_scheme(a.k_scheme), v_scheme = parse_scheme(a.v_scheme);
   const DumpInfo info = open_dump_checked(a.in, a.layers);
   const std::vector<size_t> layers = select_layers(info, a.layers);
-  for (const LayerInfo& l : info.layers) {  // before the output file exists
+  for (size_t i : layers) {  // before the output file exists; only the layers asked for (D may differ)
+    const LayerInfo& l = info.layers[i];
     try {
       check_scheme_fits(k_scheme, static_cast<int>(l.head_dim));
       check_scheme_fits(v_scheme, static_cast<int>(l.head_dim));

@@ -27,9 +27,11 @@ int run(const ReferenceArgs& a) {
     throw InputError(fmt::format("--scale {}: the softmax scale must be positive and finite", *a.scale));
   refuse_output_over_input(a.out, a.in);
   const DumpInfo info = open_dump_checked(a.in, a.layers);
-  for (const LayerInfo& l : info.layers)
-    if (!l.q) throw DumpError(fmt::format("{}: /layers/{}/q: missing dataset (kvq reference needs decode queries)", a.in, l.name));
   const std::vector<size_t> layers = select_layers(info, a.layers);
+  for (size_t i : layers)  // the layers asked for: another one may have no queries
+    if (!info.layers[i].q)
+      throw DumpError(fmt::format("{}: /layers/{}/q: missing dataset (kvq reference needs decode queries)", a.in,
+                                  info.layers[i].name));
   H5Writer f(a.out);
   f.set_attr("/", "kvq_reference", int64_t{1});
   f.set_attr("/", "source", info.source);

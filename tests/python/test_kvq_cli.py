@@ -191,6 +191,28 @@ def test_an_output_over_the_input_dump_is_refused_and_the_dump_kept(tmp_path, co
     assert r.returncode == 0, r.stderr
 
 
+def test_layers_checks_only_the_layers_asked_for(tmp_path):
+    """A layer left out by --layers may lack Q (reference) or have a head_dim the scheme does not fit (quantize)."""
+    rng = np.random.default_rng(2)
+    kv = lambda d: rng.normal(size=(1, 2, 6, d)).astype(np.float32)  # noqa: E731
+    path = tmp_path / "mixed.h5"
+    kvq_dump.write_dump(path, [{"k": kv(12), "v": kv(12), "num_q_heads": 2},
+                               {"k": kv(16), "v": kv(16), "q": rng.normal(size=(1, 2, 1, 16)), "num_q_heads": 2}],
+                        source="mixed", created_by="test", rope="none")
+    r = kvq("reference", path, "--layers", "1", "--out", tmp_path / "r.h5")
+    assert r.returncode == 0, r.stderr
+    with h5py.File(tmp_path / "r.h5") as f:
+        assert list(f["layers"]) == ["1"] and f["layers/1/o"].shape == (1, 2, 1, 16)
+    r = kvq("quantize", path, "--k", "int4-g16", "--v", "int8-head", "--layers", "1", "--out", tmp_path / "q.h5")
+    assert r.returncode == 0, r.stderr
+    r = kvq("reference", path, "--out", tmp_path / "r0.h5")  # every layer: layer 0 is still named
+    assert (r.returncode, r.stderr) == (3, f"kvq: error: {path}: /layers/0/q: missing dataset (kvq reference needs "
+                                           "decode queries)\n")
+    r = kvq("quantize", path, "--k", "int4-g16", "--v", "int8-head", "--out", tmp_path / "q0.h5")
+    assert r.returncode == 3 and r.stderr.startswith(f"kvq: error: {path}: /layers/0: int4-g16: group size 16"), r.stderr
+    assert not (tmp_path / "r0.h5").exists() and not (tmp_path / "q0.h5").exists()
+
+
 @pytest.mark.parametrize("command,made_by", [(["quantize", "--k", "int8-head", "--v", "int4-g8-asym"], "kvq quantize"),
                                              (["reference"], "kvq reference")])
 def test_an_output_of_quantize_or_reference_read_as_a_dump_is_named(tmp_path, command, made_by):
