@@ -54,6 +54,7 @@ struct FailedDump {
 int run(const SweepArgs& a) {
   for (const std::string& list : {a.k_schemes, a.v_schemes})  // unknown names: before any work
     if (!list.empty()) parse_scheme_list(list);
+  refuse_repeated_dumps(a.dumps, "sweep");
   std::vector<SweepRow> rows;
   nlohmann::json sources = nlohmann::json::array();
   std::vector<std::string> notes;

@@ -35,6 +35,7 @@ void progress(const std::string& text) {
 WorkPlan plan_sweep(const SweepStudy& study, int shards) {
   for (const std::string& list : {study.k_schemes, study.v_schemes})  // unknown names: before any file is read
     if (!list.empty()) parse_scheme_list(list);
+  refuse_repeated_dumps(study.dumps, "plan sweep");
   WorkPlan plan;
   plan.kind = "sweep";
   plan.shards = shards;

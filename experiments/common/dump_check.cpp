@@ -162,6 +162,16 @@ void read_dump_fully(const std::string& path, const std::vector<int>& layers) {
   if (info.has_tokens) read_tokens(info);
 }
 
+void refuse_repeated_dumps(const std::vector<std::string>& dumps, const std::string& command) {
+  for (size_t i = 0; i < dumps.size(); ++i)
+    for (size_t j = 0; j < i; ++j) {
+      std::error_code error;
+      if (dumps[i] == dumps[j] || std::filesystem::equivalent(dumps[i], dumps[j], error))
+        throw InputError(fmt::format("{}: {} is given twice (as {}): its rows would count twice", command, dumps[i],
+                                     dumps[j]));
+    }
+}
+
 void refuse_output_over_input(const std::string& out, const std::string& input) {
   std::error_code error;
   if (std::filesystem::equivalent(out, input, error))

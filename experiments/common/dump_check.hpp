@@ -27,6 +27,9 @@ DumpInfo open_dump_checked(const std::string& path, const std::vector<int>& laye
 // would replace the dump it was read from.
 void refuse_output_over_input(const std::string& out, const std::string& input);
 
+// An InputError when one dump is given twice (any path to it): each of its rows would count twice.
+void refuse_repeated_dumps(const std::vector<std::string>& dumps, const std::string& command);
+
 // What the child runs: open_dump, then every selected layer (all when `layers` is empty), whole as
 // the commands read them, and the token ids.
 void read_dump_fully(const std::string& path, const std::vector<int>& layers);

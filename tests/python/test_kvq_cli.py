@@ -213,6 +213,17 @@ def test_layers_checks_only_the_layers_asked_for(tmp_path):
     assert not (tmp_path / "r0.h5").exists() and not (tmp_path / "q0.h5").exists()
 
 
+def test_a_dump_given_twice_is_refused_before_any_work(tmp_path):
+    (tmp_path / "link.h5").symlink_to(BUNDLED)
+    for name, command in (("sweep", ["sweep"]), ("plan sweep", ["plan", "sweep", "--shards", "2"])):
+        for again in (BUNDLED, tmp_path / "link.h5"):
+            out = tmp_path / "out"
+            r = kvq(*command, BUNDLED, again, "--k", "int8-head", "--out", out)
+            assert (r.returncode, r.stderr) == (3, f"kvq: error: {name}: {again} is given twice (as {BUNDLED}): its "
+                                                   "rows would count twice\n")
+            assert not out.exists()
+
+
 @pytest.mark.parametrize("command,made_by", [(["quantize", "--k", "int8-head", "--v", "int4-g8-asym"], "kvq quantize"),
                                              (["reference"], "kvq reference")])
 def test_an_output_of_quantize_or_reference_read_as_a_dump_is_named(tmp_path, command, made_by):
