@@ -1,7 +1,7 @@
 """The decode cases kvq.gate runs, and the arrays each hands a kernel (python/kvq/gate.py is the API).
 
 A case is a shape and its sequence lengths (CaseSpec). Its inputs are built the way the C++ gate
-builds them (experiments/gate/validate_decode.cpp): random values with outlier channels, Q rounded to
+builds them (experiments/gate/decode_gate_case.cpp): random values with outlier channels, Q rounded to
 bf16, K and V stored raw (bf16 / fp16 values) or quantized by kvq's codec, and every position a
 kernel must not read — tokens >= seq_len, the tail of a sequence's last page, unused pages and page
 table entries past a sequence's pages, the scales of groups that hold only such tokens — poisoned.
