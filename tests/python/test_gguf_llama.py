@@ -59,11 +59,11 @@ def tiny_vocab():
     return tokens, merges
 
 
-def hf_weights(seed=0, tied=True):
+def hf_weights(seed=0, tied=True, vocab_size=None):
     """Random weights in Hugging Face layout (Q/K rows in half-split RoPE order), Checkpoint's names."""
     rng = np.random.default_rng(seed)
     tokens, _ = tiny_vocab()
-    V = len(tokens)
+    V = vocab_size or len(tokens)
     r = lambda *s: (rng.standard_normal(s) * 0.2).astype(np.float32)  # noqa: E731
     w = {"emb": r(V, DIM), "rms_final": 1 + r(DIM), "rms_att": 1 + r(LAYERS, DIM), "rms_ffn": 1 + r(LAYERS, DIM),
          "wq": r(LAYERS, HQ * D, DIM), "wk": r(LAYERS, HKV * D, DIM), "wv": r(LAYERS, HKV * D, DIM),
@@ -78,8 +78,11 @@ QTYPES = {"emb": Q.Q8_0, "wcls": Q.Q8_0, "rms_final": Q.F32, "rms_att": Q.F32, "
           "wk": Q.Q4_1, "wv": Q.Q4_1, "wo": Q.Q4_1, "w1": Q.Q4_1, "w2": Q.Q4_1, "w3": Q.Q4_1}
 
 
-def write_gguf(path, weights, arch="llama", skip_keys=(), skip_tensors=(), pre="smollm", add_bos=True):
-    """Writes weights (HF layout) as a llama.cpp-style GGUF: Q/K rows permuted by the converter's rule."""
+def write_gguf(path, weights, arch="llama", skip_keys=(), skip_tensors=(), pre="smollm", add_bos=True, spm=None,
+               tokenizer_model=None):
+    """Writes weights (HF layout) as a llama.cpp-style GGUF: Q/K rows permuted by the converter's rule.
+    spm: a SentencePiece vocabulary (tokens, scores, types) written as tokenizer.ggml.model "llama" in
+    place of the byte-level BPE one; tokenizer_model: another tokenizer.ggml.model name."""
     tokens, merges = tiny_vocab()
     w = gguf.GGUFWriter(str(path), arch)
     keys = [
@@ -101,6 +104,18 @@ def write_gguf(path, weights, arch="llama", skip_keys=(), skip_tensors=(), pre="
         ("tokenizer.ggml.eos_token_id", lambda: w.add_eos_token_id(0)),
         ("tokenizer.ggml.add_bos_token", lambda: w.add_add_bos_token(add_bos)),
     ]
+    if spm is not None:
+        keys = [k for k in keys if not k[0].startswith("tokenizer.")] + [
+            ("tokenizer.ggml.model", lambda: w.add_tokenizer_model("llama")),
+            ("tokenizer.ggml.tokens", lambda: w.add_token_list(spm[0])),
+            ("tokenizer.ggml.scores", lambda: w.add_token_scores(spm[1])),
+            ("tokenizer.ggml.token_type", lambda: w.add_token_types(spm[2])),
+            ("tokenizer.ggml.bos_token_id", lambda: w.add_bos_token_id(1)),
+            ("tokenizer.ggml.eos_token_id", lambda: w.add_eos_token_id(2)),
+            ("tokenizer.ggml.add_bos_token", lambda: w.add_add_bos_token(add_bos))]
+    if tokenizer_model is not None:
+        keys = [k for k in keys if k[0] != "tokenizer.ggml.model"] + [
+            ("tokenizer.ggml.model", lambda: w.add_tokenizer_model(tokenizer_model))]
     for key, add in keys:
         if key not in skip_keys:
             add()
@@ -382,6 +397,146 @@ def test_tokenizer_pre_types(tmp_path):
     path = write_gguf(tmp_path / "x.gguf", hf_weights(), pre="no-such-pre")
     with pytest.raises(ValueError, match=r"x\.gguf: tokenizer\.ggml\.pre is 'no-such-pre'"):
         gguf_llama.GgufTokenizer.from_gguf(str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# The SentencePiece ("llama") tokenizer against llama2.c's (the bundled stories260K vocabulary)
+# ---------------------------------------------------------------------------------------------
+
+TOK512 = os.path.join(ROOT, "data", "models", "stories260K", "tok512.bin")
+
+
+def tok512_reference():
+    import capture_llama2c
+    return capture_llama2c.Tokenizer(TOK512, 512)
+
+
+def tok512_spm():
+    """tok512.bin as GGUF tokenizer metadata: the SentencePiece pieces ("▁" where llama2.c's exporter
+    wrote a space), their scores, the token types llama.cpp's converter gives (<unk> unknown, <s> and
+    </s> control, <0xXX> byte, the rest normal)."""
+    ref = tok512_reference()
+    pieces = [p.decode("utf-8").replace(" ", "\u2581") for p in ref.pieces]
+    pieces[:3] = ["<unk>", "<s>", "</s>"]  # llama2.c wrote "\n<s>\n" and "\n</s>\n"
+    assert pieces[3] == "<0x00>" and pieces[258] == "<0xFF>"
+    types = [2, 3, 3] + [6] * 256 + [1] * (len(pieces) - 259)
+    return pieces, ref.scores, types
+
+
+def spm_corpus():
+    """The bundled texts whole and line by line, and the awkward cases."""
+    texts = []
+    for name in sorted(os.listdir(os.path.join(ROOT, "data", "texts"))):
+        with open(os.path.join(ROOT, "data", "texts", name), encoding="utf-8") as f:
+            whole = f.read()
+        texts += [whole] + [line for line in whole.splitlines() if line.strip()]
+    return texts + ["", " ", "   ", "x", "  two  spaces  and   three ", " leading", "trailing ", "a\nb\n\n c\n",
+                    "\ttabs\tand\r\nCRLF", "Ünïcödé naïve café — “quotes” ½ °C", "emoji 🙂🚀 and 日本語のテキスト",
+                    "ÿ\x00\x7f control bytes", "<s>Once</s> upon <unk> a time",
+                    "Lily's dog didn't run; it's 3:45pm!!", "a" * 300, "The end." * 40]
+
+
+def test_llama_tokenizer_matches_llama2c_on_a_corpus():
+    """tokenizer.ggml.model "llama" gives the ids of llama2.c's encoder (the same greedy best-score
+    merges with <0xXX> byte fallback), BOS first, and decodes back to the text."""
+    ref = tok512_reference()
+    tokens, scores, types = tok512_spm()
+    tok = gguf_llama.GgufTokenizer({"model": "llama", "tokens": tokens, "scores": scores, "token_type": types,
+                                    "bos_id": 1, "eos_id": 2, "add_bos": True})
+    corpus = spm_corpus()
+    assert len(corpus) >= 80
+    for text in corpus:
+        ids = tok.encode(text)
+        assert ids == ref.encode(text), repr(text[:60])
+        assert tok.decode(ids) == text, repr(text[:60])
+    ids = tok.encode("emoji 🙂")
+    assert [tokens[i] for i in ids[-4:]] == ["<0xF0>", "<0x9F>", "<0x99>", "<0x82>"]  # byte fallback
+    assert tokens[tok.encode(" x")[1]] == "\u2581"  # the prefix space and the text's own stay two
+    assert tok.decode(tok.encode("<s>hi</s>") + [2]) == "<s>hi</s>"  # control tokens: text in, nothing out
+    # a "▁" in the text is a space to llama.cpp (llama2.c's vocabulary has no "▁" to compare with)
+    assert tok.encode("a\u2581b\u2581") == tok.encode("a b ") and tok.decode(tok.encode("\u2581a")) == " a"
+
+
+def spm_vocab(pieces_scores, user=()):
+    """A hand-made SentencePiece vocabulary: <unk>, <s>, </s>, the 256 byte tokens, then pieces."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    scores = [0.0] * len(tokens)
+    for piece, score in pieces_scores:
+        tokens.append(piece)
+        scores.append(score)
+        types.append(4 if piece in user else 1)
+    return {"model": "llama", "tokens": tokens, "scores": scores, "token_type": types, "bos_id": 1, "eos_id": 2,
+            "add_bos": False, "add_space_prefix": False}
+
+
+def spm_pieces(tok, text):
+    return [tok.meta["tokens"][i] for i in tok.encode(text)]
+
+
+def test_llama_tokenizer_merges_the_best_score_first_and_the_leftmost_of_equals():
+    chars = [("a", -10.0), ("b", -10.0), ("c", -10.0), ("\u2581", -10.0)]
+    # "bc" scores above "ab": merged first although it is to the right; "▁ab" then needs ▁ + ab
+    tok = gguf_llama.GgufTokenizer(spm_vocab(chars + [("ab", -2.0), ("bc", -1.0), ("\u2581a", -3.0)]))
+    assert spm_pieces(tok, "abc") == ["a", "bc"]
+    tok = gguf_llama.GgufTokenizer(spm_vocab(chars + [("ab", -1.0), ("bc", -2.0), ("\u2581a", -3.0)]))
+    assert spm_pieces(tok, "abc") == ["ab", "c"]
+    # "ab" (-1) beats "▁a" (-3) in " ab" although "▁a" is leftmost; then "▁" + "ab" is "▁ab"
+    tok = gguf_llama.GgufTokenizer(spm_vocab(chars + [("ab", -1.0), ("\u2581a", -3.0), ("\u2581ab", -9.0)]))
+    assert spm_pieces(tok, " abc") == ["\u2581ab", "c"]
+    tok = gguf_llama.GgufTokenizer(spm_vocab(chars + [("ab", -1.0), ("\u2581a", -3.0)]))
+    assert spm_pieces(tok, " abc") == ["\u2581", "ab", "c"]
+    # equal scores: the leftmost pair, whichever token it makes; no fixed merge ranking (a BPE's) gives both
+    tok = gguf_llama.GgufTokenizer(spm_vocab(chars + [("ba", -1.0), ("ab", -1.0)]))
+    assert spm_pieces(tok, "aba") == ["ab", "a"]
+    assert spm_pieces(tok, "bab") == ["ba", "b"]
+    # a piece left unknown falls back to its bytes; the prefix space is asked for by the file
+    meta = spm_vocab(chars)
+    meta["add_space_prefix"] = True
+    tok = gguf_llama.GgufTokenizer(meta)
+    assert spm_pieces(tok, "aé") == ["\u2581", "a", "<0xC3>", "<0xA9>"]
+    assert tok.decode(tok.encode("aé")) == "aé"
+
+
+def test_llama_tokenizer_user_defined_tokens_are_matched_whole():
+    tok = gguf_llama.GgufTokenizer(spm_vocab([("a", -1.0), ("\u2581", -1.0), ("<tool>", 0.0), ("<", -1.0)],
+                                             user=("<tool>",)))
+    assert spm_pieces(tok, "a<tool>a <") == ["a", "<tool>", "a", "\u2581", "<"]
+    meta = tok.meta
+    meta["add_space_prefix"] = True  # every fragment after a token gets the prefix space, as in llama.cpp
+    tok = gguf_llama.GgufTokenizer(meta)
+    assert spm_pieces(tok, "a<tool>a") == ["\u2581", "a", "<tool>", "\u2581", "a"]
+    assert tok.decode(tok.encode("a<tool>a")) == "a<tool>a"
+
+
+def test_capture_runs_a_gguf_with_a_llama_tokenizer(tmp_path):
+    """data/capture.py on a GGUF whose tokenizer is SentencePiece: the dump's tokens are llama2.c's ids
+    of the text; the cached tokenizer (a second load) gives them again."""
+    h5py = pytest.importorskip("h5py")
+    import capture
+    tokens, scores, types = tok512_spm()
+    path = write_gguf(tmp_path / "spm.gguf", hf_weights(7, vocab_size=len(tokens)), spm=(tokens, scores, types))
+    text = os.path.join(ROOT, "data", "texts", "tinystory.txt")
+    with open(text, encoding="utf-8") as f:
+        expect = tok512_reference().encode(f.read().strip())[:48]
+    out = tmp_path / "spm.h5"
+    assert capture.main(["--model", str(path), "--text", text, "--cache-dir", str(tmp_path / "c"), "--tokens", "48",
+                         "--out", str(out)]) == 0
+    with h5py.File(out, "r") as f:
+        assert [int(t) for t in f["tokens"][0]] == expect
+    m = gguf_llama.GgufLlama(str(path), cache_dir=tmp_path / "c")
+    assert "tokenizer.json" not in os.listdir(tmp_path / "c")
+    assert m.meta["tokenizer"]["model"] == "llama" and m.tokenizer.add_bos
+    assert m.tokenizer.encode("Once upon a time") == tok512_reference().encode("Once upon a time")
+
+
+@pytest.mark.parametrize("model", ["bert", "t5", "rwkv"])
+def test_an_unsupported_tokenizer_model_is_named(tmp_path, model):
+    path = write_gguf(tmp_path / "t.gguf", hf_weights(), tokenizer_model=model)
+    with pytest.raises(ValueError, match=rf"t\.gguf: tokenizer\.ggml\.model is '{model}'; kvq reads the "
+                                         r"tokenizers 'gpt2' \(byte-level BPE\), 'llama' \(SentencePiece\)"):
+        gguf_llama.GgufLlama(str(path), cache_dir=tmp_path / "c")
+    assert not os.path.exists(tmp_path / "c")
 
 
 # ---------------------------------------------------------------------------------------------
