@@ -1,13 +1,13 @@
 // kvq bench-cpu: timing of the fp64 reference on the DESIGN.md decode shapes.
 #include <fmt/format.h>
 
-#include <fstream>
 #include <memory>
 
 #include "experiments/bench/bench_cpu.hpp"
 #include "experiments/cli/commands.hpp"
 #include "experiments/cli/number_checks.hpp"
 #include "experiments/common/run_info.hpp"
+#include "experiments/sweep/sweep_checkpoint.hpp"
 #include "quant/errors.hpp"
 
 namespace kvq {
@@ -37,14 +37,13 @@ int run(const BenchArgs& a) {
     timings.push_back(t);
   }
   if (a.csv.empty()) return 0;
-  std::ofstream out(a.csv);
-  if (!out) throw InputError(fmt::format("cannot write '{}'", a.csv));
-  out << "shape,B,HQ,HKV,T,D,impl,dtype,threads,reps,median_ms,p10_ms,p90_ms,gflops,kv_gbps,cpu,kvq_commit\n";
+  std::string text = "shape,B,HQ,HKV,T,D,impl,dtype,threads,reps,median_ms,p10_ms,p90_ms,gflops,kv_gbps,cpu,kvq_commit\n";
   for (const CpuTiming& t : timings)
-    out << fmt::format("{},{},{},{},{},{},kvq-reference,fp64,{},{},{:.6f},{:.6f},{:.6f},{:.4f},{:.4f},\"{}\",{}\n",
-                       t.shape.group, t.shape.batch, t.shape.q_heads, t.shape.kv_heads, t.shape.tokens,
-                       t.shape.head_dim, threads, t.reps, t.median_ms, t.p10_ms, t.p90_ms, t.gflops, t.kv_gbps, cpu,
-                       kvq_commit());
+    text += fmt::format("{},{},{},{},{},{},kvq-reference,fp64,{},{},{:.6f},{:.6f},{:.6f},{:.4f},{:.4f},\"{}\",{}\n",
+                        t.shape.group, t.shape.batch, t.shape.q_heads, t.shape.kv_heads, t.shape.tokens,
+                        t.shape.head_dim, threads, t.reps, t.median_ms, t.p10_ms, t.p90_ms, t.gflops, t.kv_gbps, cpu,
+                        kvq_commit());
+  write_file_atomically(a.csv, text);  // as the sweep's files: a failed write leaves no partial CSV
   fmt::print("wrote {}\n", a.csv);
   return 0;
 }

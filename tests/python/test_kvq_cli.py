@@ -213,6 +213,23 @@ def test_layers_checks_only_the_layers_asked_for(tmp_path):
     assert not (tmp_path / "r0.h5").exists() and not (tmp_path / "q0.h5").exists()
 
 
+def test_bench_cpu_csv_that_cannot_be_written_whole_leaves_the_earlier_file(tmp_path):
+    import resource
+    import signal
+
+    def small_files():  # a write past 120 bytes fails (EFBIG), as on a full disk, instead of killing kvq
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (120, 120))
+
+    out = tmp_path / "cpu.csv"
+    out.write_text("earlier results\n")
+    binary = os.environ.get("KVQ_BIN", os.path.join(ROOT, "build", "experiments", "kvq"))
+    r = subprocess.run([binary, "bench-cpu", "--filter", "seed002", "--min-reps", "1", "--min-seconds", "0", "--csv",
+                        str(out)], capture_output=True, text=True, preexec_fn=small_files)
+    assert (r.returncode, r.stderr) == (3, f"kvq: error: cannot write '{out}.tmp'\n")
+    assert out.read_text() == "earlier results\n"
+
+
 def test_a_dump_given_twice_is_refused_before_any_work(tmp_path):
     (tmp_path / "link.h5").symlink_to(BUNDLED)
     for name, command in (("sweep", ["sweep"]), ("plan sweep", ["plan", "sweep", "--shards", "2"])):
