@@ -83,6 +83,7 @@ int run(const SweepArgs& a) {
   // Each dump on its own: a bad one is reported after the others' results are written. Finished
   // layers are checkpointed, and the results files rewritten, as they finish.
   for (const std::string& path : a.dumps) {
+    const int dump = static_cast<int>(sources.size());  // its record's index in sweep.json
     std::vector<SweepRow> dump_rows;
     try {
       const DumpInfo info = open_dump_checked(path, a.layers);
@@ -108,6 +109,7 @@ int run(const SweepArgs& a) {
           part = sweep_one(layer, options);
           checkpoint.save(key, path, part);
         }
+        for (SweepRow& r : part) r.dump = dump;
         dump_rows.insert(dump_rows.end(), part.begin(), part.end());
         used.push_back(li.index);
         std::vector<SweepRow> so_far = rows;
@@ -161,7 +163,7 @@ int run(const SweepArgs& a) {
     for (const SweepRow& r : rows)
       if (r.has_attention)
         results.push_back({r.source, r.layer, to_string(r.schemes.k), to_string(r.schemes.v),
-                           r.k_bytes_per_token_head + r.v_bytes_per_token_head, r.output.rel_l2_mean});
+                           r.k_bytes_per_token_head + r.v_bytes_per_token_head, r.output.rel_l2_mean, r.dump});
     if (results.empty()) {
       report_failures();
       throw InputError("sweep --max-rel-l2: no layer had decode queries, which the budget needs");

@@ -142,6 +142,7 @@ void merge_sweep(const CollectedUnits& c, const std::string& out_dir) {
   for (size_t i = 0; i < c.results.size(); ++i) {
     try {
       rows.push_back(sweep_row_from_json(c.results[i].at("row")));
+      rows.back().dump = c.plan.units[i].key.at("dump").get<int>();  // from the plan: unit files predate the column
     } catch (const std::exception& e) {
       throw InputError(fmt::format("merge: unit {}: its row cannot be read ({})", c.plan.units[i].id, e.what()));
     }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "experiments/common/csv_table.hpp"
 #include "quant/errors.hpp"
@@ -20,19 +21,23 @@ bool better(const PairResult& a, const PairResult& b) {
 }  // namespace
 
 std::vector<Recommendation> recommend(const std::vector<PairResult>& results, double budget) {
-  std::map<std::pair<std::string, int>, Recommendation> per_layer;
+  // A layer is one of one dump: two dumps with the same source (two captures of one model and text)
+  // are two layers each, not one.
+  using LayerKey = std::tuple<int, std::string, int>;
+  std::map<LayerKey, Recommendation> per_layer;
   std::map<std::pair<std::string, std::string>, PairResult> per_pair;  // worst error, summed bytes
-  std::map<std::pair<std::string, std::string>, std::set<std::pair<std::string, int>>> pair_layers;
+  std::map<std::pair<std::string, std::string>, std::set<LayerKey>> pair_layers;
   for (const PairResult& r : results) {
-    Recommendation& rec = per_layer[{r.source, r.layer}];
+    Recommendation& rec = per_layer[{r.dump, r.source, r.layer}];
     rec.source = r.source;
+    rec.dump = r.dump;
     rec.layer = r.layer;
     if (r.error <= budget && (!rec.found || better(r, rec.best))) rec.best = r, rec.found = true;
     PairResult& p = per_pair[{r.k_scheme, r.v_scheme}];
     p.k_scheme = r.k_scheme, p.v_scheme = r.v_scheme;
     p.error = std::max(p.error, r.error);
     p.kv_bytes_per_token_head += r.kv_bytes_per_token_head;
-    pair_layers[{r.k_scheme, r.v_scheme}].insert({r.source, r.layer});
+    pair_layers[{r.k_scheme, r.v_scheme}].insert({r.dump, r.source, r.layer});
   }
   std::vector<Recommendation> out;
   for (auto& [key, rec] : per_layer) out.push_back(rec);
@@ -53,13 +58,24 @@ std::vector<PairResult> read_pair_results(const std::string& csv_path, const std
                                            "v_bytes_per_token_head", metric},
                                           "kvq sweep's results (sweep.csv)");
   const size_t source = c[0], layer = c[1], k = c[2], v = c[3], kb = c[4], vb = c[5], err = c[6];
+  const bool has_dump = t.has_column("dump");  // absent in files written before the column
+  const size_t dump = has_dump ? t.columns({"dump"}, "kvq sweep's results (sweep.csv)")[0] : 0;
+  std::map<std::tuple<int, std::string, int, std::string, std::string>, size_t> seen;  // -> line
   std::vector<PairResult> out;
   for (size_t r = 0; r < t.rows(); ++r) {
     if (t.at(r, err).empty())
       throw InputError(fmt::format("{}: line {}: no {} (the dump had no decode queries Q, which attention metrics need)",
                                    csv_path, r + 2, metric));
     out.push_back({t.at(r, source), static_cast<int>(t.number(r, layer)), t.at(r, k), t.at(r, v),
-                   t.number(r, kb) + t.number(r, vb), t.number(r, err)});
+                   t.number(r, kb) + t.number(r, vb), t.number(r, err), has_dump ? static_cast<int>(t.number(r, dump)) : -1});
+    const PairResult& p = out.back();
+    const auto [it, fresh] = seen.insert({{p.dump, p.source, p.layer, p.k_scheme, p.v_scheme}, r + 2});
+    if (!fresh)  // one result per layer and pair: a second would be counted as another layer, or hide one
+      throw InputError(fmt::format(
+          "{}: lines {} and {}: the same {}layer {} and pair {} / {} twice{}", csv_path, it->second, r + 2,
+          has_dump ? fmt::format("dump {}, ", p.dump) : "", p.layer, p.k_scheme, p.v_scheme,
+          has_dump ? "" : fmt::format(" (two dumps with the source '{}' in a file without the dump column, "
+                                      "which kvq sweep now writes: sweep them again)", p.source)));
   }
   if (out.empty()) throw InputError(fmt::format("{}: no result rows", csv_path));
   return out;

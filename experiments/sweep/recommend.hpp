@@ -12,21 +12,24 @@ struct PairResult {
   std::string k_scheme, v_scheme;
   double kv_bytes_per_token_head = 0;  // K + V
   double error = 0;                     // the budgeted metric, e.g. out_rel_l2_mean
+  int dump = -1;  // sweep.csv's dump column; -1 in a file written before it (rows keyed by source)
 };
 
 struct Recommendation {
   std::string source;  // empty for the overall recommendation
+  int dump = -1;
   int layer = -1;      // -1: overall (every layer of every source)
   bool found = false;
   PairResult best;  // for overall: the worst error over layers, the mean bytes
 };
 
-// Per (source, layer): the pair with the fewest bytes whose error <= budget (ties: lower error).
+// Per (dump, source, layer): the pair with the fewest bytes whose error <= budget (ties: lower error).
 // Overall: the pair within budget on every layer of every source with the fewest mean bytes.
 std::vector<Recommendation> recommend(const std::vector<PairResult>& results, double budget);
 
 // Reads a sweep CSV; `metric` names the error column (out_rel_l2_mean, out_rel_l2_max, ...).
-// Throws InputError when the file lacks the column or has no attention metrics (no Q).
+// Throws InputError when the file lacks the column or has no attention metrics (no Q), or when two
+// rows have the same dump, layer and pair (e.g. an old file without the dump column whose dumps share a source).
 std::vector<PairResult> read_pair_results(const std::string& csv_path, const std::string& metric);
 
 // ---- end to end (kvq eval results) -----------------------------------------------------------

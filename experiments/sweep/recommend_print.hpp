@@ -15,13 +15,14 @@ inline void print_recommendations(const std::vector<Recommendation>& recs, const
   fmt::print(out, "smallest K+V memory with {} <= {:g}\n", metric, budget);
   fmt::print(out, "{:<12} {:>5}  {:<23} {:<23} {:>12} {:>11}\n", "scope", "layer", "K scheme", "V scheme",
              "B/token/head", metric.substr(4));
-  std::set<std::string> sources;
+  std::set<std::pair<int, std::string>> dumps;
   for (const Recommendation& r : recs)
-    if (r.layer >= 0) sources.insert(r.source);
+    if (r.layer >= 0) dumps.insert({r.dump, r.source});
   for (const Recommendation& r : recs) {
     const std::string scope = r.layer < 0 ? "overall" : "layer", layer = r.layer < 0 ? "all" : std::to_string(r.layer);
-    if (sources.size() > 1 && r.layer >= 0 && (&r == &recs.front() || (&r)[-1].source != r.source))
-      fmt::print(out, "{}\n", r.source);  // several dumps: name each before its layers
+    const bool first = &r == &recs.front() || (&r)[-1].source != r.source || (&r)[-1].dump != r.dump;
+    if (dumps.size() > 1 && r.layer >= 0 && first)  // several dumps: name each before its layers
+      fmt::print(out, "{}\n", r.dump < 0 ? r.source : fmt::format("dump {}: {}", r.dump, r.source));
     if (r.found)
       fmt::print(out, "{:<12} {:>5}  {:<23} {:<23} {:>12.2f} {:>11.3e}\n", scope, layer, r.best.k_scheme,
                  r.best.v_scheme, r.best.kv_bytes_per_token_head, r.best.error);

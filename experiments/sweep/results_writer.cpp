@@ -40,7 +40,7 @@ std::string csv_quoted(const std::string& s) {
 
 void write_sweep_csv(const std::vector<SweepRow>& rows, const std::string& path) {
   std::ofstream out = open_for_writing(path);
-  out << "source,layer,k_scheme,v_scheme,k_bits,k_granularity,k_asym,k_group_elems,v_bits,v_granularity,v_asym,"
+  out << "source,dump,layer,k_scheme,v_scheme,k_bits,k_granularity,k_asym,k_group_elems,v_bits,v_granularity,v_asym,"
          "v_group_elems,k_bytes_per_token_head,v_bytes_per_token_head,kv_bits_per_element,k_sqnr_db,k_max_abs,"
          "v_sqnr_db,v_max_abs,out_rel_l2_mean,out_rel_l2_max,out_max_abs,out_cosine_mean,out_cosine_min,attn_kl_mean,"
          "attn_kl_max,attn_topk_overlap_mean,attn_topk_overlap_min";
@@ -48,8 +48,8 @@ void write_sweep_csv(const std::vector<SweepRow>& rows, const std::string& path)
   const bool latency = std::any_of(rows.begin(), rows.end(), [](const SweepRow& r) { return r.latency.has_value(); });
   out << (latency ? ",decode_variant,latency_shape,latency_us,latency_gbps\n" : "\n");
   for (const SweepRow& r : rows) {
-    out << fmt::format("{},{},{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g}", csv_quoted(r.source),
-                       r.layer, to_string(r.schemes.k), to_string(r.schemes.v),
+    out << fmt::format("{},{},{},{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g},{:.9g}",
+                       csv_quoted(r.source), r.dump, r.layer, to_string(r.schemes.k), to_string(r.schemes.v),
                        scheme_columns(r.schemes.k, r.k_group_elems), scheme_columns(r.schemes.v, r.v_group_elems),
                        r.k_bytes_per_token_head, r.v_bytes_per_token_head, r.kv_bits_per_element, r.k_sqnr_db,
                        r.k_max_abs, r.v_sqnr_db, r.v_max_abs);
@@ -74,11 +74,11 @@ void write_sweep_csv(const std::vector<SweepRow>& rows, const std::string& path)
 
 void write_head_csv(const std::vector<SweepRow>& rows, const std::string& path) {
   std::ofstream out = open_for_writing(path);
-  out << "source,layer,k_scheme,v_scheme,batch,q_head,rel_l2,cosine,max_abs\n";
+  out << "source,dump,layer,k_scheme,v_scheme,batch,q_head,rel_l2,cosine,max_abs\n";
   for (const SweepRow& r : rows)
     for (size_t i = 0; i < r.heads.size(); ++i) {
       const HeadError& h = r.heads[i];
-      out << fmt::format("{},{},{},{},{},{},", csv_quoted(r.source), r.layer, to_string(r.schemes.k),
+      out << fmt::format("{},{},{},{},{},{},{},", csv_quoted(r.source), r.dump, r.layer, to_string(r.schemes.k),
                          to_string(r.schemes.v), i / r.q_heads, i % r.q_heads);
       out << (h.empty ? std::string(",,") : fmt::format("{:.9g},{:.12g},", h.rel_l2, h.cosine));
       out << fmt::format("{:.9g}\n", h.max_abs);
@@ -104,6 +104,7 @@ void write_sweep_results(const std::string& dir, const std::vector<SweepRow>& ro
   // One flat record per source, so that pandas.read_json reads the file as a table.
   nlohmann::json records = nlohmann::json::array();
   for (nlohmann::json source : sources) {
+    source["dump"] = records.size();  // what the CSVs' dump column points at
     source.update(run_info());
     source.update({{"command", "sweep"}, {"result_rows", rows.size()}, {"top_k", top_k}, {"csv", "sweep.csv"},
                    {"heads_csv", "sweep_heads.csv"}, {"complete", complete}});

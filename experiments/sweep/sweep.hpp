@@ -39,6 +39,7 @@ struct DecodeLatency {
 
 struct SweepRow {
   std::string source;
+  int dump = 0;  // index of its dump's record in sweep.json: two dumps may share a source
   int layer = 0;
   SchemePair schemes;
   double k_sqnr_db = 0, k_max_abs = 0, v_sqnr_db = 0, v_max_abs = 0;

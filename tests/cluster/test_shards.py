@@ -1,5 +1,6 @@
 """kvq plan / sweep --shard / merge against single-process runs (no Slurm: the shards run here one
 after another), a shard killed mid-run, and the errors of the merge. KVQ_BIN names the kvq binary."""
+import csv
 import json
 import os
 import signal
@@ -54,6 +55,19 @@ def test_any_number_of_shards_merges_to_the_single_run(tmp_path, single, shards)
     assert_same_sweep(merged, single)
     manifest = json.load(open(merged / "manifest.json"))
     assert manifest["units"] == 110 and len({u["unit"] for u in manifest["unit_runs"]}) == 110
+
+
+def test_a_study_of_two_dumps_keeps_each_rows_dump_index(tmp_path):
+    dumps = [tmp_path / "a.h5", tmp_path / "b.h5"]
+    for seed, dump in enumerate(dumps):
+        kvq("synth", "--out", dump, "--layers", 2, "--tokens", 64, "--seed", 3 + seed)
+    schemes = ("--k", "int8-head,int4-head", "--v", "int8-head")
+    single = tmp_path / "single"
+    kvq("sweep", *dumps, *schemes, "--no-latency", "--out", single)
+    merged = run_study(tmp_path / "study", 3, *dumps, *schemes)
+    assert_same_sweep(merged, single)
+    with open(merged / "sweep.csv") as f:
+        assert [r["dump"] for r in csv.DictReader(f)] == ["0"] * 4 + ["1"] * 4
 
 
 def test_shard_without_a_plan_file_runs_the_same_units(tmp_path):

@@ -262,6 +262,54 @@ def test_an_out_that_is_a_file_is_an_input_error_naming_the_path(tmp_path):
     assert taken.read_text() == "not a directory"
 
 
+def test_two_dumps_with_one_source_are_told_apart_by_the_dump_column(tmp_path):
+    """Two captures of one model and text (the same source): sweep.csv says which row is whose, and
+    recommend judges each dump's layer on its own rows, not the easier dump's for both."""
+    import csv
+    import json
+    rng = np.random.default_rng(0)
+    dumps = []
+    for name, scale in (("easy.h5", 1.0), ("hard.h5", 3.0)):  # larger K: sharper softmax, larger output error
+        k = rng.standard_normal((1, 2, 64, 32)).astype(np.float32) * scale
+        layer = {"k": k, "v": rng.standard_normal((1, 2, 64, 32)).astype(np.float32),
+                 "q": rng.standard_normal((1, 4, 2, 32)).astype(np.float32), "num_q_heads": 4}
+        kvq_dump.write_dump(tmp_path / name, [layer], source="hf:m (64 tokens, torch.float32)",
+                            created_by="test", rope="none")
+        dumps.append(tmp_path / name)
+    out = tmp_path / "out"
+    r = kvq("sweep", *dumps, "--k", "int8-head,int4-head,int4-g8", "--v", "int8-head", "--out", out, "--no-latency")
+    assert r.returncode == 0, r.stderr
+    with open(out / "sweep.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["dump"] for r in rows] == ["0"] * 3 + ["1"] * 3
+    with open(out / "sweep_heads.csv") as f:
+        assert {r["dump"] for r in csv.DictReader(f)} == {"0", "1"}
+    meta = json.loads((out / "sweep.json").read_text())
+    assert [(m["dump"], m["file"]) for m in meta] == [(0, str(dumps[0])), (1, str(dumps[1]))]
+    error = {d: min(float(r["out_rel_l2_mean"]) for r in rows if r["dump"] == d) for d in ("0", "1")}
+    assert error["0"] < error["1"]
+    budget = (error["0"] + error["1"]) / 2  # some pair fits on the easy dump, none on the hard one
+    r = kvq("recommend", out / "sweep.csv", "--max-rel-l2", budget)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    hard = lines.index("dump 1: hf:m (64 tokens, torch.float32)")
+    assert lines[hard - 2] == "dump 0: hf:m (64 tokens, torch.float32)" and "no scheme pair" not in lines[hard - 1]
+    assert lines[hard + 1].split() == ["layer", "0", "no", "scheme", "pair", "meets", "the", "budget"]
+
+    # A file written before the column cannot tell the two apart: refused, not averaged or mixed.
+    old = tmp_path / "old.csv"
+    with open(out / "sweep.csv") as f, open(old, "w", newline="") as g:
+        reader = csv.DictReader(f)
+        writer = csv.DictWriter(g, [c for c in reader.fieldnames if c != "dump"], extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(reader)
+    r = kvq("recommend", old, "--max-rel-l2", budget)
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr == (f"kvq: error: {old}: lines 2 and 5: the same layer 0 and pair int8-head / int8-head twice "
+                        "(two dumps with the source 'hf:m (64 tokens, torch.float32)' in a file without the dump "
+                        "column, which kvq sweep now writes: sweep them again)\n")
+
+
 def test_recommend_names_a_missing_column(tmp_path):
     csv = tmp_path / "partial.csv"
     csv.write_text("source,layer,k_scheme\nm,0,int8-head\n")
