@@ -70,14 +70,16 @@ def rows_of_model(path, rows, source):
 
 
 def sweep_table(path, source):
-    """{(K, V): {layer: (rel-L2 mean, bits)}} over the rows with attention metrics, of `source`'s model."""
-    table = defaultdict(dict)
+    """{(K, V): {layer: (rel-L2 mean, bits)}} over the rows with attention metrics, of `source`'s model;
+    a layer swept in several dumps (captures of several texts) gets the mean over them."""
+    per_layer = defaultdict(lambda: defaultdict(list))
     rows = read_csv(path, ("source", "layer", "k_scheme", "v_scheme", "out_rel_l2_mean", "kv_bits_per_element"))
     for r in rows_of_model(path, rows, source):
         if r["out_rel_l2_mean"]:
-            table[(r["k_scheme"], r["v_scheme"])][int(r["layer"])] = (float(r["out_rel_l2_mean"]),
-                                                                      float(r["kv_bits_per_element"]))
-    return table
+            per_layer[(r["k_scheme"], r["v_scheme"])][int(r["layer"])].append(
+                (float(r["out_rel_l2_mean"]), float(r["kv_bits_per_element"])))
+    return {pair: {layer: (sum(e for e, _ in v) / len(v), v[0][1]) for layer, v in layers.items()}
+            for pair, layers in per_layer.items()}
 
 
 def layer_plan(table, pair, candidates):

@@ -147,6 +147,18 @@ def test_which_scheme_picks_the_smallest_pair_within_each_budget(tmp_path, capsy
     assert "other.csv: kvq sweep results of gguf:other, not of gguf:m (the evaluated model)" in capsys.readouterr().err
 
 
+def test_which_scheme_averages_a_layer_over_the_dumps_of_a_sweep(tmp_path):
+    """Two captures of the model (two texts, or one text twice): each layer's error is the mean over
+    both dumps, not the last dump's row."""
+    def sweep(dump, layer, k, err):
+        return {"source": "gguf:m (prompt of 80 characters, 64 tokens, rope order hf)", "dump": dump, "layer": layer,
+                "k_scheme": k, "v_scheme": k, "out_rel_l2_mean": err, "kv_bits_per_element": 8.25}
+    write_rows(tmp_path / "sweep.csv", [sweep(0, 0, "int8-head", 0.01), sweep(0, 1, "int8-head", 0.02),
+                                        sweep(1, 0, "int8-head", 0.05), sweep(1, 1, "int8-head", 0.04)])
+    table = which_scheme.sweep_table(str(tmp_path / "sweep.csv"), "gguf:m")
+    assert table[("int8-head", "int8-head")] == {0: (pytest.approx(0.03), 8.25), 1: (pytest.approx(0.03), 8.25)}
+
+
 def test_layer_lists():
     assert which_scheme.layer_list([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
     assert which_scheme.layer_list([3]) == "3"
