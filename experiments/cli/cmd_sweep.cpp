@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <set>
 
 #include "data/dump.hpp"
 #include "experiments/cli/commands.hpp"
@@ -61,6 +62,7 @@ int run(const SweepArgs& a) {
   std::vector<FailedDump> failed;
   const SweepCheckpoint checkpoint(a.out_dir + "/checkpoint");
   std::vector<std::string> resumed, redone;
+  std::set<std::pair<std::string, int>> saved_now;  // (sha256, layer): a copy of a dump swept earlier in this run
 
   const std::string csv = a.out_dir + "/sweep.csv", heads = a.out_dir + "/sweep_heads.csv",
                     json = a.out_dir + "/sweep.json";
@@ -101,13 +103,14 @@ int run(const SweepArgs& a) {
         std::vector<SweepRow> part;
         const SweepCheckpoint::Found found = checkpoint.find(key, &part);
         if (found == SweepCheckpoint::Found::kMatch) {
-          resumed.push_back(fmt::format("{} layer {}", path, li.index));
+          if (!saved_now.count({sha256, li.index})) resumed.push_back(fmt::format("{} layer {}", path, li.index));
         } else {
           if (found == SweepCheckpoint::Found::kStale) redone.push_back(fmt::format("{} layer {}", path, li.index));
           const KvLayer layer = read_layer(info, i);  // one layer in memory at a time
           check_finite_queries(info, i, layer);
           part = sweep_one(layer, options);
           checkpoint.save(key, path, part);
+          saved_now.insert({sha256, li.index});
         }
         for (SweepRow& r : part) r.dump = dump;
         dump_rows.insert(dump_rows.end(), part.begin(), part.end());

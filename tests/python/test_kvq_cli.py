@@ -310,6 +310,17 @@ def test_two_dumps_with_one_source_are_told_apart_by_the_dump_column(tmp_path):
                         "column, which kvq sweep now writes: sweep them again)\n")
 
 
+def test_a_copy_of_a_dump_is_not_reported_as_resumed_from_an_earlier_run(tmp_path):
+    import shutil
+    copies = [tmp_path / "a.h5", tmp_path / "b.h5"]  # the same bytes: one checkpoint per layer serves both
+    for copy in copies:
+        shutil.copy(BUNDLED, copy)
+    r = kvq("sweep", *copies, "--layers", "0", "--k", "int8-head", "--v", "int8-head", "--no-latency",
+            "--out", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    assert "reused" not in r.stdout and "wrote " in r.stdout
+
+
 def test_recommend_names_a_missing_column(tmp_path):
     csv = tmp_path / "partial.csv"
     csv.write_text("source,layer,k_scheme\nm,0,int8-head\n")
