@@ -113,7 +113,7 @@ def main(argv=None):
         queries = min(queries, T)
     layers = capture_gguf(model, ids, queries)
     name = os.path.splitext(os.path.basename(path))[0]
-    what = f"prompt of {len(text)} characters" if args.prompt is not None else os.path.basename(args.text or DEFAULT_TEXT)
+    what = kvq_dump.text_source(args.prompt, args.text or DEFAULT_TEXT)
     kvq_dump.write_dump(args.out, layers, source=f"gguf:{name} ({what}, {T} tokens, rope order {args.rope_order})",
                         created_by="kvq data/capture.py", rope="post", rope_pairs=ROPE_PAIRS[args.rope_order],
                         seq_lens=[T], tokens=[ids], dtype=args.dtype)

@@ -235,7 +235,8 @@ def main(argv=None):
     layers = [{"k": to_numpy(r["k"]), "v": to_numpy(r["v"]), "q": to_numpy(r["q"]), "num_q_heads": r["q"].shape[1],
                "softmax_scale": r["scaling"]} for r in records]
     rope = rope_of(model)
-    kvq_dump.write_dump(args.out, layers, source=f"hf:{args.model} ({ids.shape[1]} tokens, {model.dtype})",
+    kvq_dump.write_dump(args.out, layers, source=f"hf:{args.model} ({kvq_dump.text_source(args.prompt, args.text)}, "
+                                                  f"{ids.shape[1]} tokens, {model.dtype})",
                         created_by="kvq data/capture_hf.py", rope=rope, seq_lens=[ids.shape[1]],
                         tokens=ids.numpy().astype(np.int32), dtype=dtype)
     k = layers[0]["k"]

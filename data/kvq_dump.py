@@ -112,6 +112,12 @@ def _write_tensor(group, name, values, dtype, shown):
         raise ValueError(f"dtype {dtype!r}: expected one of {DTYPES}")
 
 
+def text_source(prompt, text_path):
+    """What a capture ran on, for its `source`: the text file's name, or the prompt's length. Two
+    captures of one model on other texts then have other sources."""
+    return f"prompt of {len(prompt)} characters" if prompt is not None else os.path.basename(text_path)
+
+
 def write_dump(path, layers, *, source, created_by, rope, seq_lens=None, tokens=None, dtype="float32",
                rope_pairs=None):
     """Writes a schema-v1 dump.

@@ -221,3 +221,10 @@ def test_a_value_beyond_the_stored_dtype_is_an_error_never_an_infinity(tmp_path,
     assert r.returncode == 3 and "/layers/0/k: value" in r.stderr
     assert "overflows float16 (largest finite 65504)" in r.stderr
     assert not (tmp_path / "s.h5").exists()
+
+
+def test_a_capture_source_names_its_text_so_two_texts_of_one_model_differ():
+    # capture.py and capture_hf.py both name it; capture_hf's source once named only the model
+    assert kvq_dump.text_source(None, "/data/texts/book one.txt") == "book one.txt"
+    assert kvq_dump.text_source("Once upon a time", None) == "prompt of 16 characters"
+    assert kvq_dump.text_source(None, "a.txt") != kvq_dump.text_source(None, "b.txt")
