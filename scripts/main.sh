@@ -6,11 +6,17 @@
 # With arguments it sweeps the given dumps instead (they go to `kvq sweep`), e.g.
 #   bash scripts/main.sh my_capture.h5 --k int8-head --v int4-g32-asym
 # Environment: KVQ_RESULTS (default results), KVQ_BUILD_DIR (default build), KVQ_CUDA (default: AUTO
-# with a GPU, OFF without: the kernels take minutes to compile and need a GPU to run).
+# with a GPU; without one OFF, as the kernels take minutes to compile and need a GPU to run, unless the
+# build folder is configured already: then its setting).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
-if [[ -z ${KVQ_CUDA:-} ]] && ! nvidia-smi -L >/dev/null 2>&1; then export KVQ_CUDA=OFF; fi
+if [[ -z ${KVQ_CUDA:-} ]] && ! nvidia-smi -L >/dev/null 2>&1; then
+  # No GPU: the kernels' minutes of compiling buy nothing here, unless the build folder has them
+  # already (scripts/test.sh compiles them): switching it to OFF would rebuild everything, twice.
+  cached=$(sed -n 's/^KVQ_CUDA:STRING=//p' "${KVQ_BUILD_DIR:-build}/CMakeCache.txt" 2>/dev/null || true)
+  export KVQ_CUDA=${cached:-OFF}
+fi
 bash scripts/setup.sh
 results=${KVQ_RESULTS:-results}
 kvq="${KVQ_BUILD_DIR:-build}/experiments/kvq"
