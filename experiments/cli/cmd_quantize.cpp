@@ -24,12 +24,12 @@ struct QuantizeArgs {
 // /layers/<L>/<name>/{codes, scales, zero_points, dequantized} and the scheme as attributes.
 // (+had: codes and dequantized values are in the rotated basis, the SQNR against the rotated input.)
 // mxfp4 / nvfp4 scales are their e8m0 / e4m3 bytes; nvfp4's tensor scale is the attribute tensor_scale.
-// `original`: the input with its padding filled (padding_filled); the SQNR is over valid tokens.
-double write_tensor(H5Writer& f, const std::string& group, const QuantizedKv& q, const std::vector<float>& original,
+// `valid`: the input with its padding zeroed (ValidTokens::zeroed); the SQNR is over valid tokens.
+double write_tensor(H5Writer& f, const std::string& group, const QuantizedKv& q, const std::vector<float>& valid,
                     const std::vector<int32_t>& seq_lens) {
   const Scheme& s = q.scheme;
   const KvShape& x = q.shape;
-  const std::vector<float> values = dequantize(q);
+  std::vector<float> values = dequantize(q);
   f.write_bytes(group + "/codes", {x.batch, x.heads, x.tokens, code_bytes_per_row(s, x.head_dim)}, q.codes,
                 s.bits == 8 && s.signed_codes());
   const StoredDtype scale_dtype = s.scale_dtype == ScaleDtype::kFp16 ? StoredDtype::kFp16 : StoredDtype::kFp32;
@@ -43,12 +43,10 @@ double write_tensor(H5Writer& f, const std::string& group, const QuantizedKv& q,
   if (s.asymmetric) f.write_floats(group + "/zero_points", scale_shape(s, x), q.zeros, scale_dtype);
   if (s.has_window()) f.write_int32(group + "/quantized_tokens", {x.batch}, q.quantized_tokens);
   f.write_floats(group + "/dequantized", {x.batch, x.heads, x.tokens, x.head_dim}, values, StoredDtype::kFp32);
-  std::vector<float> reference = original;
-  if (s.hadamard) rotate_rows(reference, x.head_dim, s.rotation_block(x.head_dim));
-  std::vector<float> valid = values;
-  zero_padding(reference, x, seq_lens);
-  zero_padding(valid, x, seq_lens);
-  const double sqnr = sqnr_db(reference, valid);
+  std::vector<float> reference = valid;
+  if (s.hadamard) rotate_rows(reference, x.head_dim, s.rotation_block(x.head_dim));  // zero rows stay zero
+  zero_padding(values, x, seq_lens);  // after /dequantized is written: the file keeps every position
+  const double sqnr = sqnr_db(reference, values);
   f.set_attr(group, "scheme", to_string(s));
   f.set_attr(group, "bits", static_cast<int64_t>(s.bits));
   f.set_attr(group, "granularity", granularity_name(s.granularity));
@@ -95,12 +93,13 @@ int run(const QuantizeArgs& a) {
     const std::string where = a.in + " layer " + std::to_string(index);
     const int32_t* lens = layer.seq_lens.empty() ? nullptr : layer.seq_lens.data();
     // Padding may hold anything (NaN too): it must neither fail the run nor move a scale.
-    const std::vector<float> k = padding_filled(layer.k, layer.kv_shape, layer.seq_lens),
-                             v = padding_filled(layer.v, layer.kv_shape, layer.seq_lens);
-    const double ks = write_tensor(f, group + "/k", quantize(KvView::bnsh(k.data(), layer.kv_shape), k_scheme, where + " K", lens),
-                                   k, layer.seq_lens);
-    const double vs = write_tensor(f, group + "/v", quantize(KvView::bnsh(v.data(), layer.kv_shape), v_scheme, where + " V", lens),
-                                   v, layer.seq_lens);
+    const ValidTokens k(layer.k, layer.kv_shape, layer.seq_lens), v(layer.v, layer.kv_shape, layer.seq_lens);
+    const double ks = write_tensor(
+        f, group + "/k", quantize(KvView::bnsh(k.filled().data(), layer.kv_shape), k_scheme, where + " K", lens),
+        k.zeroed(), layer.seq_lens);
+    const double vs = write_tensor(
+        f, group + "/v", quantize(KvView::bnsh(v.filled().data(), layer.kv_shape), v_scheme, where + " V", lens),
+        v.zeroed(), layer.seq_lens);
     fmt::print("{:>5}  {:<23} {:>8.2f}  {:<23} {:>8.2f}\n", index, to_string(k_scheme), ks, to_string(v_scheme), vs);
   }
   f.close();

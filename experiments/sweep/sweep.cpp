@@ -35,27 +35,26 @@ struct Reconstruction {
   double sqnr_db, max_abs;
 };
 
-// `x` has its padding filled (padding_filled), `x_valid` is x with zero padding.
-const Reconstruction& reconstruct(std::map<std::string, Reconstruction>& cache, const std::vector<float>& x,
-                                  const std::vector<float>& x_valid, const KvLayer& layer, const Scheme& s,
-                                  const std::string& tensor_name) {
+const Reconstruction& reconstruct(std::map<std::string, Reconstruction>& cache, const ValidTokens& x,
+                                  const KvLayer& layer, const Scheme& s, const std::string& tensor_name) {
   const std::string key = to_string(s);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   const int32_t* lens = layer.seq_lens.empty() ? nullptr : layer.seq_lens.data();
-  std::vector<float> x_hat = dequantize(quantize(KvView::bnsh(x.data(), layer.kv_shape), s, tensor_name, lens));
+  std::vector<float> x_hat = dequantize(quantize(KvView::bnsh(x.filled().data(), layer.kv_shape), s, tensor_name, lens));
   std::vector<float> unrotated = x_hat;
   if (s.hadamard) rotate_rows(unrotated, layer.kv_shape.head_dim, s.rotation_block(layer.kv_shape.head_dim));
   zero_padding(unrotated, layer.kv_shape, layer.seq_lens);  // errors over valid tokens only
-  Reconstruction r{std::move(x_hat), sqnr_db(x_valid, unrotated), max_abs_difference(x_valid, unrotated)};
+  Reconstruction r{std::move(x_hat), sqnr_db(x.zeroed(), unrotated), max_abs_difference(x.zeroed(), unrotated)};
   return cache.emplace(key, std::move(r)).first->second;
 }
 
 }  // namespace
 
-std::vector<float> padding_filled(const std::vector<float>& x, const KvShape& shape, const std::vector<int32_t>& seq_lens) {
-  std::vector<float> out = x;
-  if (seq_lens.empty()) return out;
+ValidTokens::ValidTokens(const std::vector<float>& x, const KvShape& shape, const std::vector<int32_t>& seq_lens)
+    : x_(x), padded_(std::any_of(seq_lens.begin(), seq_lens.end(), [&](int32_t l) { return l < shape.tokens; })) {
+  if (!padded_) return;
+  filled_ = x;
   const int64_t D = shape.head_dim;
   const auto first = std::find_if(seq_lens.begin(), seq_lens.end(), [](int32_t l) { return l > 0; });
   for (int64_t b = 0; b < shape.batch; ++b) {
@@ -64,7 +63,7 @@ std::vector<float> padding_filled(const std::vector<float>& x, const KvShape& sh
     const int64_t from_b = len > 0 ? b : first != seq_lens.end() ? first - seq_lens.begin() : -1;
     for (int64_t h = 0; h < shape.heads; ++h)
       for (int64_t t = len; t < shape.tokens; ++t) {
-        float* row = out.data() + ((b * shape.heads + h) * shape.tokens + t) * D;
+        float* row = filled_.data() + ((b * shape.heads + h) * shape.tokens + t) * D;
         if (from_b < 0) {
           std::fill(row, row + D, 0.0f);
         } else {
@@ -73,7 +72,8 @@ std::vector<float> padding_filled(const std::vector<float>& x, const KvShape& sh
         }
       }
   }
-  return out;
+  zeroed_ = filled_;
+  zero_padding(zeroed_, shape, seq_lens);
 }
 
 void zero_padding(std::vector<float>& x, const KvShape& shape, const std::vector<int32_t>& seq_lens) {
@@ -123,16 +123,12 @@ std::vector<SweepRow> sweep_layer(const KvLayer& layer, const std::vector<Scheme
         rotate_rows(q, head_dim, pair.k.rotation_block(head_dim));
       }
   // Padding may hold anything, NaN too, and must not reach a result (DESIGN.md).
-  const std::vector<float> k_in = padding_filled(layer.k, layer.kv_shape, layer.seq_lens),
-                           v_in = padding_filled(layer.v, layer.kv_shape, layer.seq_lens);
-  std::vector<float> k_valid = k_in, v_valid = v_in;
-  zero_padding(k_valid, layer.kv_shape, layer.seq_lens);
-  zero_padding(v_valid, layer.kv_shape, layer.seq_lens);
+  const ValidTokens k_in(layer.k, layer.kv_shape, layer.seq_lens), v_in(layer.v, layer.kv_shape, layer.seq_lens);
   std::map<std::string, Reconstruction> k_cache, v_cache;
   std::vector<SweepRow> rows;
   for (const SchemePair& pair : pairs) {
-    const Reconstruction& k = reconstruct(k_cache, k_in, k_valid, layer, pair.k, name(options.k_name, "K"));
-    const Reconstruction& v = reconstruct(v_cache, v_in, v_valid, layer, pair.v, name(options.v_name, "V"));
+    const Reconstruction& k = reconstruct(k_cache, k_in, layer, pair.k, name(options.k_name, "K"));
+    const Reconstruction& v = reconstruct(v_cache, v_in, layer, pair.v, name(options.v_name, "V"));
     SweepRow row;
     row.source = layer.source;
     row.layer = layer.layer;

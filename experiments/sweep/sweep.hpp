@@ -23,7 +23,18 @@ AttentionProblem attention_problem(const KvLayer& layer, const std::vector<float
 // quantizers see it filled with the entry's last valid token (an empty entry: another entry's, else
 // zeros): values its scale groups already hold, so per-tensor and per-channel statistics are those of
 // the valid tokens. Reconstruction errors are taken with the padding zeroed on both sides.
-std::vector<float> padding_filled(const std::vector<float>& x, const KvShape& shape, const std::vector<int32_t>& seq_lens);
+// Where no entry is shorter than T (the common dump) both are the tensor itself: no copies.
+class ValidTokens {
+ public:
+  ValidTokens(const std::vector<float>& x, const KvShape& shape, const std::vector<int32_t>& seq_lens);
+  const std::vector<float>& filled() const { return padded_ ? filled_ : x_; }  // what the quantizers see
+  const std::vector<float>& zeroed() const { return padded_ ? zeroed_ : x_; }  // what the errors compare with
+
+ private:
+  const std::vector<float>& x_;
+  bool padded_;
+  std::vector<float> filled_, zeroed_;
+};
 void zero_padding(std::vector<float>& x, const KvShape& shape, const std::vector<int32_t>& seq_lens);
 
 // +had in the sweep: every D-row of `x` rotated by the codec's fp32 transform (K, Q); and O rotated
