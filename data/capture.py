@@ -76,13 +76,7 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="output dump (.h5)")
     args = ap.parse_args(argv)
 
-    if args.prompt is None and not os.path.isfile(args.text or DEFAULT_TEXT):
-        ap.error(f"--text {args.text}: no such file")
-    try:
-        text = args.prompt if args.prompt is not None else \
-            open(args.text or DEFAULT_TEXT, encoding="utf-8").read().strip()
-    except UnicodeDecodeError as e:  # a Latin-1 or binary file: name it, no traceback
-        ap.error(f"--text {args.text}: not UTF-8 text ({e.reason} at byte {e.start})")
+    text = args.prompt if args.prompt is not None else kvq_dump.read_text_option(ap, args.text or DEFAULT_TEXT).strip()
     try:
         path = gguf_llama.find_model(model_arg)
         started = time.perf_counter()

@@ -205,16 +205,7 @@ def main(argv=None):
     # checked before the model loads (and where torch or transformers is missing too)
     if args.max_tokens < 1:  # a negative slice bound would drop tokens from the end
         ap.error(f"--max-tokens {args.max_tokens}: expected at least 1")
-    if args.text is not None and not os.path.isfile(args.text):
-        ap.error(f"--text {args.text}: no such file")
-    try:
-        if args.text is not None:
-            with open(args.text, encoding="utf-8") as f:
-                text = f.read()
-        else:
-            text = args.prompt
-    except UnicodeDecodeError as e:  # a Latin-1 or binary file: name it, no traceback
-        ap.error(f"--text {args.text}: not UTF-8 text ({e.reason} at byte {e.start})")
+    text = kvq_dump.read_text_option(ap, args.text) if args.text is not None else args.prompt
     import gguf_llama  # the names capture.py routes to a GGUF file: a typo of one ends here
     why = why_not_loadable(args.model, gguf_llama.DEFAULT_NAMES)
     if why:

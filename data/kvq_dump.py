@@ -112,6 +112,18 @@ def _write_tensor(group, name, values, dtype, shown):
         raise ValueError(f"dtype {dtype!r}: expected one of {DTYPES}")
 
 
+def read_text_option(ap, path):
+    """The UTF-8 text of the file given as --text: a usage error of `ap` (exit 2) naming the file where
+    it is missing or not UTF-8 (a Latin-1 or binary file), before any model loads."""
+    if not os.path.isfile(path):
+        ap.error(f"--text {path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        ap.error(f"--text {path}: not UTF-8 text ({e.reason} at byte {e.start})")
+
+
 def text_source(prompt, text_path):
     """What a capture ran on, for its `source`: the text file's name, or the prompt's length. Two
     captures of one model on other texts then have other sources."""

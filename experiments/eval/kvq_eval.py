@@ -56,6 +56,7 @@ except ImportError as e:
 import capture_llama2c  # noqa: E402
 import eval_engines  # noqa: E402
 import eval_shards  # noqa: E402
+import kvq_dump  # noqa: E402
 import sequence_eval  # noqa: E402
 import which_scheme  # noqa: E402
 import windows  # noqa: E402
@@ -601,13 +602,7 @@ def main(argv=None):
         args.text = BUNDLED_TEXT if args.model == BUNDLED_MODEL else REAL_TEXT
     if args.max_tokens is None and gguf and args.ctx is None:
         args.max_tokens = 512
-    if not os.path.isfile(args.text):
-        ap.error(f"--text {args.text}: no such file")
-    try:
-        with open(args.text, encoding="utf-8") as f:
-            text = f.read().strip()
-    except UnicodeDecodeError as e:  # a Latin-1 or binary file: name it, no traceback
-        ap.error(f"--text {args.text}: not UTF-8 text ({e.reason} at byte {e.start})")
+    text = kvq_dump.read_text_option(ap, args.text).strip()
     if not (gguf or llama2c or args.model.startswith("random:")):
         import capture_hf
         import gguf_llama
